@@ -1,0 +1,295 @@
+"""The one typed configuration of swapaware: TOML file + environment overrides.
+
+Every component (service, hooks, node agent, simulator) reads this same object. It is
+validated once at start and logged once (``Config.summary()``).
+
+Sources, later wins:
+  1. defaults below;
+  2. the TOML file named by ``--config`` / ``SWAPAWARE_CONFIG`` (default
+     ``/etc/swapaware/swapaware.toml`` when it exists);
+  3. environment variables ``SWAPAWARE_<SECTION>__<KEY>`` (e.g. ``SWAPAWARE_SERVICE__DB_PATH``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+GIB = 1024**3
+DEFAULT_CONFIG_PATH = Path("/etc/swapaware/swapaware.toml")
+
+
+class ConfigError(ValueError):
+    """Raised for a configuration that cannot be used; the message says which key and why."""
+
+
+class LinkKind(enum.Enum):
+    """Host link between GPU memory and host memory (where swapped bytes travel)."""
+
+    PCIE_GEN4 = "pcie_gen4"
+    PCIE_GEN5 = "pcie_gen5"
+    NVLINK_C2C = "nvlink_c2c"
+
+
+class AccessClass(enum.Enum):
+    """How a job touches its working set; decides what swapping costs it."""
+
+    STREAMING = "streaming"  # cyclic sweeps over the working set (training loops)
+    RANDOM = "random"  # scattered accesses (embeddings, graph workloads)
+    COMPUTE_BOUND = "compute_bound"  # small hot set, long kernels
+
+
+class SlurmBackend(enum.Enum):
+    AUTO = "auto"
+    CLI = "cli"
+    PYSLURM = "pyslurm"
+
+
+class NvmlBackend(enum.Enum):
+    AUTO = "auto"  # real NVML when it initialises, else none
+    NVML = "nvml"
+    FAKE = "fake"  # file-backed stateful fake (tests, dev cluster without GPUs)
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """The GPUs of the (homogeneous) partition the policy sizes shards for."""
+
+    memory_bytes: int = 80 * GIB
+    shards_per_gpu: int = 8
+    link: LinkKind = LinkKind.PCIE_GEN5
+
+    @property
+    def shard_bytes(self) -> int:
+        return self.memory_bytes // self.shards_per_gpu
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    # Weight of the newest observation in the class's moving averages.
+    ewma_alpha: float = 0.3
+    # Margin floor as a fraction of the predicted peak.
+    min_margin_frac: float = 0.10
+    # Margin in units of the class's mean absolute deviation.
+    deviation_k: float = 3.0
+    # After an OOM of a shared job: multiply the class's margin by this (compounds, capped).
+    oom_margin_multiplier: float = 1.5
+    max_margin_multiplier: float = 4.0
+    # After an OOM of a shared job: this many next runs of the class get a whole GPU.
+    oom_whole_gpu_runs: int = 2
+    # Wider keys (account, partition) are only used with at least this many samples.
+    wide_key_min_samples: int = 5
+    # Minimum samples for the exact class / user+name keys.
+    min_samples: int = 1
+
+
+@dataclass(frozen=True)
+class SwapCostConfig:
+    """Parameters of the swap-cost model. Sources: docs/model.md."""
+
+    # Effective host<->device bandwidth per link kind (bytes/s), one direction.
+    pcie_gen4_bytes_per_s: float = 25e9
+    pcie_gen5_bytes_per_s: float = 50e9
+    nvlink_c2c_bytes_per_s: float = 400e9
+    # Cost of one demand-paging fault batch (s) and the bytes it brings.
+    fault_latency_s: float = 30e-6
+    fault_granularity_bytes: int = 64 * 1024
+    # Compute interference when jobs merely share SMs (no oversubscription), per co-runner.
+    compute_interference_per_corunner: float = 0.15
+    # Default traffic intensity: how many times per second a job sweeps its working set.
+    default_sweeps_per_s: float = 2.0
+    default_working_set_frac: float = 0.8
+    default_access_class: AccessClass = AccessClass.STREAMING
+
+    def link_bytes_per_s(self, link: LinkKind) -> float:
+        return {
+            LinkKind.PCIE_GEN4: self.pcie_gen4_bytes_per_s,
+            LinkKind.PCIE_GEN5: self.pcie_gen5_bytes_per_s,
+            LinkKind.NVLINK_C2C: self.nvlink_c2c_bytes_per_s,
+        }[link]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    enable_sharing: bool = True
+    # Charge fewer shards than the predicted peak only when the predicted slowdown of the
+    # job, as designated victim, stays within this budget.
+    allow_oversubscription: bool = True
+    max_victim_slowdown: float = 1.25
+    # Priority: site_factor = round(scale * contention_degree), clamped to [0, max].
+    site_factor_scale: float = 1000.0
+    site_factor_max: int = 1000
+    # Contention degree is only learned from at least this many shared and solo runs.
+    contention_min_runs: int = 1
+    # Admin comment length cap (Slurm stores it as text; keep sacct output readable).
+    admin_comment_max_chars: int = 400
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    grpc_address: str = "127.0.0.1:50551"
+    socket_path: Path = Path("/run/swapaware/policy.sock")
+    db_path: Path = Path("/var/lib/swapaware/history.sqlite3")
+    log_level: str = "INFO"
+    slurm_backend: SlurmBackend = SlurmBackend.AUTO
+    # Bound on concurrent gRPC handler threads.
+    max_workers: int = 16
+    # Deadline for each Slurm CLI call the service makes (job id -> decision lookups).
+    slurm_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    """Prolog / epilog: where the service is, how long to wait, where to spool."""
+
+    service_address: str = "127.0.0.1:50551"
+    deadline_s: float = 2.0
+    spool_dir: Path = Path("/var/spool/swapaware")
+    agent_socket: Path = Path("/run/swapaware/agent.sock")
+    agent_timeout_s: float = 1.0
+    # Replay at most this many spooled events per hook run (bounded work in the hook).
+    replay_batch: int = 50
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    socket_path: Path = Path("/run/swapaware/agent.sock")
+    sample_period_s: float = 1.0
+    nvml_backend: NvmlBackend = NvmlBackend.AUTO
+    fake_nvml_dir: Path = Path("/var/lib/swapaware/fake-nvml")
+
+
+@dataclass(frozen=True)
+class Config:
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    swap_cost: SwapCostConfig = field(default_factory=SwapCostConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    hooks: HookConfig = field(default_factory=HookConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    source: str = "defaults"
+
+    def summary(self) -> str:
+        """One line per section, for the start-up log."""
+        parts = [f"config source: {self.source}"]
+        for f in dataclasses.fields(self):
+            if f.name == "source":
+                continue
+            section = getattr(self, f.name)
+            items = ", ".join(f"{k.name}={_show(getattr(section, k.name))}" for k in dataclasses.fields(section))
+            parts.append(f"[{f.name}] {items}")
+        return "\n".join(parts)
+
+
+def _show(value: Any) -> str:
+    return value.value if isinstance(value, enum.Enum) else str(value)
+
+
+def _coerce(section: str, key: str, typ: Any, raw: Any) -> Any:
+    where = f"{section}.{key}"
+    try:
+        if isinstance(typ, type) and issubclass(typ, enum.Enum):
+            try:
+                return typ(str(raw).lower())
+            except ValueError:
+                allowed = ", ".join(m.value for m in typ)
+                raise ConfigError(f"{where}: {raw!r} is not one of: {allowed}") from None
+        if typ is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"{where}: {raw!r} is not a boolean")
+        if typ is int:
+            if isinstance(raw, bool):
+                raise ConfigError(f"{where}: expected an integer, got a boolean")
+            return int(raw)
+        if typ is float:
+            return float(raw)
+        if typ is Path:
+            return Path(str(raw))
+        if typ is str:
+            return str(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {raw!r} is not a valid {getattr(typ, '__name__', typ)}: {exc}") from None
+    raise ConfigError(f"{where}: unsupported type {typ}")
+
+
+def _build_section(name: str, cls: type, values: Mapping[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"[{name}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return cls(**{k: _coerce(name, k, hints[k], v) for k, v in values.items()})
+
+
+def _validate(cfg: Config) -> None:
+    checks = [
+        (cfg.gpu.memory_bytes > 0, "gpu.memory_bytes must be > 0"),
+        (1 <= cfg.gpu.shards_per_gpu <= 1024, "gpu.shards_per_gpu must be in 1..1024"),
+        (0 < cfg.estimator.ewma_alpha <= 1, "estimator.ewma_alpha must be in (0, 1]"),
+        (cfg.estimator.min_margin_frac >= 0, "estimator.min_margin_frac must be >= 0"),
+        (cfg.estimator.oom_margin_multiplier >= 1, "estimator.oom_margin_multiplier must be >= 1"),
+        (cfg.estimator.max_margin_multiplier >= 1, "estimator.max_margin_multiplier must be >= 1"),
+        (cfg.estimator.oom_whole_gpu_runs >= 0, "estimator.oom_whole_gpu_runs must be >= 0"),
+        (cfg.estimator.min_samples >= 1, "estimator.min_samples must be >= 1"),
+        (cfg.policy.max_victim_slowdown >= 1, "policy.max_victim_slowdown must be >= 1"),
+        (0 <= cfg.policy.site_factor_max < 2**31 - 2, "policy.site_factor_max must fit Slurm's site factor"),
+        (cfg.policy.admin_comment_max_chars >= 80, "policy.admin_comment_max_chars must be >= 80"),
+        (cfg.hooks.deadline_s > 0, "hooks.deadline_s must be > 0"),
+        (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),
+        (cfg.swap_cost.fault_granularity_bytes > 0, "swap_cost.fault_granularity_bytes must be > 0"),
+        (cfg.service.max_workers >= 1, "service.max_workers must be >= 1"),
+    ]
+    errors = [msg for ok, msg in checks if not ok]
+    if errors:
+        raise ConfigError("; ".join(errors))
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Build and validate the configuration. ``env`` defaults to ``os.environ``."""
+    env = os.environ if env is None else env
+    explicit = path or (Path(env["SWAPAWARE_CONFIG"]) if env.get("SWAPAWARE_CONFIG") else None)
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if explicit is not None:
+        if not explicit.is_file():
+            raise ConfigError(f"config file {explicit} does not exist")
+        chosen: Path | None = explicit
+    else:
+        chosen = DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+    if chosen is not None:
+        try:
+            data = tomllib.loads(chosen.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{chosen}: not valid TOML: {exc}") from None
+        source = str(chosen)
+    sections = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
+    unknown = sorted(set(data) - set(sections))
+    if unknown:
+        raise ConfigError(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(sorted(sections))}")
+    merged: dict[str, dict[str, Any]] = {name: dict(data.get(name, {})) for name in sections}
+    env_used = False
+    for key, value in env.items():
+        if not key.startswith("SWAPAWARE_") or "__" not in key:
+            continue
+        section, _, item = key[len("SWAPAWARE_"):].lower().partition("__")
+        if section not in merged:
+            raise ConfigError(f"{key}: unknown section {section!r}")
+        merged[section][item] = value
+        env_used = True
+    built = {name: _build_section(name, typing.get_type_hints(Config)[name], merged[name]) for name in sections}
+    cfg = Config(**built, source=source + (" + environment" if env_used else ""))
+    _validate(cfg)
+    return cfg

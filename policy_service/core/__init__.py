@@ -1,0 +1,1 @@
+"""The pure core of swapaware: no I/O, no clock, no randomness unless injected."""

@@ -1,0 +1,140 @@
+"""GPU memory demand: predict a job's peak from its history, and learn from each run.
+
+Prediction (per key, narrowest first, see ``KeyLevel``):
+  * exact class / user+name: peak = EWMA of observed peaks; margin = max(min_margin_frac *
+    peak, deviation_k * EWMA(|peak - EWMA|)) * margin_multiplier;
+  * account / partition (only with ``wide_key_min_samples``): peak = largest observed peak,
+    margin = min_margin_frac * peak * 2 (a wide key says little about one job);
+  * nothing: unknown -> the policy keeps the whole GPU.
+The margin is decoupled from the point estimate: an OOM of a shared job raises the class's
+margin multiplier and forces whole-GPU runs, without distorting the median prediction.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Mapping
+
+from policy_service.config import EstimatorConfig, GpuConfig
+from policy_service.core.types import (
+    ClassStats,
+    DemandEstimate,
+    EstimateSource,
+    JobObservation,
+    JobRequest,
+    KeyLevel,
+    Reason,
+    ReasonCode,
+)
+
+_NARROW = (KeyLevel.CLASS, KeyLevel.USER_NAME)
+GIB = 1024**3
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / GIB:.1f}GiB"
+
+
+def _usable(level: KeyLevel, stats: ClassStats | None, cfg: EstimatorConfig) -> bool:
+    if stats is None:
+        return False
+    need = cfg.min_samples if level in _NARROW else cfg.wide_key_min_samples
+    return stats.samples >= need
+
+
+def _from_stats(level: KeyLevel, s: ClassStats, cfg: EstimatorConfig) -> tuple[int, int]:
+    if level in _NARROW:
+        peak = s.ewma_peak_bytes
+        margin = max(cfg.min_margin_frac * peak, cfg.deviation_k * s.ewma_absdev_bytes)
+    else:
+        peak = float(s.max_peak_bytes)
+        margin = 2 * cfg.min_margin_frac * peak
+    return int(math.ceil(peak)), int(math.ceil(margin * s.margin_multiplier))
+
+
+def estimate(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: EstimatorConfig,
+             gpu: GpuConfig) -> DemandEstimate:
+    """Predict the job's peak GPU memory with a safety margin, and say why."""
+    reasons: list[Reason] = []
+    level = next((lv for lv in KeyLevel if _usable(lv, stats.get(lv), cfg)), None)
+    class_stats = stats.get(KeyLevel.CLASS)
+    observed_max = max((s.max_peak_bytes for s in (class_stats, stats.get(KeyLevel.USER_NAME)) if s), default=0)
+    if level is None:
+        peak, margin, source, samples = 0, 0, EstimateSource.UNKNOWN, 0
+    else:
+        chosen = stats[level]
+        peak, margin = _from_stats(level, chosen, cfg)
+        source, samples = level.source, chosen.samples
+        observed_max = max(observed_max, chosen.max_peak_bytes) if level in _NARROW else observed_max
+        code = ReasonCode.ESTIMATE_FROM_HISTORY if level in _NARROW else ReasonCode.ESTIMATE_FROM_WIDER_KEY
+        reasons.append(Reason(code, f"peak {fmt_bytes(peak)} + margin {fmt_bytes(margin)} from {samples} "
+                                    f"run(s) of key '{level.value}'"))
+    if req.hint_text:
+        reasons.append(Reason(ReasonCode.HINT_INVALID, f"ignored hint(s) it could not read: {req.hint_text}"))
+    if req.hint_bytes is not None:
+        peak, margin, source, hint_reasons = _apply_hint(req.hint_bytes, peak, margin, source, observed_max, cfg, gpu)
+        reasons.extend(hint_reasons)
+    if source is EstimateSource.UNKNOWN:
+        reasons.append(Reason(ReasonCode.NO_HISTORY, "no history for this job, its user+name, account or partition"))
+    return DemandEstimate(peak_bytes=peak, margin_bytes=margin, source=source, samples=samples,
+                          observed_max_bytes=observed_max, reasons=tuple(reasons))
+
+
+def _apply_hint(hint: int, peak: int, margin: int, source: EstimateSource, observed_max: int,
+                cfg: EstimatorConfig, gpu: GpuConfig) -> tuple[int, int, EstimateSource, list[Reason]]:
+    reasons = []
+    if hint > gpu.memory_bytes:
+        reasons.append(Reason(ReasonCode.HINT_CAPPED_AT_DEVICE,
+                              f"hint {fmt_bytes(hint)} is above the device's {fmt_bytes(gpu.memory_bytes)}; "
+                              "capped at the device size"))
+        hint = gpu.memory_bytes
+    if source is not EstimateSource.UNKNOWN and hint < max(peak, observed_max):
+        reasons.append(Reason(ReasonCode.HINT_BELOW_HISTORY,
+                              f"hint {fmt_bytes(hint)} is below what history shows "
+                              f"({fmt_bytes(max(peak, observed_max))}); history wins"))
+        return peak, margin, source, reasons
+    reasons.append(Reason(ReasonCode.HINT_USED, f"user hint {fmt_bytes(hint)} used as the peak"))
+    return hint, int(math.ceil(cfg.min_margin_frac * hint)), EstimateSource.HINT, reasons
+
+
+def _ewma(old: float, new: float, alpha: float) -> float:
+    return (1 - alpha) * old + alpha * new
+
+
+def observe(s: ClassStats, obs: JobObservation, cfg: EstimatorConfig) -> ClassStats:
+    """Fold one finished run into a key's statistics (online learning)."""
+    a = cfg.ewma_alpha
+    s = replace(s, runs=s.runs + 1)
+    if obs.peak_bytes is not None and obs.peak_bytes > 0:
+        p = obs.peak_bytes
+        if s.samples == 0:
+            s = replace(s, ewma_peak_bytes=float(p), ewma_absdev_bytes=0.0)
+        else:
+            s = replace(s, ewma_absdev_bytes=_ewma(s.ewma_absdev_bytes, abs(p - s.ewma_peak_bytes), a),
+                        ewma_peak_bytes=_ewma(s.ewma_peak_bytes, p, a))
+        s = replace(s, samples=s.samples + 1, max_peak_bytes=max(s.max_peak_bytes, p), last_peak_bytes=p)
+    if obs.oom:
+        s = replace(s, oom_count=s.oom_count + 1)
+        if obs.shared:
+            s = replace(
+                s,
+                margin_multiplier=min(cfg.max_margin_multiplier, s.margin_multiplier * cfg.oom_margin_multiplier),
+                whole_gpu_runs_left=cfg.oom_whole_gpu_runs,
+                # It needed at least what it had when it died.
+                ewma_peak_bytes=max(s.ewma_peak_bytes, float(obs.peak_bytes or 0)),
+            )
+        return s
+    if not obs.shared and s.whole_gpu_runs_left > 0 and obs.exit_code == 0:
+        s = replace(s, whole_gpu_runs_left=s.whole_gpu_runs_left - 1)
+    if obs.exit_code != 0 or obs.runtime_s <= 0:
+        return s
+    if obs.co_runners > 0:
+        first = s.shared_runs == 0
+        return replace(
+            s, shared_runs=s.shared_runs + 1,
+            ewma_shared_runtime_s=obs.runtime_s if first else _ewma(s.ewma_shared_runtime_s, obs.runtime_s, a),
+            ewma_corunners=float(obs.co_runners) if first else _ewma(s.ewma_corunners, obs.co_runners, a),
+        )
+    first = s.solo_runs == 0
+    return replace(s, solo_runs=s.solo_runs + 1,
+                   ewma_solo_runtime_s=obs.runtime_s if first else _ewma(s.ewma_solo_runtime_s, obs.runtime_s, a))

@@ -1,0 +1,180 @@
+"""The admission policy: estimate -> GRES rewrite, priority and a decision record.
+
+``decide`` is pure: the caller injects the decision id, the clock reading and the history.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict
+from typing import Mapping
+
+from policy_service.config import AccessClass, Config
+from policy_service.core import estimator, swapcost
+from policy_service.core.request import shard_rewrite
+from policy_service.core.types import (
+    Action,
+    ClassStats,
+    Decision,
+    DemandEstimate,
+    GresKind,
+    JobRequest,
+    KeyLevel,
+    Reason,
+    ReasonCode,
+    Rewrite,
+)
+
+MODEL_VERSION = "swapaware-model/1"
+COMMENT_PREFIX = "swapaware:v1"
+
+
+def model_version(cfg: Config) -> str:
+    """Model name plus a digest of the parameters that shape decisions (for replays)."""
+    params = {k: asdict(getattr(cfg, k)) for k in ("gpu", "estimator", "swap_cost", "policy")}
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{MODEL_VERSION}+{digest}"
+
+
+def contention_degree(s: ClassStats | None, min_runs: int) -> float | None:
+    """Seed paper: W = (C(N) - C(1)) / C(1) / n, with n the mean number of co-runners."""
+    if s is None or s.solo_runs < min_runs or s.shared_runs < min_runs or s.ewma_solo_runtime_s <= 0:
+        return None
+    n = max(1.0, s.ewma_corunners)
+    return max(0.0, (s.ewma_shared_runtime_s - s.ewma_solo_runtime_s) / s.ewma_solo_runtime_s / n)
+
+
+def site_factor(s: ClassStats | None, cfg: Config) -> tuple[int, Reason]:
+    w = contention_degree(s, cfg.policy.contention_min_runs)
+    if w is None:
+        return 0, Reason(ReasonCode.PRIORITY_DEFAULT, "no shared-vs-solo runtimes yet: site factor 0")
+    value = int(min(cfg.policy.site_factor_max, round(cfg.policy.site_factor_scale * w)))
+    return value, Reason(ReasonCode.PRIORITY_CONTENTION,
+                         f"contention degree {w:.3f} (shared {s.ewma_shared_runtime_s:.0f}s vs solo "
+                         f"{s.ewma_solo_runtime_s:.0f}s): site factor {value} (cap {cfg.policy.site_factor_max})")
+
+
+def _shards_needed(nbytes: int, shard_bytes: int) -> int:
+    return max(1, math.ceil(nbytes / shard_bytes))
+
+
+def _oversubscribe(need_bytes: int, full_shards: int, access: AccessClass, cfg: Config
+                   ) -> tuple[int, float, int] | None:
+    """Fewest shards (< full_shards) whose worst-case victim slowdown stays within budget."""
+    link = cfg.swap_cost.link_bytes_per_s(cfg.gpu.link)
+    for k in range(1, full_shards):
+        offloaded = need_bytes - k * cfg.gpu.shard_bytes
+        slow = swapcost.victim_slowdown(need_bytes, offloaded, access, link, cfg.swap_cost)
+        if slow <= cfg.policy.max_victim_slowdown:
+            return k, slow, offloaded
+    return None
+
+
+def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config
+                 ) -> tuple[Action, int, float, int, list[Reason]]:
+    """(action, shards, slowdown, offloaded bytes, reasons) for a single-GPU job with an estimate."""
+    reasons = []
+    need = est.sized_bytes
+    if est.observed_max_bytes > need:
+        reasons.append(Reason(ReasonCode.RAISED_TO_OBSERVED_MAX,
+                              f"raised to the largest observed peak {estimator.fmt_bytes(est.observed_max_bytes)}"))
+        need = est.observed_max_bytes
+    spg, shard = cfg.gpu.shards_per_gpu, cfg.gpu.shard_bytes
+    k = _shards_needed(need, shard)
+    over = _oversubscribe(need, min(k, spg), access, cfg) if cfg.policy.allow_oversubscription else None
+    if over is not None:
+        k2, slow, off = over
+        reasons.append(Reason(ReasonCode.OVERSUBSCRIBED,
+                              f"charged {k2} shard(s) for {estimator.fmt_bytes(need)}: as designated victim it "
+                              f"keeps {estimator.fmt_bytes(off)} in host memory, predicted slowdown {slow:.2f}x "
+                              f"<= budget {cfg.policy.max_victim_slowdown:.2f}x ({access.value})"))
+        return Action.SHARE_OVERSUBSCRIBED, k2, slow, off, reasons
+    if k < spg:
+        reasons.append(Reason(ReasonCode.FITS_IN_SHARDS,
+                              f"{estimator.fmt_bytes(need)} fits {k} of {spg} shards "
+                              f"({estimator.fmt_bytes(k * shard)})"))
+        return Action.SHARE, k, 1.0, 0, reasons
+    if cfg.policy.allow_oversubscription:
+        reasons.append(Reason(ReasonCode.OVERSUBSCRIPTION_TOO_COSTLY,
+                              f"sharing would need host memory beyond the {cfg.policy.max_victim_slowdown:.2f}x "
+                              "slowdown budget"))
+    reasons.append(Reason(ReasonCode.TOO_LARGE_TO_SHARE,
+                          f"{estimator.fmt_bytes(need)} needs the whole GPU ({spg} shards)"))
+    return Action.WHOLE_GPU, 0, 1.0, 0, reasons
+
+
+def _route(req: JobRequest, est: DemandEstimate, class_stats: ClassStats | None, access: AccessClass,
+           cfg: Config) -> tuple[Action, int, float, int, list[Reason]]:
+    g = req.gpu
+    if g.kind is GresKind.NONE:
+        return Action.PASS_THROUGH, 0, 1.0, 0, [Reason(ReasonCode.NO_GPU, "the job asks for no GPU")]
+    if g.kind is GresKind.SHARD:
+        return Action.PASS_THROUGH, 0, 1.0, 0, [Reason(ReasonCode.ALREADY_SHARDS, f"the job already asks for {g.raw}")]
+    if g.kind is GresKind.OTHER:
+        return Action.PASS_THROUGH, 0, 1.0, 0, [Reason(ReasonCode.UNSUPPORTED_REQUEST,
+                                                       f"request {g.raw!r} is left as it is")]
+    whole = Action.WHOLE_GPU, 0, 1.0, 0
+    if req.min_nodes > 1:
+        return *whole, [Reason(ReasonCode.MULTI_NODE, "multi-node jobs keep whole GPUs")]
+    if g.per_node != 1:
+        return *whole, [Reason(ReasonCode.MULTI_GPU, f"{g.per_node} GPUs per node: shards of one GPU cannot serve it")]
+    if not cfg.policy.enable_sharing:
+        return *whole, [Reason(ReasonCode.SHARING_DISABLED, "sharing is disabled by configuration")]
+    if class_stats is not None and class_stats.whole_gpu_runs_left > 0:
+        return *whole, [Reason(ReasonCode.OOM_PENALTY,
+                               f"this job class ran out of memory while shared; whole GPU for "
+                               f"{class_stats.whole_gpu_runs_left} more run(s)")]
+    if not est.known:
+        return *whole, [Reason(ReasonCode.NO_HISTORY, "no history: whole GPU until a run is observed")]
+    return _size_shards(est, access, cfg)
+
+
+def admin_comment(d_id: str, version: str, action: Action, shards: int, est: DemandEstimate, sf: int,
+                  reasons: tuple[Reason, ...], max_chars: int) -> str:
+    """The decision record sacct shows (AdminComment). Stable, greppable key=value text."""
+    why = ",".join(dict.fromkeys(r.code.value for r in reasons))
+    text = (f"{COMMENT_PREFIX} id={d_id} model={version} action={action.value} shards={shards} "
+            f"pred={estimator.fmt_bytes(est.peak_bytes)}+{estimator.fmt_bytes(est.margin_bytes)} "
+            f"src={est.source.value} n={est.samples} sf={sf} why={why}")
+    return text[:max_chars]
+
+
+def parse_admin_comment(text: str) -> dict[str, str]:
+    """Inverse of ``admin_comment`` for the fields it carries; {} when not ours."""
+    if not text or COMMENT_PREFIX not in text:
+        return {}
+    body = text[text.index(COMMENT_PREFIX) + len(COMMENT_PREFIX):]
+    return dict(tok.split("=", 1) for tok in body.split() if "=" in tok)
+
+
+def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *, decision_id: str,
+           now: float, job_class: str, gres_fields: Mapping[str, str],
+           access: AccessClass | None = None) -> Decision:
+    """Decide how a job runs. Pure: same inputs, same decision."""
+    access = access or cfg.swap_cost.default_access_class
+    est = estimator.estimate(req, stats, cfg.estimator, cfg.gpu)
+    class_stats = stats.get(KeyLevel.CLASS)
+    action, shards, slow, off, route_reasons = _route(req, est, class_stats, access, cfg)
+    sf, prio_reason = site_factor(class_stats, cfg)
+    reasons = (*route_reasons, *est.reasons, prio_reason)
+    version = model_version(cfg)
+    fields = {}
+    user_message = None
+    if action in (Action.SHARE, Action.SHARE_OVERSUBSCRIBED):
+        fields = shard_rewrite(dict(gres_fields), req.gpu.source_field, shards)
+        user_message = (f"swapaware: gpu request rewritten to {shards} shard(s) of one GPU "
+                        f"(predicted peak {estimator.fmt_bytes(est.peak_bytes)})")
+    comment = admin_comment(decision_id, version, action, shards, est, sf, reasons,
+                            cfg.policy.admin_comment_max_chars)
+    rewrite = Rewrite(
+        tres_per_node=fields.get("tres_per_node"), tres_per_job=fields.get("tres_per_job"),
+        tres_per_task=fields.get("tres_per_task"), tres_per_socket=fields.get("tres_per_socket"),
+        site_factor=sf if action is not Action.PASS_THROUGH or req.gpu.kind is GresKind.SHARD else None,
+        admin_comment=comment if req.gpu.kind is not GresKind.NONE else None,
+        user_message=user_message,
+    )
+    risk = min(1.0, off / est.sized_bytes) if est.sized_bytes and off else 0.0
+    return Decision(decision_id=decision_id, model_version=version, action=action, shards=shards,
+                    site_factor=sf, estimate=est, swap_slowdown=slow, offloaded_bytes=off, risk=risk,
+                    reasons=reasons, rewrite=rewrite, job_class=job_class, decided_at=now)

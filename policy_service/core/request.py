@@ -1,0 +1,163 @@
+"""Pure parsers: Slurm's job_desc strings -> typed requests, and GRES rewriting.
+
+Slurm 22.05 keeps GRES requests as comma-separated entries of the form
+``gres:<name>[:<type>]:<count>`` in ``tres_per_node`` (``--gres``), ``tres_per_job``
+(``--gpus``), ``tres_per_task`` (``--gpus-per-task``) and ``tres_per_socket``.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from policy_service.config import AccessClass
+from policy_service.core.types import GpuRequest, GresKind, JobRequest, KeyLevel
+
+GRES_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket")
+SLURM_NO_VAL = 4294967294  # job_desc numbers read this when unset
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
+_HINT_RE = re.compile(r"(?:^|[\s,;])swapaware:([a-z_]+)=([^\s,;]+)", re.I)
+
+
+class RequestError(ValueError):
+    """The job's facts cannot be understood (bad input, not a policy decision)."""
+
+
+@dataclass(frozen=True)
+class GresEntry:
+    name: str
+    gres_type: str
+    count: int
+    text: str
+
+    def render(self) -> str:
+        return self.text
+
+
+def parse_size_bytes(text: str) -> int:
+    """'12G' -> 12 GiB. Slurm convention: suffixes are binary (K=KiB, M=MiB, ...)."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise RequestError(f"not a memory size: {text!r} (use e.g. 12G, 800M, 1.5T)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_gres_entries(value: str) -> tuple[GresEntry, ...]:
+    """Parse 'gres:gpu:h100:2,gres:nvme:1' into entries. Empty string -> ()."""
+    entries = []
+    for raw in (part.strip() for part in value.split(",")):
+        if not raw:
+            continue
+        parts = raw.split(":")
+        if parts[0] in ("gres", "gres/"):
+            parts = parts[1:]
+        elif parts[0].startswith("gres/"):
+            parts = [parts[0][len("gres/"):], *parts[1:]]
+        if not parts or not parts[0]:
+            raise RequestError(f"cannot parse GRES entry {raw!r}")
+        name, rest = parts[0], parts[1:]
+        count, gres_type = 1, ""
+        if rest and rest[-1].isdigit():
+            count = int(rest[-1])
+            rest = rest[:-1]
+        elif rest and re.fullmatch(r"\d+[kKmM]", rest[-1]):
+            raise RequestError(f"GRES count with suffix is not supported: {raw!r}")
+        if len(rest) > 1:
+            raise RequestError(f"cannot parse GRES entry {raw!r}")
+        if rest:
+            gres_type = rest[0]
+        entries.append(GresEntry(name=name, gres_type=gres_type, count=count, text=raw))
+    return tuple(entries)
+
+
+def gpu_request(fields: dict[str, str]) -> GpuRequest:
+    """Find the job's GPU/shard request across the tres_per_* fields."""
+    found: list[tuple[str, GresEntry]] = []
+    for fname in GRES_FIELDS:
+        for entry in parse_gres_entries(fields.get(fname, "") or ""):
+            if entry.name in ("gpu", "shard", "mps"):
+                found.append((fname, entry))
+    if not found:
+        return GpuRequest(kind=GresKind.NONE)
+    if len(found) > 1:
+        raw = ";".join(f"{f}={e.text}" for f, e in found)
+        return GpuRequest(kind=GresKind.OTHER, raw=raw, source_field=found[0][0])
+    fname, entry = found[0]
+    kind = {"gpu": GresKind.GPU, "shard": GresKind.SHARD}.get(entry.name, GresKind.OTHER)
+    return GpuRequest(kind=kind, per_node=entry.count, gpu_type=entry.gres_type,
+                      source_field=fname, raw=entry.text)
+
+
+def shard_rewrite(fields: dict[str, str], source_field: str, shards: int) -> dict[str, str]:
+    """New values for the GRES fields: the GPU entry becomes ``gres:shard:<k>`` in
+    tres_per_node, other entries stay where they were, and every GPU entry is cleared."""
+    out: dict[str, str] = {}
+    for fname in GRES_FIELDS:
+        kept = [e.render() for e in parse_gres_entries(fields.get(fname, "") or "") if e.name != "gpu"]
+        if fname == "tres_per_node":
+            kept.append(f"gres:shard:{shards}")
+        new = ",".join(kept)
+        if new != (fields.get(fname, "") or "") or fname == source_field:
+            out[fname] = new
+    return out
+
+
+def parse_hints(comment: str, env_mem_hint: str) -> tuple[int | None, AccessClass | None, str]:
+    """User hints. ``--comment 'swapaware:mem=12G swapaware:access=random'`` or
+    ``SWAPAWARE_GPU_MEM=12G`` in the job's environment (the environment wins).
+    Returns (bytes or None, access class or None, text of a hint that could not be used)."""
+    mem_text, access_text, bad = env_mem_hint.strip(), "", []
+    for key, value in _HINT_RE.findall(comment or ""):
+        key = key.lower()
+        if key == "mem" and not mem_text:
+            mem_text = value
+        elif key == "access":
+            access_text = value
+        elif key not in ("mem", "access"):
+            bad.append(f"{key}={value}")
+    mem_bytes = None
+    if mem_text:
+        try:
+            mem_bytes = parse_size_bytes(mem_text)
+        except RequestError:
+            bad.append(f"mem={mem_text}")
+    access = None
+    if access_text:
+        try:
+            access = AccessClass(access_text.lower())
+        except ValueError:
+            bad.append(f"access={access_text}")
+    return mem_bytes, access, " ".join(bad)
+
+
+def _num(value: int, default: int) -> int:
+    return default if value in (0, SLURM_NO_VAL, SLURM_NO_VAL + 1) else value
+
+
+def job_request(*, user: str, account: str, partition: str, job_name: str, script_fingerprint: str,
+                gres_fields: dict[str, str], min_nodes: int = 1, time_limit_min: int = 0,
+                comment: str = "", env_mem_hint: str = "") -> tuple[JobRequest, AccessClass | None]:
+    """Build the typed request (and the access-class hint) from job_desc facts."""
+    if not user:
+        raise RequestError("job facts carry no user")
+    hint_bytes, access, bad = parse_hints(comment, env_mem_hint)
+    req = JobRequest(
+        user=user, account=account, partition=partition, job_name=job_name,
+        script_fingerprint=script_fingerprint, gpu=gpu_request(gres_fields),
+        min_nodes=_num(min_nodes, 1), time_limit_s=_num(time_limit_min, 0) * 60,
+        hint_bytes=hint_bytes, hint_text=bad,
+    )
+    return req, access
+
+
+def history_keys(req: JobRequest) -> dict[KeyLevel, str]:
+    """History keys of a job, narrowest first (the estimator's fallback order)."""
+    cls = "\0".join((req.user, req.job_name, req.script_fingerprint, req.gpu.raw))
+    return {
+        KeyLevel.CLASS: hashlib.sha256(cls.encode()).hexdigest()[:16],
+        KeyLevel.USER_NAME: f"{req.user}/{req.job_name}",
+        KeyLevel.ACCOUNT: req.account or "(none)",
+        KeyLevel.PARTITION: req.partition or "(default)",
+    }

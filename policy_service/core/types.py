@@ -1,0 +1,217 @@
+"""Typed, immutable values of the policy core. No I/O here."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from policy_service.config import AccessClass
+
+
+class GresKind(enum.Enum):
+    NONE = "none"
+    GPU = "gpu"
+    SHARD = "shard"
+    OTHER = "other"  # e.g. mps, or a GRES this policy does not rewrite
+
+
+class Action(enum.Enum):
+    PASS_THROUGH = "pass_through"
+    WHOLE_GPU = "whole_gpu"
+    SHARE = "share"
+    SHARE_OVERSUBSCRIBED = "share_oversubscribed"
+
+
+class EstimateSource(enum.Enum):
+    UNKNOWN = "unknown"
+    CLASS = "class"
+    USER_NAME = "user_name"
+    ACCOUNT = "account"
+    PARTITION = "partition"
+    HINT = "hint"
+
+
+class KeyLevel(enum.Enum):
+    """History keys, narrowest first. The estimator falls back along this order."""
+
+    CLASS = "class"  # user + job name + script fingerprint + requested resources
+    USER_NAME = "user_name"
+    ACCOUNT = "account"
+    PARTITION = "partition"
+
+    @property
+    def source(self) -> EstimateSource:
+        return EstimateSource(self.value)
+
+
+class ReasonCode(enum.Enum):
+    NO_GPU = "no_gpu"
+    UNSUPPORTED_REQUEST = "unsupported_request"
+    MULTI_GPU = "multi_gpu"
+    MULTI_NODE = "multi_node"
+    SHARING_DISABLED = "sharing_disabled"
+    NO_HISTORY = "no_history"
+    ESTIMATE_FROM_HISTORY = "estimate_from_history"
+    ESTIMATE_FROM_WIDER_KEY = "estimate_from_wider_key"
+    HINT_USED = "hint_used"
+    HINT_CAPPED_AT_DEVICE = "hint_capped_at_device"
+    HINT_BELOW_HISTORY = "hint_below_history"
+    HINT_INVALID = "hint_invalid"
+    FITS_IN_SHARDS = "fits_in_shards"
+    RAISED_TO_OBSERVED_MAX = "raised_to_observed_max"
+    TOO_LARGE_TO_SHARE = "too_large_to_share"
+    OOM_PENALTY = "oom_penalty"
+    OVERSUBSCRIBED = "oversubscribed"
+    OVERSUBSCRIPTION_TOO_COSTLY = "oversubscription_too_costly"
+    PRIORITY_CONTENTION = "priority_contention"
+    PRIORITY_DEFAULT = "priority_default"
+    ALREADY_SHARDS = "already_shards"
+
+
+@dataclass(frozen=True)
+class Reason:
+    code: ReasonCode
+    message: str
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """A job's GPU request, normalised from Slurm's tres_per_* strings."""
+
+    kind: GresKind
+    per_node: int = 0  # GPUs (or shards) per node; 0 when none
+    gpu_type: str = ""  # e.g. "h100" in gres:gpu:h100:1
+    source_field: str = ""  # which job_desc field carried it
+    raw: str = ""
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What the policy knows about a job at submit time."""
+
+    user: str
+    account: str
+    partition: str
+    job_name: str
+    script_fingerprint: str
+    gpu: GpuRequest
+    min_nodes: int = 1
+    time_limit_s: int = 0
+    hint_bytes: int | None = None
+    hint_text: str = ""  # raw hint when it could not be parsed
+
+
+@dataclass(frozen=True)
+class ClassStats:
+    """What history says about one key. Updated by ``estimator.observe`` (a pure fold)."""
+
+    samples: int = 0  # observations with a memory figure
+    runs: int = 0  # all finished runs
+    ewma_peak_bytes: float = 0.0
+    ewma_absdev_bytes: float = 0.0
+    max_peak_bytes: int = 0
+    last_peak_bytes: int = 0
+    oom_count: int = 0
+    margin_multiplier: float = 1.0
+    whole_gpu_runs_left: int = 0
+    solo_runs: int = 0
+    shared_runs: int = 0
+    ewma_solo_runtime_s: float = 0.0
+    ewma_shared_runtime_s: float = 0.0
+    ewma_corunners: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobObservation:
+    """What one finished run taught us (from the epilog, joined with the service's records)."""
+
+    runtime_s: float
+    exit_code: int
+    peak_bytes: int | None
+    oom: bool
+    shared: bool  # ran on shards (not a whole GPU)
+    co_runners: int  # other jobs on the same GPU during the run
+
+
+@dataclass(frozen=True)
+class DemandEstimate:
+    peak_bytes: int  # 0 when unknown
+    margin_bytes: int
+    source: EstimateSource
+    samples: int
+    observed_max_bytes: int
+    reasons: tuple[Reason, ...] = ()
+
+    @property
+    def known(self) -> bool:
+        return self.source is not EstimateSource.UNKNOWN
+
+    @property
+    def sized_bytes(self) -> int:
+        """Bytes the decision must make room for: peak plus margin."""
+        return self.peak_bytes + self.margin_bytes
+
+
+@dataclass(frozen=True)
+class CoJob:
+    """One job on a GPU, as the swap-cost model sees it."""
+
+    name: str
+    footprint_bytes: int
+    working_set_bytes: int
+    access: AccessClass
+    priority: float  # higher runs first; victims are the lowest
+    solo_time_s: float = 1.0
+    sweeps_per_s: float = 2.0  # working-set sweeps per second of solo run time
+
+
+@dataclass(frozen=True)
+class JobSlowdown:
+    name: str
+    slowdown: float
+    offloaded_bytes: int
+    victim: bool
+
+
+@dataclass(frozen=True)
+class SwapCost:
+    """Predicted slowdowns of co-located jobs, with the parts visible."""
+
+    deficit_bytes: int
+    jobs: tuple[JobSlowdown, ...]
+    risk: float  # over-commit risk in [0, 1]
+
+    def of(self, name: str) -> JobSlowdown:
+        for j in self.jobs:
+            if j.name == name:
+                return j
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """Field changes for job_submit.lua; None means leave the field alone, "" clears it."""
+
+    tres_per_node: str | None = None
+    tres_per_job: str | None = None
+    tres_per_task: str | None = None
+    tres_per_socket: str | None = None
+    site_factor: int | None = None
+    admin_comment: str | None = None
+    user_message: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    decision_id: str
+    model_version: str
+    action: Action
+    shards: int
+    site_factor: int
+    estimate: DemandEstimate
+    swap_slowdown: float
+    offloaded_bytes: int
+    risk: float
+    reasons: tuple[Reason, ...]
+    rewrite: Rewrite
+    job_class: str
+    decided_at: float
