@@ -57,6 +57,14 @@ class NvmlBackend(enum.Enum):
     NONE = "none"
 
 
+class Enforcement(enum.Enum):
+    """How the TaskProlog fences a shared (shard) job's GPU memory (slurm_plugin/task_prolog.py)."""
+
+    NONE = "none"
+    FRAMEWORK_ENV = "framework_env"  # framework allocator settings (TF growth, JAX fraction) + advisory cap
+    MPS = "mps"  # framework_env + CUDA MPS per-client pinned memory limit (needs an MPS control daemon)
+
+
 @dataclass(frozen=True)
 class GpuConfig:
     """The GPUs of the (homogeneous) partition the policy sizes shards for."""
@@ -163,6 +171,9 @@ class AgentConfig:
     sample_period_s: float = 1.0
     nvml_backend: NvmlBackend = NvmlBackend.AUTO
     fake_nvml_dir: Path = Path("/var/lib/swapaware/fake-nvml")
+    enforcement: Enforcement = Enforcement.FRAMEWORK_ENV
+    # CUDA_MPS_PIPE_DIRECTORY of the site's nvidia-cuda-mps-control daemon (enforcement = mps).
+    mps_pipe_dir: Path = Path("/tmp/nvidia-mps")
 
 
 @dataclass(frozen=True)

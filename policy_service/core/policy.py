@@ -157,7 +157,8 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     class_stats = stats.get(KeyLevel.CLASS)
     action, shards, slow, off, route_reasons = _route(req, est, class_stats, access, cfg)
     sf, prio_reason = site_factor(class_stats, cfg)
-    reasons = (*route_reasons, *est.reasons, prio_reason)
+    route_codes = {r.code for r in route_reasons}
+    reasons = (*route_reasons, *(r for r in est.reasons if r.code not in route_codes), prio_reason)
     version = model_version(cfg)
     fields = {}
     user_message = None

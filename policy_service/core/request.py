@@ -161,3 +161,17 @@ def history_keys(req: JobRequest) -> dict[KeyLevel, str]:
         KeyLevel.ACCOUNT: req.account or "(none)",
         KeyLevel.PARTITION: req.partition or "(default)",
     }
+
+
+FP_MOD1, FP_MUL1 = 2147483647, 31
+FP_MOD2, FP_MUL2 = 2147483629, 131
+
+
+def script_fingerprint(script: bytes) -> str:
+    """Fingerprint of a batch script; job_submit.lua computes the same value in Lua 5.1
+    (double arithmetic stays exact: every intermediate is below 2**53)."""
+    h1 = h2 = 0
+    for b in script:
+        h1 = (h1 * FP_MUL1 + b) % FP_MOD1
+        h2 = (h2 * FP_MUL2 + b) % FP_MOD2
+    return f"{h1:08x}{h2:08x}" if script else ""

@@ -1,0 +1,95 @@
+"""Controller-local Unix socket: canonical proto3 JSON of the same messages as gRPC.
+
+Framing: one request per connection, one line each way.
+  request:  {"method": "Admit", "request": {<AdmitRequest as proto3 JSON>}}\n
+  response: {"response": {<AdmitResponse as proto3 JSON>}}\n
+        or  {"error": {"code": "INVALID_ARGUMENT", "message": "..."}}\n
+Used by job_submit.lua (Lua 5.1 speaks no gRPC); answered by the same ``PolicyHandler``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import socketserver
+import threading
+from pathlib import Path
+
+import grpc
+from google.protobuf import json_format
+
+from policy_service.handler import HandlerError, Method, PolicyHandler
+
+log = logging.getLogger(__name__)
+MAX_REQUEST_BYTES = 256 * 1024
+READ_TIMEOUT_S = 2.0
+
+
+def handle_line(handler: PolicyHandler, line: bytes) -> bytes:
+    """One request line -> one response line. Never raises."""
+    try:
+        try:
+            envelope = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, f"request is not JSON: {exc}") from None
+        if not isinstance(envelope, dict) or not isinstance(envelope.get("method"), str):
+            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, 'request must be {"method": ..., "request": {...}}')
+        method = Method.by_name(envelope["method"])
+        msg = method.value[1]()
+        try:
+            json_format.ParseDict(envelope.get("request") or {}, msg)
+        except json_format.ParseError as exc:
+            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, f"bad {method.value[0]} request: {exc}") from None
+        reply = method.call(handler, msg)
+        body = {"response": json_format.MessageToDict(reply)}
+    except HandlerError as exc:
+        body = {"error": {"code": exc.code.name, "message": exc.message}}
+    except Exception:
+        log.exception("local socket request failed")
+        body = {"error": {"code": "INTERNAL", "message": "request failed inside the service; see its log"}}
+    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def start_local_socket(handler: PolicyHandler, path: Path, mode: int = 0o660) -> tuple[socketserver.BaseServer, threading.Thread]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(0.2)
+            probe.connect(str(path))
+            raise OSError(f"{path} is in use by another running service")
+        except (ConnectionRefusedError, FileNotFoundError, socket.timeout):
+            path.unlink()  # stale socket from a previous run
+        finally:
+            probe.close()
+
+    class Handler(socketserver.StreamRequestHandler):
+        timeout = READ_TIMEOUT_S
+
+        def handle(self) -> None:
+            try:
+                line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+            except (socket.timeout, OSError):
+                return
+            if len(line) > MAX_REQUEST_BYTES:
+                reply = json.dumps({"error": {"code": "INVALID_ARGUMENT", "message": "request too large"}}).encode() + b"\n"
+            elif not line.strip():
+                return
+            else:
+                reply = handle_line(handler, line)
+            try:
+                self.wfile.write(reply)
+            except OSError:
+                pass  # the client gave up (its deadline passed)
+
+    server = _Server(str(path), Handler)
+    os.chmod(path, mode)
+    thread = threading.Thread(target=server.serve_forever, name="local-socket", daemon=True)
+    thread.start()
+    return server, thread

@@ -1,0 +1,216 @@
+"""The one request handler behind both transports (gRPC and the local JSON socket).
+
+It converts messages to core values, calls the pure core, and persists through the history
+store. Errors are raised as ``HandlerError`` with a gRPC status code; the transports map them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import logging
+import time
+import uuid
+from typing import Callable
+
+import grpc
+from google.protobuf import json_format
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.history import HistoryStore, ObservationRow
+from policy_service.adapters.slurm import SlurmAccess, SlurmError
+from policy_service.config import Config
+from policy_service.core import estimator, policy
+from policy_service.core.request import RequestError, history_keys, job_request
+from policy_service.core.types import Action, Decision, JobObservation, KeyLevel
+
+log = logging.getLogger("swapaware.decisions")
+
+_ACTION = {
+    Action.PASS_THROUGH: pb.ACTION_PASS_THROUGH,
+    Action.WHOLE_GPU: pb.ACTION_WHOLE_GPU,
+    Action.SHARE: pb.ACTION_SHARE,
+    Action.SHARE_OVERSUBSCRIBED: pb.ACTION_SHARE_OVERSUBSCRIBED,
+}
+_SHARED_ACTIONS = {Action.SHARE.value, Action.SHARE_OVERSUBSCRIBED.value}
+
+
+class HandlerError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def gres_fields(job: pb.JobFacts) -> dict[str, str]:
+    return {"tres_per_node": job.tres_per_node, "tres_per_job": job.tres_per_job,
+            "tres_per_task": job.tres_per_task, "tres_per_socket": job.tres_per_socket}
+
+
+def decision_to_proto(d: Decision) -> pb.Decision:
+    est = d.estimate
+    msg = pb.Decision(
+        decision_id=d.decision_id, model_version=d.model_version, action=_ACTION[d.action], shards=d.shards,
+        site_factor=d.site_factor, job_class=d.job_class, decided_at=d.decided_at,
+        estimate=pb.DemandEstimate(peak_bytes=est.peak_bytes, margin_bytes=est.margin_bytes,
+                                   source=pb.EstimateSource.Value(f"ESTIMATE_SOURCE_{est.source.name}"),
+                                   samples=est.samples, observed_max_bytes=est.observed_max_bytes),
+        swap_cost=pb.SwapCostEstimate(slowdown=d.swap_slowdown, offloaded_bytes=d.offloaded_bytes, risk=d.risk),
+        reasons=[pb.Reason(code=r.code.value, message=r.message) for r in d.reasons],
+    )
+    rw = msg.rewrite
+    for f in dataclasses.fields(d.rewrite):
+        value = getattr(d.rewrite, f.name)
+        if value is not None:
+            setattr(rw, f.name, value)
+    return msg
+
+
+class PolicyHandler:
+    """Admit / JobStarted / JobFinished / Explain over core + store."""
+
+    def __init__(self, cfg: Config, store: HistoryStore, slurm: SlurmAccess | None,
+                 clock: Callable[[], float] = time.time, new_id: Callable[[], str] = _new_id):
+        self.cfg, self.store, self.slurm = cfg, store, slurm
+        self.clock, self.new_id = clock, new_id
+
+    # ------------------------------------------------------------------ Admit
+    def admit(self, req: pb.AdmitRequest) -> pb.AdmitResponse:
+        job = req.job
+        try:
+            jr, access = job_request(
+                user=job.user, account=job.account, partition=job.partition, job_name=job.job_name,
+                script_fingerprint=job.script_fingerprint, gres_fields=gres_fields(job), min_nodes=job.min_nodes,
+                time_limit_min=job.time_limit_min, comment=job.comment, env_mem_hint=job.env_mem_hint)
+        except RequestError as exc:
+            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        keys = history_keys(jr)
+        stats = self.store.stats(keys)
+        d = policy.decide(jr, stats, self.cfg, decision_id=self.new_id(), now=self.clock(),
+                          job_class=keys[KeyLevel.CLASS], gres_fields=gres_fields(job), access=access)
+        msg = decision_to_proto(d)
+        if not req.dry_run:
+            self.store.record_decision(
+                decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
+                account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
+                shards=d.shards, model_version=d.model_version, keys=keys,
+                facts_json=json_format.MessageToJson(job, indent=None),
+                decision_json=json_format.MessageToJson(msg, indent=None))
+            log.info("decision %s", json.dumps({
+                "decision_id": d.decision_id, "model_version": d.model_version, "user": jr.user,
+                "job_name": jr.job_name, "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards,
+                "site_factor": d.site_factor, "peak_bytes": d.estimate.peak_bytes,
+                "reasons": [r.code.value for r in d.reasons]}, sort_keys=True))
+        return pb.AdmitResponse(decision=msg)
+
+    # ------------------------------------------------------------------ correlation
+    def _decision_id_for_job(self, job_id: int) -> str:
+        run = self.store.run(job_id)
+        if run is not None and run.decision_id:
+            return run.decision_id
+        if self.slurm is None:
+            return ""
+        try:
+            comment = self.slurm.job_admin_comment(job_id) or ""
+        except SlurmError as exc:
+            log.warning("job %s: cannot read its decision from Slurm: %s", job_id, exc)
+            return ""
+        d_id = policy.parse_admin_comment(comment).get("id", "")
+        return d_id if d_id and self.store.decision(d_id) is not None else ""
+
+    # ------------------------------------------------------------------ JobStarted
+    def job_started(self, req: pb.JobStartedRequest) -> pb.JobStartedResponse:
+        if req.job_id == 0:
+            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
+        d_id = self._decision_id_for_job(req.job_id)
+        started = req.started_at or self.clock()
+        self.store.record_start(event_id=req.event_id, job_id=req.job_id, decision_id=d_id, node=req.node,
+                                gpus=list(req.gpu_indices), started_at=started, received_at=self.clock())
+        return pb.JobStartedResponse(decision_id=d_id)
+
+    # ------------------------------------------------------------------ JobFinished
+    def job_finished(self, req: pb.JobFinishedRequest) -> pb.JobFinishedResponse:
+        if req.job_id == 0:
+            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
+        if not req.event_id:
+            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, "event_id is required (replays must be idempotent)")
+        now = self.clock()
+        finished = req.finished_at or now
+        run = self.store.run(req.job_id)
+        started = req.started_at or (run.started_at if run else None)
+        gpus = tuple(req.gpu_indices) or (run.gpu_indices if run else ())
+        d_id = self._decision_id_for_job(req.job_id)
+        row = self.store.decision(d_id) if d_id else None
+        shared = row is not None and row.action in _SHARED_ACTIONS
+        co = self.store.overlapping_runs(req.node, gpus, started or finished, finished, req.job_id)
+        peak = req.peak_gpu_bytes if req.HasField("peak_gpu_bytes") else None
+        obs = ObservationRow(
+            event_id=req.event_id, job_id=req.job_id, decision_id=d_id, node=req.node, gpu_indices=gpus,
+            started_at=started, finished_at=finished, runtime_s=(finished - started) if started else None,
+            exit_code=req.exit_code, peak_bytes=peak, oom=req.oom_detected, co_runners=len(co), shared=shared,
+            telemetry_source=req.telemetry_source or "none", received_at=now)
+        core_obs = JobObservation(runtime_s=obs.runtime_s or 0.0, exit_code=obs.exit_code, peak_bytes=peak,
+                                  oom=obs.oom, shared=shared, co_runners=obs.co_runners)
+        keys = row.keys if row is not None else {}
+        applied = self.store.record_finish(obs, keys, lambda s: estimator.observe(s, core_obs, self.cfg.estimator))
+        log.info("observation %s", json.dumps({
+            "job_id": req.job_id, "decision_id": d_id, "applied": applied, "runtime_s": obs.runtime_s,
+            "peak_bytes": peak, "oom": obs.oom, "co_runners": obs.co_runners, "exit_code": obs.exit_code,
+            "learned_keys": len(keys) if applied else 0}, sort_keys=True))
+        if row is None and applied:
+            log.warning("job %s finished without a known decision: observation kept, nothing learned", req.job_id)
+        return pb.JobFinishedResponse(applied=applied, decision_id=d_id)
+
+    # ------------------------------------------------------------------ Explain
+    def explain(self, req: pb.ExplainRequest) -> pb.ExplainResponse:
+        which = req.WhichOneof("target")
+        if which == "job":
+            return pb.ExplainResponse(decision=self.admit(pb.AdmitRequest(job=req.job, dry_run=True)).decision,
+                                      job=req.job)
+        job_id = 0
+        if which == "job_id":
+            job_id = req.job_id
+            d_id = self._decision_id_for_job(job_id)
+            if not d_id:
+                raise HandlerError(grpc.StatusCode.NOT_FOUND, f"no swapaware decision is known for job {job_id}")
+        elif which == "decision_id":
+            d_id = req.decision_id
+        else:
+            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, "give a job_id, a decision_id or job facts")
+        row = self.store.decision(d_id)
+        if row is None:
+            raise HandlerError(grpc.StatusCode.NOT_FOUND, f"decision {d_id!r} is not in the history")
+        out = pb.ExplainResponse(job_id=job_id)
+        json_format.Parse(row.decision_json, out.decision)
+        json_format.Parse(row.facts_json, out.job)
+        for o in self.store.observations(decision_id=d_id):
+            ob = out.observations.add(job_id=o.job_id, decision_id=o.decision_id, node=o.node,
+                                      started_at=o.started_at or 0.0, finished_at=o.finished_at,
+                                      runtime_s=o.runtime_s or 0.0, exit_code=o.exit_code, oom_detected=o.oom,
+                                      co_runners=o.co_runners, gpu_indices=list(o.gpu_indices))
+            if o.peak_bytes is not None:
+                ob.peak_gpu_bytes = o.peak_bytes
+        return out
+
+
+class Method(enum.Enum):
+    """The RPCs, by their proto names: one table for both transports."""
+
+    ADMIT = ("Admit", pb.AdmitRequest, "admit")
+    JOB_STARTED = ("JobStarted", pb.JobStartedRequest, "job_started")
+    JOB_FINISHED = ("JobFinished", pb.JobFinishedRequest, "job_finished")
+    EXPLAIN = ("Explain", pb.ExplainRequest, "explain")
+
+    @classmethod
+    def by_name(cls, name: str) -> "Method":
+        for m in cls:
+            if m.value[0] == name:
+                return m
+        raise HandlerError(grpc.StatusCode.UNIMPLEMENTED, f"unknown method {name!r}")
+
+    def call(self, handler: PolicyHandler, request):
+        return getattr(handler, self.value[2])(request)

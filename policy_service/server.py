@@ -1,0 +1,78 @@
+"""Run the policy service: history store + Slurm access + handler, served over gRPC and
+the controller-local socket until SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2
+
+from policy_service.adapters.grpc_server import start_grpc
+from policy_service.adapters.history import HistoryStore
+from policy_service.adapters.local_socket import start_local_socket
+from policy_service.adapters.slurm import SlurmAccess, open_slurm
+from policy_service.config import Config
+from policy_service.handler import PolicyHandler
+
+log = logging.getLogger("swapaware.service")
+
+
+@dataclass
+class RunningService:
+    grpc_server: grpc.Server
+    grpc_port: int
+    socket_path: Path
+    store: HistoryStore
+    handler: PolicyHandler
+    _health: health.HealthServicer
+    _socket_server: object
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self._health.enter_graceful_shutdown()
+        self._socket_server.shutdown()  # type: ignore[attr-defined]
+        self._socket_server.server_close()  # type: ignore[attr-defined]
+        self.grpc_server.stop(grace_s).wait(grace_s + 1)
+        try:
+            self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+        self.store.close()
+
+
+def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool = True) -> RunningService:
+    store = HistoryStore(cfg.service.db_path)
+    if slurm is None and use_slurm:
+        slurm = open_slurm(cfg.service.slurm_backend, cfg.service.slurm_timeout_s)
+    handler = PolicyHandler(cfg, store, slurm)
+    server, port, health_servicer = start_grpc(handler, cfg.service.grpc_address, cfg.service.max_workers)
+    try:
+        sock_server, _ = start_local_socket(handler, cfg.service.socket_path)
+    except OSError:
+        server.stop(0)
+        store.close()
+        raise
+    log.info("serving gRPC on %s (port %d), local socket %s, history %s",
+             cfg.service.grpc_address, port, cfg.service.socket_path, cfg.service.db_path)
+    return RunningService(server, port, cfg.service.socket_path, store, handler, health_servicer, sock_server)
+
+
+def serve_forever(cfg: Config) -> None:
+    svc = start_service(cfg)
+    done = threading.Event()
+
+    def _stop(signum, _frame):
+        log.info("signal %d: shutting down", signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    done.wait()
+    svc.stop()
+    log.info("stopped")
+
+
+__all__ = ["RunningService", "start_service", "serve_forever", "health_pb2"]

@@ -1,0 +1,195 @@
+"""Prolog and epilog entry points (console scripts ``swapaware-prolog`` / ``swapaware-epilog``).
+
+They run on the compute node as root. Rules they keep (a failing hook drains the node):
+  * always exit 0, whatever happens; problems go to the log (stderr -> slurmd's log, and
+    syslog-style lines on stderr);
+  * every call to the service has a deadline (``hooks.deadline_s``);
+  * an event the service cannot take is spooled locally and replayed by a later hook run
+    (or ``swapaware replay-spool``): no observation is lost.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import sys
+import time
+import uuid
+from typing import Mapping
+
+import grpc
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.client import PolicyClient
+from policy_service.config import Config, ConfigError, HookConfig, load_config
+from slurm_plugin import spool
+
+log = logging.getLogger("swapaware.hooks")
+
+
+def parse_gpu_indices(env: Mapping[str, str]) -> list[int]:
+    """GPU indices of the job: SLURM_JOB_GPUS ('0,2'), else CUDA_VISIBLE_DEVICES; ranges allowed."""
+    for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        text = env.get(var, "").strip()
+        if not text:
+            continue
+        out: list[int] = []
+        for part in text.split(","):
+            m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+            if not m:
+                out = []
+                break
+            lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+            out.extend(range(lo, hi + 1))
+        if out:
+            return sorted(set(out))
+    return []
+
+
+def parse_exit(env: Mapping[str, str]) -> tuple[int, int, int]:
+    """(exit code, signal, derived exit code) from the epilog's environment.
+
+    SLURM_JOB_EXIT_CODE2 is 'code:signal'; SLURM_JOB_EXIT_CODE is the raw wait status."""
+    code = sig = 0
+    two = env.get("SLURM_JOB_EXIT_CODE2", "")
+    if re.fullmatch(r"\d+:\d+", two):
+        code, sig = (int(x) for x in two.split(":"))
+    elif env.get("SLURM_JOB_EXIT_CODE", "").isdigit():
+        raw = int(env["SLURM_JOB_EXIT_CODE"])
+        code, sig = (raw >> 8) & 0xFF, raw & 0x7F
+    derived_text = env.get("SLURM_JOB_DERIVED_EC", "")
+    derived = int(derived_text.split(":")[0]) if re.fullmatch(r"\d+(:\d+)?", derived_text) else 0
+    return code, sig, derived
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def job_id_of(env: Mapping[str, str]) -> int:
+    text = env.get("SLURM_JOB_ID", "")
+    if not text.isdigit():
+        raise ValueError(f"SLURM_JOB_ID is {text!r}, not a job id")
+    return int(text)
+
+
+def started_request(env: Mapping[str, str], now: float) -> pb.JobStartedRequest:
+    job_id = job_id_of(env)
+    return pb.JobStartedRequest(job_id=job_id, node=node_name(env), gpu_indices=parse_gpu_indices(env),
+                                started_at=now, user=env.get("SLURM_JOB_USER", ""),
+                                event_id=f"start-{job_id}-{uuid.uuid4().hex[:12]}")
+
+
+def finished_request(env: Mapping[str, str], now: float, telemetry: dict | None) -> pb.JobFinishedRequest:
+    job_id = job_id_of(env)
+    code, sig, derived = parse_exit(env)
+    req = pb.JobFinishedRequest(job_id=job_id, node=node_name(env), gpu_indices=parse_gpu_indices(env),
+                                finished_at=now, exit_code=code, exit_signal=sig, derived_exit_code=derived,
+                                event_id=f"finish-{job_id}-{uuid.uuid4().hex[:12]}", telemetry_source="none")
+    if telemetry:
+        apply_telemetry(req, telemetry)
+    return req
+
+
+def apply_telemetry(req: pb.JobFinishedRequest, t: dict) -> None:
+    """Copy the node agent's summary of the job into the observation."""
+    req.telemetry_source = str(t.get("source", "none"))
+    if t.get("started_at"):
+        req.started_at = float(t["started_at"])
+    if t.get("peak_bytes") is not None and req.telemetry_source != "none":
+        req.peak_gpu_bytes = int(t["peak_bytes"])
+    for g in t.get("gpus", []) or []:
+        req.gpus.add(gpu_index=int(g.get("index", 0)), peak_bytes=int(g.get("peak_bytes", 0)),
+                     mean_bytes=int(g.get("mean_bytes", 0)), util_mean_pct=float(g.get("util_mean_pct") or 0.0),
+                     total_bytes=int(g.get("total_bytes", 0)))
+    if t.get("oom_suspected"):
+        req.oom_detected = True
+        req.oom_evidence = str(t.get("oom_evidence", ""))[:500]
+
+
+def deliver(hooks: HookConfig, method: str, request, client: PolicyClient | None = None) -> bool:
+    """Replay what is spooled, then send ``request``; spool it if the service cannot take it.
+    Returns True when the service took it now."""
+    own = client is None
+    client = client or PolicyClient(hooks.service_address, hooks.deadline_s)
+    try:
+        result = spool.replay(hooks.spool_dir, client.call, hooks.replay_batch)
+        if result.sent or result.rejected:
+            log.info("replayed %d spooled event(s), %d rejected, %d left", result.sent, result.rejected, result.left)
+        try:
+            client.call(method, request)
+            return True
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                log.error("%s for job %s refused by the service: %s", method, request.job_id, exc.details())
+                return False
+            path = spool.spool_event(hooks.spool_dir, method, request, request.event_id)
+            log.warning("service unreachable (%s): %s for job %s spooled to %s", code.name if code else exc,
+                        method, request.job_id, path)
+            return False
+    finally:
+        if own:
+            client.close()
+
+
+def _agent():
+    try:
+        from slurm_plugin import agent_client
+    except ImportError:
+        return None
+    return agent_client
+
+
+def _setup_logging(name: str) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"swapaware-{name}[%(process)d]: %(levelname)s %(message)s")
+
+
+def _config() -> Config:
+    """The hook's config; a broken config file must not lose the event, so fall back to
+    defaults (and say so) rather than fail."""
+    try:
+        return load_config()
+    except ConfigError as exc:
+        log.error("config unusable (%s); using defaults for this run", exc)
+        return Config(source="defaults (config error)")
+
+
+def run_prolog(env: Mapping[str, str], cfg: Config, now: float) -> None:
+    req = started_request(env, now)
+    agent = _agent()
+    if agent is not None:
+        agent.notify_start(cfg.hooks, req.job_id, list(req.gpu_indices), env.get("SLURM_JOB_UID", ""))
+    deliver(cfg.hooks, "JobStarted", req)
+
+
+def run_epilog(env: Mapping[str, str], cfg: Config, now: float) -> None:
+    job_id = job_id_of(env)
+    agent = _agent()
+    telemetry = agent.collect(cfg.hooks, job_id) if agent is not None else None
+    deliver(cfg.hooks, "JobFinished", finished_request(env, now, telemetry))
+
+
+def _main(name: str, fn) -> None:
+    _setup_logging(name)
+    try:
+        fn(dict(os.environ), _config(), time.time())
+    except BaseException as exc:  # a hook must never fail: that would drain the node
+        log.error("%s failed (job %s): %s: %s", name, os.environ.get("SLURM_JOB_ID", "?"), type(exc).__name__, exc)
+    sys.exit(0)
+
+
+def prolog_main() -> None:
+    _main("prolog", run_prolog)
+
+
+def epilog_main() -> None:
+    _main("epilog", run_epilog)
+
+
+def replay_main(hooks: HookConfig) -> spool.ReplayResult:
+    with PolicyClient(hooks.service_address, hooks.deadline_s) as client:
+        return spool.replay(hooks.spool_dir, client.call, max_events=10**9)
+

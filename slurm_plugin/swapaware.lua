@@ -1,0 +1,277 @@
+--[[
+swapaware job_submit module (Lua 5.1, runs inside slurmctld).
+
+A site with its own job_submit.lua adds:
+    package.path = "/etc/slurm/?.lua;" .. package.path   -- where this file lives
+    local swapaware = require("swapaware")
+    ... and in slurm_job_submit(job_desc, part_list, submit_uid):
+    swapaware.submit(job_desc, part_list, submit_uid)
+
+What it does: sends the job's facts (no secrets: the batch script's fingerprint, never its
+text) as proto3 JSON over the policy service's controller-local Unix socket, validates the
+whole reply, then applies it at once. It never raises and never rejects a job: on any
+problem (service down, slow, bad reply) the job goes through unchanged and one log line
+says why. A circuit breaker stops calling a failing service for a while so slurmctld, which
+holds its locks during this call, is never stalled by repeated timeouts.
+
+Settings come from swapaware_plugin.conf beside slurm.conf (key=value lines):
+    socket=/run/swapaware/policy.sock   timeout_ms=200   breaker_s=10   enabled=1
+]]
+
+local M = {}
+
+M.NICE_OFFSET = 2147483648
+M.NO_VAL = 4294967294
+M.MAX_SITE_FACTOR = 2147483645
+M.MAX_SCRIPT_BYTES = 1048576
+M.FP_MOD1, M.FP_MUL1 = 2147483647, 31
+M.FP_MOD2, M.FP_MUL2 = 2147483629, 131
+
+M.settings = { socket = "/run/swapaware/policy.sock", timeout_ms = 200, breaker_s = 10, enabled = true }
+M.state = { open_until = 0, failures = 0, logged_open = false }
+
+local GRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
+local REWRITE_KEYS = {
+  tresPerNode = "tres_per_node", tresPerJob = "tres_per_job", tresPerTask = "tres_per_task",
+  tresPerSocket = "tres_per_socket", adminComment = "admin_comment",
+}
+
+local have_cjson, cjson = pcall(require, "cjson")
+local have_socket, socket = pcall(require, "socket")
+local have_unix, unix = pcall(require, "socket.unix")
+
+local function log_info(fmt, ...)
+  if slurm and slurm.log_info then slurm.log_info("swapaware: " .. fmt, ...) end
+end
+
+local function log_error(fmt, ...)
+  if slurm and slurm.log_error then slurm.log_error("swapaware: " .. fmt, ...) end
+end
+
+local function now()
+  if have_socket then return socket.gettime() end
+  return os.time()
+end
+
+-- Settings --------------------------------------------------------------------------------
+function M.parse_settings(text, base)
+  local out = {}
+  for k, v in pairs(base or M.settings) do out[k] = v end
+  for line in string.gmatch(text or "", "[^\n]+") do
+    local k, v = string.match(line, "^%s*([%w_]+)%s*=%s*(.-)%s*$")
+    if k == "socket" then out.socket = v
+    elseif k == "timeout_ms" and tonumber(v) then out.timeout_ms = tonumber(v)
+    elseif k == "breaker_s" and tonumber(v) then out.breaker_s = tonumber(v)
+    elseif k == "enabled" then out.enabled = (v == "1" or v == "true" or v == "yes")
+    end
+  end
+  return out
+end
+
+function M.load_settings(dir)
+  local f = io.open(dir .. "/swapaware_plugin.conf", "r")
+  if not f then return M.settings end
+  local text = f:read("*a")
+  f:close()
+  M.settings = M.parse_settings(text, M.settings)
+  return M.settings
+end
+
+-- Facts -----------------------------------------------------------------------------------
+-- Same fingerprint as policy_service.core.request.script_fingerprint (doubles stay exact).
+function M.fingerprint(script)
+  if script == nil or script == "" then return "" end
+  local h1, h2 = 0, 0
+  local m1, k1, m2, k2 = M.FP_MOD1, M.FP_MUL1, M.FP_MOD2, M.FP_MUL2
+  local n = math.min(#script, M.MAX_SCRIPT_BYTES)
+  local i = 1
+  while i <= n do
+    local j = math.min(i + 63, n)
+    local bytes = { string.byte(script, i, j) }
+    for x = 1, #bytes do
+      local b = bytes[x]
+      h1 = (h1 * k1 + b) % m1
+      h2 = (h2 * k2 + b) % m2
+    end
+    i = j + 1
+  end
+  return string.format("%08x%08x", h1, h2)
+end
+
+local function str(v)
+  if v == nil then return "" end
+  return tostring(v)
+end
+
+local function num(v)
+  v = tonumber(v)
+  if v == nil or v < 0 or v >= M.NO_VAL then return 0 end
+  return math.floor(v)
+end
+
+local function env_value(env, name)
+  if type(env) ~= "table" then return "" end
+  if env[name] ~= nil then return str(env[name]) end
+  for _, entry in pairs(env) do
+    if type(entry) == "string" then
+      local k, v = string.match(entry, "^([^=]+)=(.*)$")
+      if k == name then return v end
+    end
+  end
+  return ""
+end
+
+function M.wants_gpu(job_desc)
+  for _, f in ipairs(GRES_FIELDS) do
+    local v = job_desc[f]
+    if v ~= nil and string.find(tostring(v), "gpu", 1, true) then return true end
+  end
+  return false
+end
+
+function M.facts(job_desc, submit_uid)
+  local env_ok, env = pcall(function() return job_desc.environment end)
+  return {
+    user = str(job_desc.user_name),
+    uid = num(submit_uid or job_desc.user_id),
+    account = str(job_desc.account),
+    partition = str(job_desc.partition),
+    jobName = str(job_desc.name),
+    tresPerNode = str(job_desc.tres_per_node),
+    tresPerJob = str(job_desc.tres_per_job),
+    tresPerTask = str(job_desc.tres_per_task),
+    tresPerSocket = str(job_desc.tres_per_socket),
+    timeLimitMin = num(job_desc.time_limit),
+    scriptFingerprint = M.fingerprint(job_desc.script),
+    workDir = str(job_desc.work_dir),
+    comment = str(job_desc.comment),
+    envMemHint = env_ok and env_value(env, "SWAPAWARE_GPU_MEM") or "",
+    minNodes = num(job_desc.min_nodes),
+    numTasks = num(job_desc.num_tasks),
+    isBatch = job_desc.script ~= nil,
+  }
+end
+
+-- Reply -----------------------------------------------------------------------------------
+-- Returns a table of job_desc assignments, or nil and an error. Nothing is applied here.
+function M.validate(reply)
+  if type(reply) ~= "table" then return nil, "reply is not a JSON object" end
+  if reply.error ~= nil then
+    local e = reply.error
+    return nil, "service error " .. str(type(e) == "table" and e.code) .. ": " .. str(type(e) == "table" and e.message)
+  end
+  local resp = reply.response
+  if type(resp) ~= "table" or type(resp.decision) ~= "table" then return nil, "reply has no decision" end
+  local d = resp.decision
+  local rw = d.rewrite or {}
+  if type(rw) ~= "table" then return nil, "rewrite is not an object" end
+  local set = {}
+  for key, value in pairs(rw) do
+    local field = REWRITE_KEYS[key]
+    if field ~= nil then
+      if type(value) ~= "string" then return nil, key .. " is not a string" end
+      if #value > 4096 then return nil, key .. " is too long" end
+      set[field] = value
+    elseif key == "siteFactor" then
+      local v = tonumber(value)
+      if v == nil or v ~= math.floor(v) or math.abs(v) > M.MAX_SITE_FACTOR then
+        return nil, "siteFactor out of range"
+      end
+      set.site_factor = M.NICE_OFFSET + v
+    elseif key ~= "userMessage" then
+      return nil, "unknown rewrite key " .. tostring(key)
+    end
+  end
+  if set.tres_per_node ~= nil and set.tres_per_node ~= "" and not string.match(set.tres_per_node, "^[%w:/,._-]+$") then
+    return nil, "tres_per_node has unexpected characters"
+  end
+  return { set = set, decision_id = str(d.decisionId), message = rw.userMessage }
+end
+
+function M.apply(job_desc, plan)
+  for field, value in pairs(plan.set) do
+    job_desc[field] = value
+  end
+end
+
+-- Transport -------------------------------------------------------------------------------
+-- One request line, one response line, under one overall deadline.
+function M.call(path, line, timeout_s)
+  if not (have_socket and have_unix) then return nil, "lua-socket (socket.unix) is not installed" end
+  local deadline = now() + timeout_s
+  local ctor = unix.stream or unix
+  local c, err = ctor()
+  if not c then return nil, "socket: " .. str(err) end
+  local function left()
+    local t = deadline - now()
+    if t <= 0 then return nil end
+    return t
+  end
+  c:settimeout(timeout_s)
+  local ok, cerr = c:connect(path)
+  if not ok then c:close(); return nil, "connect " .. path .. ": " .. str(cerr) end
+  local t = left()
+  if not t then c:close(); return nil, "timeout" end
+  c:settimeout(t)
+  local sent, serr = c:send(line .. "\n")
+  if not sent then c:close(); return nil, "send: " .. str(serr) end
+  t = left()
+  if not t then c:close(); return nil, "timeout" end
+  c:settimeout(t)
+  local resp, rerr = c:receive("*l")
+  c:close()
+  if not resp then return nil, "receive: " .. str(rerr) end
+  return resp
+end
+
+-- Entry point -----------------------------------------------------------------------------
+local function breaker_fail(why)
+  local st = M.state
+  st.failures = st.failures + 1
+  local wait = math.min(M.settings.breaker_s * (2 ^ math.min(st.failures - 1, 4)), 300)
+  st.open_until = now() + wait
+  st.logged_open = false
+  log_error("job passes unchanged (fail-open): %s; not asking the service for %d s", why, wait)
+end
+
+local function decide(job_desc, submit_uid)
+  if not M.settings.enabled then return end
+  if not M.wants_gpu(job_desc) then return end
+  if not have_cjson then
+    log_error("lua-cjson is not installed; job passes unchanged")
+    return
+  end
+  local st = M.state
+  if now() < st.open_until then
+    if not st.logged_open then
+      log_info("service marked unavailable (circuit open); GPU jobs pass unchanged")
+      st.logged_open = true
+    end
+    return
+  end
+  local line = cjson.encode({ method = "Admit", request = { job = M.facts(job_desc, submit_uid) } })
+  local resp, err = M.call(M.settings.socket, line, M.settings.timeout_ms / 1000)
+  if not resp then return breaker_fail(err) end
+  local ok, reply = pcall(cjson.decode, resp)
+  if not ok then return breaker_fail("reply is not JSON") end
+  local plan, verr = M.validate(reply)
+  if not plan then
+    -- The service answered: a bad request or reply is not an outage, keep the breaker closed.
+    log_error("job passes unchanged: %s", verr)
+    return
+  end
+  st.failures = 0
+  M.apply(job_desc, plan)
+  if plan.message and plan.message ~= "" and slurm and slurm.log_user then
+    slurm.log_user("%s", plan.message)
+  end
+end
+
+-- Never raises, never rejects: returns slurm.SUCCESS (or 0 outside slurmctld).
+function M.submit(job_desc, part_list, submit_uid)
+  local ok, err = pcall(decide, job_desc, submit_uid)
+  if not ok then log_error("internal error, job passes unchanged: %s", tostring(err)) end
+  return (slurm and slurm.SUCCESS) or 0
+end
+
+return M
