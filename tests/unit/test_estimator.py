@@ -1,0 +1,131 @@
+from dataclasses import replace
+
+import pytest
+
+from policy_service.config import EstimatorConfig, GpuConfig
+from policy_service.core import estimator
+from policy_service.core.request import job_request
+from policy_service.core.types import ClassStats, EstimateSource, JobObservation, KeyLevel, ReasonCode
+
+GIB = 1024**3
+CFG = EstimatorConfig()
+GPU = GpuConfig(memory_bytes=80 * GIB, shards_per_gpu=8)
+
+
+def req(comment="", env=""):
+    r, _ = job_request(user="u", account="a", partition="p", job_name="n", script_fingerprint="f",
+                       gres_fields={"tres_per_node": "gres:gpu:1"}, comment=comment, env_mem_hint=env)
+    return r
+
+
+def obs(peak, *, oom=False, shared=True, exit_code=0, runtime=100.0, co=0):
+    return JobObservation(runtime_s=runtime, exit_code=exit_code, peak_bytes=peak, oom=oom, shared=shared,
+                          co_runners=co)
+
+
+def fold(peaks, s=None):
+    s = s or ClassStats()
+    for p in peaks:
+        s = estimator.observe(s, obs(p), CFG)
+    return s
+
+
+def test_unknown_without_history():
+    e = estimator.estimate(req(), {}, CFG, GPU)
+    assert e.source is EstimateSource.UNKNOWN and e.peak_bytes == 0
+    assert ReasonCode.NO_HISTORY in {r.code for r in e.reasons}
+
+
+def test_one_run_predicts_it_with_min_margin():
+    s = fold([10 * GIB])
+    e = estimator.estimate(req(), {KeyLevel.CLASS: s}, CFG, GPU)
+    assert e.source is EstimateSource.CLASS and e.peak_bytes == 10 * GIB
+    assert e.margin_bytes == pytest.approx(0.10 * 10 * GIB, rel=1e-6)
+
+
+@pytest.mark.parametrize("level,min_samples_ok", [
+    (KeyLevel.USER_NAME, 1), (KeyLevel.ACCOUNT, 5), (KeyLevel.PARTITION, 5),
+])
+def test_fallback_order_and_wide_key_threshold(level, min_samples_ok):
+    few = fold([4 * GIB] * (min_samples_ok - 1)) if min_samples_ok > 1 else None
+    if few is not None:
+        e = estimator.estimate(req(), {level: few}, CFG, GPU)
+        assert e.source is EstimateSource.UNKNOWN
+    enough = fold([4 * GIB, 6 * GIB] + [4 * GIB] * (min_samples_ok - 1))
+    e = estimator.estimate(req(), {level: enough}, CFG, GPU)
+    assert e.source is level.source
+    if level in (KeyLevel.ACCOUNT, KeyLevel.PARTITION):
+        assert e.peak_bytes == 6 * GIB  # wide keys use the largest peak
+
+
+def test_class_key_wins_over_wider():
+    e = estimator.estimate(req(), {KeyLevel.CLASS: fold([2 * GIB]), KeyLevel.USER_NAME: fold([9 * GIB])}, CFG, GPU)
+    assert e.source is EstimateSource.CLASS and e.peak_bytes == 2 * GIB
+    assert e.observed_max_bytes == 9 * GIB
+
+
+def test_varying_class_gets_wider_margin():
+    steady = fold([10 * GIB] * 5)
+    noisy = fold([8 * GIB, 12 * GIB, 8 * GIB, 12 * GIB, 10 * GIB])
+    m_steady = estimator.estimate(req(), {KeyLevel.CLASS: steady}, CFG, GPU).margin_bytes
+    m_noisy = estimator.estimate(req(), {KeyLevel.CLASS: noisy}, CFG, GPU).margin_bytes
+    assert m_noisy > m_steady
+
+
+def test_oom_of_shared_job_raises_margin_and_forces_whole_gpu():
+    s = fold([10 * GIB])
+    before = estimator.estimate(req(), {KeyLevel.CLASS: s}, CFG, GPU)
+    s = estimator.observe(s, obs(11 * GIB, oom=True, shared=True, exit_code=1), CFG)
+    assert s.whole_gpu_runs_left == CFG.oom_whole_gpu_runs and s.margin_multiplier == CFG.oom_margin_multiplier
+    after = estimator.estimate(req(), {KeyLevel.CLASS: s}, CFG, GPU)
+    assert after.sized_bytes > before.sized_bytes
+    # whole-GPU successful runs count the penalty down
+    s2 = estimator.observe(s, obs(10 * GIB, shared=False), CFG)
+    assert s2.whole_gpu_runs_left == CFG.oom_whole_gpu_runs - 1
+
+
+def test_oom_of_whole_gpu_job_does_not_force_penalty():
+    s = estimator.observe(fold([10 * GIB]), obs(79 * GIB, oom=True, shared=False, exit_code=1), CFG)
+    assert s.whole_gpu_runs_left == 0 and s.oom_count == 1
+
+
+def test_margin_multiplier_is_capped():
+    s = fold([1 * GIB])
+    for _ in range(20):
+        s = estimator.observe(s, obs(1 * GIB, oom=True), CFG)
+    assert s.margin_multiplier == CFG.max_margin_multiplier
+
+
+def test_runtimes_split_solo_and_shared():
+    s = ClassStats()
+    s = estimator.observe(s, obs(GIB, runtime=100, co=0), CFG)
+    s = estimator.observe(s, obs(GIB, runtime=150, co=2), CFG)
+    s = estimator.observe(s, obs(GIB, runtime=999, exit_code=3, co=1), CFG)  # failures teach no runtime
+    assert (s.solo_runs, s.shared_runs) == (1, 1)
+    assert (s.ewma_solo_runtime_s, s.ewma_shared_runtime_s, s.ewma_corunners) == (100, 150, 2)
+
+
+def test_observation_without_memory_counts_run_only():
+    s = estimator.observe(ClassStats(), obs(None), CFG)
+    assert (s.runs, s.samples) == (1, 0)
+
+
+@pytest.mark.parametrize("comment,history,expect_source,expect_peak,code", [
+    ("swapaware:mem=20G", None, EstimateSource.HINT, 20 * GIB, ReasonCode.HINT_USED),
+    ("swapaware:mem=200G", None, EstimateSource.HINT, 80 * GIB, ReasonCode.HINT_CAPPED_AT_DEVICE),
+    ("swapaware:mem=2G", [10 * GIB], EstimateSource.CLASS, 10 * GIB, ReasonCode.HINT_BELOW_HISTORY),
+    ("swapaware:mem=30G", [10 * GIB], EstimateSource.HINT, 30 * GIB, ReasonCode.HINT_USED),
+    ("swapaware:mem=junk", None, EstimateSource.UNKNOWN, 0, ReasonCode.HINT_INVALID),
+])
+def test_hints(comment, history, expect_source, expect_peak, code):
+    stats = {KeyLevel.CLASS: fold(history)} if history else {}
+    e = estimator.estimate(req(comment), stats, CFG, GPU)
+    assert (e.source, e.peak_bytes) == (expect_source, expect_peak)
+    assert code in {r.code for r in e.reasons}
+
+
+def test_ewma_follows_growth():
+    s = fold([10 * GIB] * 3 + [20 * GIB] * 6)
+    e = estimator.estimate(req(), {KeyLevel.CLASS: s}, CFG, GPU)
+    assert 18 * GIB < e.peak_bytes <= 20 * GIB
+    assert replace(s).max_peak_bytes == 20 * GIB
