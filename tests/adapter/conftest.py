@@ -1,0 +1,75 @@
+"""Adapter fixtures: a real service (real SQLite, real gRPC on loopback port 0, real Unix socket).
+
+Slurm itself is replaced only where the service would read a job's AdminComment: a stateful
+stand-in that holds what slurmctld would have stored (the Lua plugin's admin comment). The
+integration tests use the real Slurm."""
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from policy_service.client import PolicyClient
+from policy_service.config import load_config
+from policy_service.server import start_service
+
+
+@dataclass
+class SlurmJobs:
+    """What slurmctld knows: job id -> AdminComment (filled by 'submitting')."""
+
+    comments: dict[int, str] = field(default_factory=dict)
+    lookups: int = 0
+
+    def job_admin_comment(self, job_id: int) -> str | None:
+        self.lookups += 1
+        return self.comments.get(job_id)
+
+    def accounting_jobs(self, job_ids=(), start="", end=""):
+        return []
+
+    def set_admin_comment(self, job_id: int, text: str) -> None:
+        self.comments[job_id] = text
+
+
+@pytest.fixture
+def service_env(tmp_path: Path) -> dict[str, str]:
+    return {
+        "SWAPAWARE_SERVICE__DB_PATH": str(tmp_path / "history.sqlite3"),
+        "SWAPAWARE_SERVICE__SOCKET_PATH": str(tmp_path / "policy.sock"),
+        "SWAPAWARE_SERVICE__GRPC_ADDRESS": "127.0.0.1:0",
+        "SWAPAWARE_HOOKS__SPOOL_DIR": str(tmp_path / "spool"),
+        "SWAPAWARE_HOOKS__AGENT_SOCKET": str(tmp_path / "no-agent.sock"),
+        "SWAPAWARE_HOOKS__DEADLINE_S": "2",
+    }
+
+
+@pytest.fixture
+def slurm_jobs() -> SlurmJobs:
+    return SlurmJobs()
+
+
+@pytest.fixture
+def service(service_env, slurm_jobs):
+    cfg = load_config(env=service_env)
+    svc = start_service(cfg, slurm=slurm_jobs)
+    yield svc
+    svc.stop(0)
+
+
+@pytest.fixture
+def client(service):
+    with PolicyClient(f"127.0.0.1:{service.grpc_port}", 5.0) as c:
+        yield c
+
+
+def socket_call(path: Path, payload: dict | bytes, timeout_s: float = 5.0) -> dict:
+    raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode() + b"\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        s.connect(str(path))
+        s.sendall(raw)
+        return json.loads(s.makefile("rb").readline())

@@ -1,0 +1,164 @@
+"""job_submit's Lua module, run by the real Lua 5.1 with Debian's lua-socket and lua-cjson,
+against the real service's local socket."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from policy_service.core.request import script_fingerprint
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("lua_driver.lua")
+NICE_OFFSET = 2147483648
+GIB = 1024**3
+
+if shutil.which("lua5.1") is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("lua5.1 is missing: contrib/dev-cluster/cluster.sh install provides it")
+    pytest.skip("lua5.1 not installed (run contrib/dev-cluster/cluster.sh install)", allow_module_level=True)
+
+
+def run_lua(settings_dir: Path, jobs: list[dict], sock: Path, timeout_ms: int = 500) -> dict:
+    settings_dir.mkdir(parents=True, exist_ok=True)
+    (settings_dir / "swapaware_plugin.conf").write_text(f"socket={sock}\ntimeout_ms={timeout_ms}\nbreaker_s=30\n")
+    r = subprocess.run(["lua5.1", str(DRIVER), str(ROOT / "slurm_plugin"), str(settings_dir)],
+                       input=json.dumps(jobs), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+SCRIPT = "#!/bin/bash\n#SBATCH --gres=gpu:1\npython train.py --epochs 3  # caf\u00e9\n" + "x" * 200
+
+
+def gpu_job(**kw):
+    job = {"user_name": "alice", "account": "proj", "partition": "gpu", "name": "train",
+           "tres_per_node": "gres:gpu:1", "time_limit": 60, "min_nodes": 4294967294, "script": SCRIPT,
+           "work_dir": "/home/alice", "comment": ""}
+    job.update(kw)
+    return job
+
+
+def teach(service, client, slurm_jobs, fingerprint, peak):
+    """One observed run of alice/train with this script, so the next submission can share."""
+    from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+    d = client.admit(pb.JobFacts(user="alice", account="proj", partition="gpu", job_name="train",
+                                 tres_per_node="gres:gpu:1", script_fingerprint=fingerprint)).decision
+    slurm_jobs.comments[1] = d.rewrite.admin_comment
+    client.call("JobFinished", pb.JobFinishedRequest(job_id=1, node="n", finished_at=2000.0, started_at=1000.0,
+                                                     event_id="teach", peak_gpu_bytes=peak))
+
+
+def test_fingerprint_matches_python(tmp_path):
+    scripts = ["", "a", SCRIPT, "\x00\xff" * 100, "y" * 70_000]
+    out = run_lua(tmp_path, [{"script": s} for s in scripts], tmp_path / "none.sock")
+    got = [r["fingerprint"] for r in out["results"]]
+    # the driver hands Lua the UTF-8 bytes of each string, as a script file would hold them
+    assert got == [script_fingerprint(s.encode()) for s in scripts]
+
+
+def test_unknown_job_gets_record_and_keeps_gpu(service, tmp_path):
+    out = run_lua(tmp_path, [gpu_job()], service.socket_path)
+    (res,) = out["results"]
+    assert res["rc"] == 0
+    assert res["job"]["tres_per_node"] == "gres:gpu:1"
+    assert res["job"]["admin_comment"].startswith("swapaware:v1 id=")
+    assert res["job"]["site_factor"] == NICE_OFFSET + 0
+    d_id = res["job"]["admin_comment"].split()[1].removeprefix("id=")
+    row = service.store.decision(d_id)
+    assert json.loads(row.facts_json)["scriptFingerprint"] == script_fingerprint(SCRIPT.encode())
+    assert "script" not in json.loads(row.facts_json)  # the script's text never leaves slurmctld
+
+
+def test_known_job_is_rewritten_to_shards(service, client, slurm_jobs, tmp_path):
+    teach(service, client, slurm_jobs, script_fingerprint(SCRIPT.encode()), 3 * GIB)
+    out = run_lua(tmp_path, [gpu_job(), gpu_job(tres_per_node="", tres_per_job="gres:gpu:1")], service.socket_path)
+    first, second = out["results"]
+    assert first["job"]["tres_per_node"] == "gres:shard:1"
+    assert second["job"]["tres_per_node"] == "gres:shard:1" and second["job"]["tres_per_job"] == ""
+    assert any("rewritten to 1 shard" in m for m in out["user"])
+
+
+def test_non_gpu_job_never_calls_the_service(service, tmp_path):
+    out = run_lua(tmp_path, [gpu_job(tres_per_node="gres:nvme:1")], service.socket_path)
+    assert "admin_comment" not in out["results"][0]["job"]
+    assert list(service.store.decisions()) == []
+
+
+def test_service_down_fails_open_and_opens_the_breaker(tmp_path):
+    out = run_lua(tmp_path, [gpu_job(), gpu_job()], tmp_path / "missing.sock")
+    for res in out["results"]:
+        assert res["rc"] == 0 and res["job"]["tres_per_node"] == "gres:gpu:1" and "admin_comment" not in res["job"]
+    assert any("fail-open" in line for line in out["logs"])
+    assert any("circuit open" in line for line in out["logs"])
+
+
+def hung_server(path: Path):
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(8)
+    held = []
+    stop = threading.Event()
+
+    def loop():
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+                held.append(conn)  # read nothing, answer nothing
+            except socket.timeout:
+                pass
+            except OSError:
+                return
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return srv, stop, held
+
+
+def test_hung_service_costs_one_timeout_then_breaker_skips(tmp_path):
+    path = tmp_path / "hung.sock"
+    srv, stop, held = hung_server(path)
+    try:
+        out = run_lua(tmp_path / "s", [gpu_job(), gpu_job(), gpu_job()], path, timeout_ms=200)
+    finally:
+        stop.set()
+        srv.close()
+    first, *rest = out["results"]
+    assert 0.15 <= first["elapsed_s"] < 1.0
+    assert all(r["elapsed_s"] < 0.05 for r in rest)  # skipped by the open breaker
+    assert all(r["job"]["tres_per_node"] == "gres:gpu:1" for r in out["results"])
+
+
+@pytest.mark.parametrize("reply", [
+    {"response": {"decision": {"rewrite": {"tresPerNode": 5}}}},
+    {"response": {"decision": {"rewrite": {"siteFactor": 2**40}}}},
+    {"response": {"decision": {"rewrite": {"tresPerNode": "gres:shard:1;rm -rf", "adminComment": "x"}}}},
+    {"response": {"decision": {"rewrite": {"tresPerNode": "gres:shard:1", "evil": "x"}}}},
+    {"response": {}},
+    {"error": {"code": "INTERNAL", "message": "boom"}},
+])
+def test_invalid_reply_applies_nothing(tmp_path, reply):
+    path = tmp_path / "fake.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(1)
+
+    def answer():
+        conn, _ = srv.accept()
+        conn.makefile("rb").readline()
+        conn.sendall(json.dumps(reply).encode() + b"\n")
+        conn.close()
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    out = run_lua(tmp_path / "s", [gpu_job()], path)
+    t.join(5)
+    srv.close()
+    job = out["results"][0]["job"]
+    assert job["tres_per_node"] == "gres:gpu:1" and "admin_comment" not in job and "site_factor" not in job
+    assert any("passes unchanged" in line for line in out["logs"])
