@@ -161,7 +161,8 @@ def run_prolog(env: Mapping[str, str], cfg: Config, now: float) -> None:
     req = started_request(env, now)
     agent = _agent()
     if agent is not None:
-        agent.notify_start(cfg.hooks, req.job_id, list(req.gpu_indices), env.get("SLURM_JOB_UID", ""))
+        uid = env.get("SLURM_JOB_UID", "")
+        agent.notify_start(cfg.hooks, req.job_id, list(req.gpu_indices), int(uid) if uid.isdigit() else None)
     deliver(cfg.hooks, "JobStarted", req)
 
 

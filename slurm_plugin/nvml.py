@@ -1,0 +1,404 @@
+"""GPU telemetry for the node agent: one small Protocol, real NVML and an honest fake.
+
+``PynvmlTelemetry`` reads the driver through pynvml. ``FakeNvmlTelemetry`` reads a directory
+tree that behaves like a device driver, for tests and for the dev cluster without GPUs::
+
+    <root>/gpu<N>/total_bytes     device capacity (decimal bytes)
+    <root>/gpu<N>/procs/<pid>     bytes that process holds on the device
+    <root>/gpu<N>/util_pct        utilisation in percent (optional; absent -> None)
+    <root>/gpu<N>/name, uuid      optional identity
+
+The fake is stateful and honest: ``fake_alloc`` refuses (``FakeOutOfMemory``, nothing written)
+when the device's used + requested bytes exceed its capacity, as ``cudaMalloc`` does; memory of
+dead processes (no ``/proc/<pid>``, or a zombie) does not count and is not listed, as the driver
+releases it when a process exits. Stale files of dead pids are removed by the next alloc.
+Not modelled: the driver's reserved memory, CUDA contexts, pid reuse between two allocs.
+
+CLI for job scripts (``python -m slurm_plugin.nvml``)::
+
+    fake-create --root R --count 4 --total-bytes 85899345920
+    fake-alloc  --root R --gpu N --bytes B [--pid P] [--hold-seconds S]
+    fake-free   --root R --gpu N [--pid P] [--bytes B]
+
+``fake-alloc`` exits 2 with "CUDA out of memory (fake)" on stderr when refused. Without
+``--hold-seconds`` it allocates for ``--pid`` (default: its parent, i.e. the calling shell, so
+the bytes stay held while the job script runs); with it, it holds the bytes under its own pid
+for S seconds (or until SIGTERM/SIGINT) and then frees them.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
+
+from policy_service.config import AgentConfig, NvmlBackend
+
+PROC_ROOT = Path("/proc")
+_GPU_DIR = re.compile(r"^gpu(\d+)$")
+
+
+class TelemetryError(RuntimeError):
+    """Any failure to read GPU telemetry (NVML error, unreadable fake file, bad index)."""
+
+
+class FakeOutOfMemory(TelemetryError):
+    """The fake device cannot satisfy an allocation (the fake's cudaErrorMemoryAllocation)."""
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    total_bytes: int
+    used_bytes: int
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    pid: int
+    used_bytes: int | None  # None: the driver does not report per-process memory (MIG, WDDM)
+
+
+@runtime_checkable
+class GpuTelemetry(Protocol):
+    """What the agent and the doctor need from a GPU driver. Indices are NVML indices."""
+
+    source: str  # "nvml" or "fake-nvml"
+
+    def device_count(self) -> int: ...
+
+    def memory(self, index: int) -> MemoryInfo: ...
+
+    def processes(self, index: int) -> list[ProcessUsage]: ...
+
+    def utilization_pct(self, index: int) -> float | None: ...
+
+    def name(self, index: int) -> str: ...
+
+    def uuid(self, index: int) -> str: ...
+
+
+# --------------------------------------------------------------------------- real NVML
+
+
+class PynvmlTelemetry:
+    """NVML through pynvml; every pynvml error surfaces as ``TelemetryError``."""
+
+    source = "nvml"
+
+    def __init__(self) -> None:
+        import pynvml  # imported here: a missing driver must not break importing this module
+
+        self._nvml: Any = pynvml
+        self._handles: dict[int, Any] = {}
+        self._call(pynvml.nvmlInit)
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError as exc:
+            raise TelemetryError(f"NVML {getattr(fn, '__name__', fn)}: {exc}") from exc
+
+    def _handle(self, index: int) -> Any:
+        if index not in self._handles:
+            self._handles[index] = self._call(self._nvml.nvmlDeviceGetHandleByIndex, index)
+        return self._handles[index]
+
+    def device_count(self) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetCount))
+
+    def memory(self, index: int) -> MemoryInfo:
+        info = self._call(self._nvml.nvmlDeviceGetMemoryInfo, self._handle(index))
+        return MemoryInfo(total_bytes=int(info.total), used_bytes=int(info.used))
+
+    def processes(self, index: int) -> list[ProcessUsage]:
+        procs = self._call(self._nvml.nvmlDeviceGetComputeRunningProcesses, self._handle(index))
+        return [ProcessUsage(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in procs]
+
+    def utilization_pct(self, index: int) -> float | None:
+        try:
+            rates = self._nvml.nvmlDeviceGetUtilizationRates(self._handle(index))
+        except self._nvml.NVMLError_NotSupported:
+            return None
+        except self._nvml.NVMLError as exc:
+            raise TelemetryError(f"NVML nvmlDeviceGetUtilizationRates: {exc}") from exc
+        return float(rates.gpu)
+
+    def name(self, index: int) -> str:
+        return _text(self._call(self._nvml.nvmlDeviceGetName, self._handle(index)))
+
+    def uuid(self, index: int) -> str:
+        return _text(self._call(self._nvml.nvmlDeviceGetUUID, self._handle(index)))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._nvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# --------------------------------------------------------------------------- fake NVML
+
+
+def pid_alive(pid: int, proc_root: Path = PROC_ROOT) -> bool:
+    """True when ``pid`` exists and is not a zombie (a zombie's GPU memory is already freed)."""
+    try:
+        stat = (proc_root / str(pid) / "stat").read_text()
+    except (OSError, ValueError):
+        return False
+    state = stat.rpartition(")")[2].split()
+    return bool(state) and state[0] not in ("Z", "X")
+
+
+def _gpu_dir(root: Path, gpu: int) -> Path:
+    return root / f"gpu{gpu}"
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError) as exc:
+        raise TelemetryError(f"fake NVML: cannot read {path}: {exc}") from exc
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _live_procs(gpu_dir: Path, proc_root: Path) -> list[ProcessUsage]:
+    procs_dir = gpu_dir / "procs"
+    if not gpu_dir.is_dir():
+        raise TelemetryError(f"fake NVML: no device {gpu_dir}")
+    out = []
+    for entry in sorted(procs_dir.iterdir()) if procs_dir.is_dir() else []:
+        if not entry.name.isdigit() or not pid_alive(int(entry.name), proc_root):
+            continue
+        with contextlib.suppress(TelemetryError):  # freed between listing and reading
+            out.append(ProcessUsage(int(entry.name), _read_int(entry)))
+    return out
+
+
+@contextlib.contextmanager
+def _device_lock(gpu_dir: Path) -> Iterator[None]:
+    with open(gpu_dir / ".lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+class FakeNvmlTelemetry:
+    """File-backed fake GPUs (layout in the module docstring)."""
+
+    source = "fake-nvml"
+
+    def __init__(self, root: Path, proc_root: Path = PROC_ROOT) -> None:
+        self.root = Path(root)
+        self._proc_root = proc_root
+
+    def device_count(self) -> int:
+        if not self.root.is_dir():
+            return 0
+        return sum(1 for p in self.root.iterdir() if _GPU_DIR.match(p.name) and p.is_dir())
+
+    def memory(self, index: int) -> MemoryInfo:
+        gpu_dir = _gpu_dir(self.root, index)
+        total_bytes = _read_int(gpu_dir / "total_bytes")
+        used_bytes = sum(p.used_bytes or 0 for p in _live_procs(gpu_dir, self._proc_root))
+        return MemoryInfo(total_bytes=total_bytes, used_bytes=used_bytes)
+
+    def processes(self, index: int) -> list[ProcessUsage]:
+        return _live_procs(_gpu_dir(self.root, index), self._proc_root)
+
+    def utilization_pct(self, index: int) -> float | None:
+        path = _gpu_dir(self.root, index) / "util_pct"
+        try:
+            return float(path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def name(self, index: int) -> str:
+        return self._ident(index, "name", "Fake GPU")
+
+    def uuid(self, index: int) -> str:
+        return self._ident(index, "uuid", f"GPU-fake-{index:04d}")
+
+    def _ident(self, index: int, field: str, default: str) -> str:
+        gpu_dir = _gpu_dir(self.root, index)
+        if not gpu_dir.is_dir():
+            raise TelemetryError(f"fake NVML: no device {gpu_dir}")
+        path = gpu_dir / field
+        return path.read_text().strip() if path.is_file() else default
+
+    def close(self) -> None:
+        pass
+
+
+def create_fake_gpus(root: Path, count: int, total_bytes: int, name: str = "Fake GPU") -> None:
+    """Create ``count`` empty fake devices of ``total_bytes`` each under ``root``."""
+    if count < 0 or total_bytes <= 0:
+        raise ValueError("count must be >= 0 and total_bytes > 0")
+    for gpu in range(count):
+        gpu_dir = _gpu_dir(Path(root), gpu)
+        (gpu_dir / "procs").mkdir(parents=True, exist_ok=True)
+        _write_atomic(gpu_dir / "total_bytes", f"{total_bytes}\n")
+        _write_atomic(gpu_dir / "name", f"{name}\n")
+        _write_atomic(gpu_dir / "uuid", f"GPU-fake-{gpu:04d}\n")
+
+
+def fake_alloc(root: Path, gpu: int, pid: int, nbytes: int, proc_root: Path = PROC_ROOT) -> int:
+    """Add ``nbytes`` to what ``pid`` holds on fake ``gpu``; returns the pid's new total.
+
+    Raises ``FakeOutOfMemory`` (writing nothing) when used + nbytes > total, and
+    ``TelemetryError`` for a missing device or a dead pid.
+    """
+    if nbytes < 0:
+        raise ValueError("nbytes must be >= 0")
+    gpu_dir = _gpu_dir(Path(root), gpu)
+    total_bytes = _read_int(gpu_dir / "total_bytes")
+    if not pid_alive(pid, proc_root):
+        raise TelemetryError(f"fake NVML: pid {pid} is not running")
+    with _device_lock(gpu_dir):
+        _collect_dead(gpu_dir, proc_root)
+        live = _live_procs(gpu_dir, proc_root)
+        used_bytes = sum(p.used_bytes or 0 for p in live)
+        if used_bytes + nbytes > total_bytes:
+            raise FakeOutOfMemory(
+                f"CUDA out of memory (fake): tried to allocate {nbytes} bytes on GPU {gpu}; "
+                f"{used_bytes} of {total_bytes} bytes in use, {total_bytes - used_bytes} free"
+            )
+        held_bytes = next((p.used_bytes or 0 for p in live if p.pid == pid), 0) + nbytes
+        (gpu_dir / "procs").mkdir(exist_ok=True)
+        _write_atomic(gpu_dir / "procs" / str(pid), f"{held_bytes}\n")
+        return held_bytes
+
+
+def fake_free(root: Path, gpu: int, pid: int, nbytes: int | None = None) -> int:
+    """Release ``nbytes`` (default: all) that ``pid`` holds on fake ``gpu``; returns what remains."""
+    gpu_dir = _gpu_dir(Path(root), gpu)
+    path = gpu_dir / "procs" / str(pid)
+    with _device_lock(gpu_dir):
+        if not path.exists():
+            return 0
+        remaining_bytes = 0 if nbytes is None else max(0, _read_int(path) - nbytes)
+        if remaining_bytes == 0:
+            path.unlink(missing_ok=True)
+        else:
+            _write_atomic(path, f"{remaining_bytes}\n")
+        return remaining_bytes
+
+
+def _collect_dead(gpu_dir: Path, proc_root: Path) -> None:
+    procs_dir = gpu_dir / "procs"
+    for entry in procs_dir.iterdir() if procs_dir.is_dir() else []:
+        if entry.name.isdigit() and not pid_alive(int(entry.name), proc_root):
+            entry.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def open_telemetry(cfg: AgentConfig, log: logging.Logger) -> GpuTelemetry | None:
+    """The telemetry ``cfg.nvml_backend`` asks for, or None when memory cannot be sampled.
+
+    AUTO: pynvml when NVML initialises, else None with one warning line. NVML: raises
+    ``TelemetryError`` when NVML does not initialise (the operator asked for it explicitly).
+    FAKE: ``FakeNvmlTelemetry(cfg.fake_nvml_dir)``. NONE: None.
+    """
+    backend = cfg.nvml_backend
+    if backend is NvmlBackend.NONE:
+        log.info("GPU telemetry disabled (agent.nvml_backend=none): memory is not sampled")
+        return None
+    if backend is NvmlBackend.FAKE:
+        log.info("GPU telemetry: fake NVML at %s", cfg.fake_nvml_dir)
+        return FakeNvmlTelemetry(cfg.fake_nvml_dir)
+    try:
+        telemetry = PynvmlTelemetry()
+    except (TelemetryError, ImportError, OSError) as exc:
+        if backend is NvmlBackend.NVML:
+            raise TelemetryError(f"agent.nvml_backend=nvml but NVML is unavailable: {exc}") from exc
+        log.warning("NVML unavailable (%s): GPU memory is not sampled on this node", str(exc).splitlines()[0])
+        return None
+    log.info("GPU telemetry: NVML, %d device(s)", _safe_count(telemetry))
+    return telemetry
+
+
+def _safe_count(telemetry: GpuTelemetry) -> int:
+    try:
+        return telemetry.device_count()
+    except TelemetryError:
+        return -1
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m slurm_plugin.nvml", description="fake NVML tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    create = sub.add_parser("fake-create", help="create fake GPUs")
+    create.add_argument("--root", type=Path, required=True)
+    create.add_argument("--count", type=int, required=True)
+    create.add_argument("--total-bytes", type=int, required=True)
+    alloc = sub.add_parser("fake-alloc", help="allocate fake GPU memory (refuses beyond capacity)")
+    alloc.add_argument("--root", type=Path, required=True)
+    alloc.add_argument("--gpu", type=int, required=True)
+    alloc.add_argument("--bytes", dest="nbytes", type=int, required=True)
+    alloc.add_argument("--pid", type=int, default=None)
+    alloc.add_argument("--hold-seconds", type=float, default=None)
+    free = sub.add_parser("fake-free", help="free fake GPU memory")
+    free.add_argument("--root", type=Path, required=True)
+    free.add_argument("--gpu", type=int, required=True)
+    free.add_argument("--pid", type=int, default=None)
+    free.add_argument("--bytes", dest="nbytes", type=int, default=None)
+    return parser
+
+
+def _hold(root: Path, gpu: int, pid: int, nbytes: int, hold_s: float) -> None:
+    def _stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        time.sleep(hold_s)
+    finally:
+        fake_free(root, gpu, pid, nbytes)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "fake-create":
+            create_fake_gpus(args.root, args.count, args.total_bytes)
+        elif args.command == "fake-alloc":
+            holding = args.hold_seconds is not None
+            pid = args.pid if args.pid is not None else (os.getpid() if holding else os.getppid())
+            fake_alloc(args.root, args.gpu, pid, args.nbytes)
+            sys.stdout.write(f"allocated {args.nbytes} bytes on fake GPU {args.gpu} for pid {pid}\n")
+            sys.stdout.flush()
+            if holding:
+                _hold(args.root, args.gpu, pid, args.nbytes, args.hold_seconds)
+        else:
+            pid = args.pid if args.pid is not None else os.getppid()
+            fake_free(args.root, args.gpu, pid, args.nbytes)
+    except FakeOutOfMemory as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    except (TelemetryError, OSError, ValueError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

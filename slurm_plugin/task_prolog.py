@@ -1,0 +1,128 @@
+"""Slurm TaskProlog: memory fencing for shared (shard) jobs, chosen by ``agent.enforcement``.
+
+Slurm runs the TaskProlog as the job's user before each task and applies the
+``export NAME=value`` lines it prints to the task's environment. Only jobs with shards
+(``SLURM_SHARDS_ON_NODE`` set and > 0) get lines; whole-GPU jobs get none. The job's cap is
+``shards * gpu.memory_bytes / gpu.shards_per_gpu`` (at most one GPU), the same arithmetic the
+policy used to size the request. The config file must be readable by job users.
+
+What each mechanism does, and does not, guarantee:
+
+``none``
+    Prints nothing. Shards fence nothing; co-located jobs may exceed the device together.
+
+``framework_env`` (default): cooperative, not enforced.
+    * ``SWAPAWARE_GPU_MEM_LIMIT_BYTES`` / ``SWAPAWARE_GPU_MEM_FRACTION``: the job's share, for
+      wrappers and users (e.g. ``torch.cuda.set_per_process_memory_fraction(fraction)``).
+      PyTorch has no environment variable that caps memory (``PYTORCH_CUDA_ALLOC_CONF`` tunes
+      the caching allocator, it does not cap it), so PyTorch jobs are NOT capped by this.
+    * ``TF_FORCE_GPU_ALLOW_GROWTH=true``: TensorFlow allocates as it goes instead of grabbing
+      nearly the whole device at start. Stops the grab, does not cap growth.
+    * ``XLA_PYTHON_CLIENT_MEM_FRACTION``: JAX/XLA preallocates this fraction of the device
+      (default 0.75, which alone would starve co-runners) and its allocator stays within it;
+      CUDA context and library workspaces are outside it. A stricter value the user set is kept.
+    Raw CUDA, CuPy, and anything that ignores these variables are not limited.
+
+``mps``: enforced per client process by the CUDA driver, when an MPS control daemon runs.
+    Everything of ``framework_env``, plus, when the daemon's pipe directory
+    (``agent.mps_pipe_dir``) exists, ``CUDA_MPS_PIPE_DIRECTORY`` and
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M``: allocations beyond the limit fail with an
+    out-of-memory error in that client. Limits: it is per client process (a job whose tasks
+    or children each create a CUDA context gets the cap per process); it applies to device
+    ordinal 0 as the client sees it, so it is emitted only when the job sees exactly one GPU
+    (always the case for shard jobs on Slurm 22.05); MPS runs one server per user at a time,
+    so jobs of different users on one GPU are serialised, not co-run; without the daemon the
+    variable is ignored by CUDA (hence the directory check, which cannot see a dead daemon).
+    A program can unset the variable before it initialises CUDA: this guards against
+    accidents, not against a hostile user (for that, the admin sets the daemon's
+    ``set_default_device_pinned_mem_limit``).
+
+The config is read from ``/etc/swapaware/swapaware.toml`` only: the job's environment (which
+the user controls) is not consulted for ``SWAPAWARE_*`` overrides or ``SWAPAWARE_CONFIG``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Mapping
+
+from policy_service.config import Config, ConfigError, Enforcement, load_config
+
+MIB = 1024 * 1024
+
+
+def _shards(env: Mapping[str, str]) -> int:
+    raw = env.get("SLURM_SHARDS_ON_NODE", "").strip()
+    return int(raw) if raw.isdigit() else 0
+
+
+def _visible_gpu_count(env: Mapping[str, str]) -> int | None:
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    return len([d for d in raw.split(",") if d.strip()])
+
+
+def _floor_fraction(numerator: int, denominator: int) -> float:
+    """``numerator / denominator`` rounded down to 3 decimals, in integer arithmetic."""
+    return (numerator * 1000 // denominator) / 1000
+
+
+def job_cap_bytes(shards: int, cfg: Config) -> int:
+    """Bytes the job's shards stand for: ``shards * shard_bytes``, at most one GPU."""
+    return min(shards * cfg.gpu.shard_bytes, cfg.gpu.memory_bytes)
+
+
+def _framework_lines(env: Mapping[str, str], cap_bytes: int, fraction: float) -> list[str]:
+    jax_fraction = fraction
+    try:
+        jax_fraction = min(fraction, float(env["XLA_PYTHON_CLIENT_MEM_FRACTION"]))
+    except (KeyError, ValueError):
+        pass
+    return [
+        f"export SWAPAWARE_GPU_MEM_LIMIT_BYTES={cap_bytes}",
+        f"export SWAPAWARE_GPU_MEM_FRACTION={fraction}",
+        "export TF_FORCE_GPU_ALLOW_GROWTH=true",
+        f"export XLA_PYTHON_CLIENT_MEM_FRACTION={jax_fraction}",
+    ]
+
+
+def _mps_lines(env: Mapping[str, str], cap_bytes: int, cfg: Config, pipe_dir_exists: bool) -> list[str]:
+    if not pipe_dir_exists or _visible_gpu_count(env) != 1:
+        return []
+    return [
+        f"export CUDA_MPS_PIPE_DIRECTORY={cfg.agent.mps_pipe_dir}",
+        f"export CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={cap_bytes // MIB}M",
+    ]
+
+
+def task_prolog_lines(env: Mapping[str, str], cfg: Config, mps_pipe_dir_exists: bool) -> list[str]:
+    """The ``export`` lines for one task, from its environment and the config (no I/O)."""
+    shards = _shards(env)
+    mode = cfg.agent.enforcement
+    if shards <= 0 or mode is Enforcement.NONE:
+        return []
+    cap_bytes = job_cap_bytes(shards, cfg)
+    fraction = _floor_fraction(cap_bytes, cfg.gpu.memory_bytes)
+    lines = _framework_lines(env, cap_bytes, fraction)
+    if mode is Enforcement.MPS:
+        lines += _mps_lines(env, cap_bytes, cfg, mps_pipe_dir_exists)
+    return lines
+
+
+def main() -> int:
+    """Print the lines for this task; always exit 0 (a failing TaskProlog must not fail the task)."""
+    try:
+        cfg = load_config(env={})
+    except ConfigError as exc:
+        sys.stderr.write(f"swapaware task prolog: {exc}; no memory fencing\n")
+        return 0
+    pipe_dir_exists = Path(cfg.agent.mps_pipe_dir).is_dir()
+    for line in task_prolog_lines(os.environ, cfg, pipe_dir_exists):
+        sys.stdout.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""TaskProlog export lines, table-driven over job environment and enforcement mode."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from policy_service.config import DEFAULT_CONFIG_PATH, GIB, AgentConfig, Config, Enforcement, GpuConfig
+from slurm_plugin.task_prolog import task_prolog_lines
+
+
+def _cfg(mode: Enforcement, shards_per_gpu: int = 8, memory_bytes: int = 80 * GIB) -> Config:
+    return Config(gpu=GpuConfig(memory_bytes=memory_bytes, shards_per_gpu=shards_per_gpu),
+                  agent=AgentConfig(enforcement=mode, mps_pipe_dir=Path("/run/mps")))
+
+
+FW, MPS, NONE = Enforcement.FRAMEWORK_ENV, Enforcement.MPS, Enforcement.NONE
+
+
+def _framework(cap_bytes: int, fraction: float, jax: float | None = None) -> list[str]:
+    return [
+        f"export SWAPAWARE_GPU_MEM_LIMIT_BYTES={cap_bytes}",
+        f"export SWAPAWARE_GPU_MEM_FRACTION={fraction}",
+        "export TF_FORCE_GPU_ALLOW_GROWTH=true",
+        f"export XLA_PYTHON_CLIENT_MEM_FRACTION={fraction if jax is None else jax}",
+    ]
+
+
+MPS_20G = ["export CUDA_MPS_PIPE_DIRECTORY=/run/mps", "export CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"]
+
+CASES = [
+    # (id, env, mode, mps pipe dir exists, expected lines)
+    ("whole-gpu job", {"CUDA_VISIBLE_DEVICES": "0"}, FW, True, []),
+    ("zero shards", {"SLURM_SHARDS_ON_NODE": "0"}, FW, True, []),
+    ("garbage shards", {"SLURM_SHARDS_ON_NODE": "two"}, FW, True, []),
+    ("enforcement none", {"SLURM_SHARDS_ON_NODE": "2"}, NONE, True, []),
+    ("2 of 8 shards", {"SLURM_SHARDS_ON_NODE": "2", "CUDA_VISIBLE_DEVICES": "0"}, FW, True,
+     _framework(20 * GIB, 0.25)),
+    ("3 of 8 shards", {"SLURM_SHARDS_ON_NODE": "3"}, FW, False, _framework(30 * GIB, 0.375)),
+    ("more shards than a gpu", {"SLURM_SHARDS_ON_NODE": "12"}, FW, False, _framework(80 * GIB, 1.0)),
+    ("user jax fraction stricter kept", {"SLURM_SHARDS_ON_NODE": "2", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.1"},
+     FW, False, _framework(20 * GIB, 0.25, jax=0.1)),
+    ("user jax fraction looser replaced", {"SLURM_SHARDS_ON_NODE": "2", "XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"},
+     FW, False, _framework(20 * GIB, 0.25)),
+    ("user jax fraction unreadable replaced", {"SLURM_SHARDS_ON_NODE": "2", "XLA_PYTHON_CLIENT_MEM_FRACTION": "x"},
+     FW, False, _framework(20 * GIB, 0.25)),
+    ("mps with daemon", {"SLURM_SHARDS_ON_NODE": "2", "CUDA_VISIBLE_DEVICES": "0"}, MPS, True,
+     _framework(20 * GIB, 0.25) + MPS_20G),
+    ("mps, gpu remapped by cgroup still ordinal 0", {"SLURM_SHARDS_ON_NODE": "2", "CUDA_VISIBLE_DEVICES": "3"},
+     MPS, True, _framework(20 * GIB, 0.25) + MPS_20G),
+    ("mps without daemon", {"SLURM_SHARDS_ON_NODE": "2", "CUDA_VISIBLE_DEVICES": "0"}, MPS, False,
+     _framework(20 * GIB, 0.25)),
+    ("mps, two gpus visible: no per-device split", {"SLURM_SHARDS_ON_NODE": "2", "CUDA_VISIBLE_DEVICES": "0,1"},
+     MPS, True, _framework(20 * GIB, 0.25)),
+    ("mps, no gpu variables", {"SLURM_SHARDS_ON_NODE": "2"}, MPS, True, _framework(20 * GIB, 0.25)),
+]
+
+
+@pytest.mark.parametrize("env, mode, pipe_dir_exists, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_task_prolog_lines(env, mode, pipe_dir_exists, expected) -> None:
+    assert task_prolog_lines(env, _cfg(mode), pipe_dir_exists) == expected
+
+
+@pytest.mark.parametrize("shards, shards_per_gpu, memory_bytes, cap_bytes, fraction, mps_mib", [
+    (1, 3, 3 * 1000**3, 1000**3, 0.333, 953),  # fractions round down, MiB round down
+    (1, 7, 141 * 1000**3, 141 * 1000**3 // 7, 0.142, 19209),
+    (29, 100, 100 * 1000**3, 29 * 1000**3, 0.29, 27656),
+])
+def test_caps_round_down(shards, shards_per_gpu, memory_bytes, cap_bytes, fraction, mps_mib) -> None:
+    cfg = _cfg(MPS, shards_per_gpu, memory_bytes)
+    lines = task_prolog_lines({"SLURM_SHARDS_ON_NODE": str(shards), "CUDA_VISIBLE_DEVICES": "0"}, cfg, True)
+    assert lines[0] == f"export SWAPAWARE_GPU_MEM_LIMIT_BYTES={cap_bytes}"
+    assert lines[1] == f"export SWAPAWARE_GPU_MEM_FRACTION={fraction}"
+    assert lines[-1] == f"export CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mps_mib}M"
+
+
+@pytest.mark.skipif(DEFAULT_CONFIG_PATH.exists(), reason="a site config exists on this machine")
+def test_main_prints_lines_and_ignores_user_overrides() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SWAPAWARE_", "SLURM_"))}
+    env.update(SLURM_SHARDS_ON_NODE="4", SWAPAWARE_AGENT__ENFORCEMENT="none", SWAPAWARE_CONFIG="/nonexistent")
+    done = subprocess.run([sys.executable, "-m", "slurm_plugin.task_prolog"], env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == _framework(40 * GIB, 0.5)
