@@ -1,0 +1,689 @@
+#!/usr/bin/env bash
+# swapaware dev cluster: a real single-node Slurm 22.05 (munge, MariaDB,
+# slurmdbd, slurmctld, slurmd) with four fake GPUs, started by hand (no
+# systemd) under one state directory. Must run as root on Debian 12.
+#
+#   cluster.sh install | up | down [--purge] | status | env | restart-ctld | plugin on|off
+#
+# See README.md next to this file for the environment variables.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TEMPLATES=$HERE/templates
+
+STATE=$(realpath -m "${SWAPAWARE_DEV_DIR:-/var/tmp/swapaware-dev}")
+ETC=$STATE/etc
+LOG=$STATE/log
+SPOOL=$STATE/spool
+RUN=$STATE/run
+DEV=$STATE/dev
+MYSQL=$STATE/mysql
+
+CLUSTER=swapaware-dev
+CTLD_PORT=${SWAPAWARE_CTLD_PORT:-6817}
+SLURMD_PORT=${SWAPAWARE_SLURMD_PORT:-6818}
+DBD_PORT=${SWAPAWARE_DBD_PORT:-6819}
+DB_PORT=${SWAPAWARE_DB_PORT:-6816}
+OVERSUBSCRIBE=${SWAPAWARE_OVERSUBSCRIBE:-FORCE:8}
+DEF_MEM_PER_CPU=${SWAPAWARE_DEF_MEM_PER_CPU:-256}
+MIN_JOB_AGE=${SWAPAWARE_MIN_JOB_AGE:-30}
+PLUGIN_TIMEOUT_MS=${SWAPAWARE_PLUGIN_TIMEOUT_MS:-200}
+TIMEOUT_S=${SWAPAWARE_DEV_TIMEOUT_S:-60}
+
+SLURM_CONF_PATH=$ETC/slurm.conf
+MUNGE_SOCKET=$RUN/munge/munge.socket.2
+MYSQL_SOCKET=$MYSQL/mysqld.sock
+export SLURM_CONF=$SLURM_CONF_PATH
+
+PACKAGES=(munge slurm-client slurmctld slurmd slurmdbd mariadb-server mariadb-client
+          lua5.1 lua-socket lua-cjson util-linux)
+
+log() { printf '[dev-cluster] %s\n' "$*" >&2; }
+die() { printf '[dev-cluster] ERROR: %s\n' "$*" >&2; exit 1; }
+
+need_root() { [[ $(id -u) -eq 0 ]] || die "must run as root"; }
+
+node_name() { hostname -s 2>/dev/null || uname -n | cut -d. -f1; }
+
+# ---------------------------------------------------------------- install
+cmd_install() {
+    need_root
+    local missing=() p st
+    for p in "${PACKAGES[@]}"; do
+        st=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+        [[ $st == installed ]] || missing+=("$p")
+    done
+    if ((${#missing[@]} == 0)); then
+        return 0
+    fi
+    log "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # We start our own daemons by hand: keep the packages' postinst scripts
+    # from starting system ones (munge, mariadb) where no policy-rc.d says so.
+    local policy=/usr/sbin/policy-rc.d own_policy=0 rc=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        own_policy=1
+    fi
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >&2 || rc=$?
+    if ((own_policy)); then rm -f "$policy"; fi
+    ((rc == 0)) || die "apt-get install failed (rc $rc)"
+}
+
+# ---------------------------------------------------------------- helpers
+pidfile_of() {
+    case $1 in
+        munged) echo "$RUN/munge/munged.pid" ;;
+        mariadbd) echo "$MYSQL/mysqld.pid" ;;
+        slurmdbd | slurmctld | slurmd) echo "$RUN/$1.pid" ;;
+        *) die "unknown daemon $1" ;;
+    esac
+}
+
+# pid_of NAME: prints the pid when its pid file names a live process whose
+# comm is NAME, returns 1 otherwise.
+pid_of() {
+    local f pid comm
+    f=$(pidfile_of "$1")
+    [[ -r $f ]] || return 1
+    pid=$(tr -dc '0-9' <"$f")
+    [[ -n $pid ]] || return 1
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null || true) # works for non-root too
+    [[ $comm == "$1" ]] || return 1
+    echo "$pid"
+}
+
+is_up() { pid_of "$1" >/dev/null; }
+
+# wait_daemon NAME LOGFILE COMMAND...: polls COMMAND until it succeeds; fails
+# fast (with the log's tail) when the daemon died, or after $TIMEOUT_S.
+wait_daemon() {
+    local name=$1 logfile=$2 start
+    shift 2
+    start=$SECONDS
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS - start >= 2)) && ! is_up "$name" &&
+            ! { [[ -n ${BG_PID:-} ]] && kill -0 "$BG_PID" 2>/dev/null; }; then
+            log "$name is not running (died at start?); last lines of $logfile:"
+            tail -n 15 "$logfile" >&2 2>/dev/null || true
+            return 1
+        fi
+        if ((SECONDS - start >= TIMEOUT_S)); then
+            log "timed out after ${TIMEOUT_S}s waiting for $name; last lines of $logfile:"
+            tail -n 15 "$logfile" >&2 2>/dev/null || true
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+
+# wait_for DESCRIPTION TIMEOUT_S COMMAND...: polls COMMAND every 0.2 s.
+wait_for() {
+    local what=$1 limit=$2 start
+    shift 2
+    start=$SECONDS
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS - start >= limit)); then
+            log "timed out after ${limit}s waiting for $what"
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+
+# stop_daemons TIMEOUT_S NAME...: SIGTERM to all of them at once, wait up to
+# TIMEOUT_S for all to exit, then SIGKILL the rest.
+stop_daemons() {
+    local limit=$1 name pid start alive
+    shift
+    local -a pids=()
+    for name in "$@"; do
+        if pid=$(pid_of "$name"); then
+            log "stopping $name (pid $pid)"
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$pid")
+        fi
+    done
+    start=$SECONDS
+    while ((${#pids[@]})); do
+        alive=()
+        for pid in "${pids[@]}"; do
+            if kill -0 "$pid" 2>/dev/null; then alive+=("$pid"); fi
+        done
+        pids=("${alive[@]+"${alive[@]}"}")
+        ((${#pids[@]})) || break
+        if ((SECONDS - start >= limit)); then
+            log "not stopped after ${limit}s: SIGKILL ${pids[*]}"
+            kill -KILL "${pids[@]}" 2>/dev/null || true
+            sleep 0.5
+            break
+        fi
+        sleep 0.1
+    done
+    for name in "$@"; do rm -f "$(pidfile_of "$name")"; done
+}
+
+stop_daemon() { stop_daemons "${2:-20}" "$1"; }
+
+check_socket_path() {
+    # sun_path is 108 bytes including the NUL.
+    ((${#1} <= 100)) || die "socket path too long (${#1} > 100 chars): $1; use a shorter SWAPAWARE_DEV_DIR"
+}
+
+# render TEMPLATE DEST: replaces @NAME@ with $R_NAME; writes DEST only if it
+# changed. Returns 0 when DEST changed, 1 when unchanged.
+render() {
+    local tmpl=$1 dest=$2 tmp
+    tmp=$(mktemp "$dest.XXXXXX")
+    perl -pe 's/\@([A-Z_]+)\@/exists $ENV{"R_$1"} ? $ENV{"R_$1"} : die "template $ARGV: undefined \@$1\@\n"/ge' \
+        "$tmpl" >"$tmp"
+    if [[ -f $dest ]] && cmp -s "$tmp" "$dest"; then
+        rm -f "$tmp"
+        return 1
+    fi
+    mv -f "$tmp" "$dest"
+    return 0
+}
+
+node_hw() {
+    # First line of `slurmd -C`, minus NodeName and UpTime: the real hardware,
+    # so we never declare more than the node has (else it gets drained).
+    local line
+    line=$(slurmd -C 2>/dev/null | head -n1)
+    [[ $line == NodeName=* ]] || die "slurmd -C gave no NodeName line: $line"
+    line=${line#NodeName=* }
+    echo "$line"
+}
+
+# ---------------------------------------------------------------- config
+CHANGED_SLURM=0
+CHANGED_DBD=0
+
+make_dirs() {
+    mkdir -p "$STATE"
+    chmod 755 "$STATE"
+    mkdir -p "$ETC" "$LOG" "$SPOOL/ctld" "$SPOOL/slurmd" "$SPOOL/munge" "$RUN/munge" "$DEV" "$MYSQL"
+    chmod 755 "$ETC" "$LOG" "$SPOOL" "$RUN" "$RUN/munge" "$DEV" "$MYSQL"
+    mkdir -p "$ETC/munge"
+    chmod 700 "$ETC/munge" "$SPOOL/munge"
+}
+
+make_devices() {
+    local i
+    for i in 0 1 2 3; do
+        local f=$DEV/nvidia$i
+        if [[ -c $f ]]; then continue; fi
+        rm -f "$f"
+        if ! mknod -m 666 "$f" c 195 "$i" 2>/dev/null; then
+            log "WARNING: mknod $f failed; using a plain file (jobs will get no CUDA_VISIBLE_DEVICES)"
+            : >"$f"
+        fi
+    done
+}
+
+make_secrets() {
+    if [[ ! -s $ETC/munge/munge.key ]]; then
+        if command -v mungekey >/dev/null; then
+            mungekey -c -k "$ETC/munge/munge.key"
+        else
+            dd if=/dev/urandom of="$ETC/munge/munge.key" bs=1024 count=1 status=none
+        fi
+    fi
+    chmod 600 "$ETC/munge/munge.key"
+    if [[ ! -s $ETC/db.pass ]]; then
+        (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=\n' >"$ETC/db.pass")
+    fi
+    chmod 600 "$ETC/db.pass"
+}
+
+render_all() {
+    local node socket lua_on=0 f
+    node=$(node_name)
+    socket=${SWAPAWARE_SOCKET:-$RUN/swapaware.sock}
+    [[ $socket == /* ]] || die "SWAPAWARE_SOCKET must be an absolute path: $socket"
+    check_socket_path "$MUNGE_SOCKET"
+    check_socket_path "$MYSQL_SOCKET"
+    check_socket_path "$socket"
+
+    export R_CLUSTER=$CLUSTER R_NODE=$node R_STATE=$STATE R_ETC=$ETC
+    export R_CTLD_PORT=$CTLD_PORT R_SLURMD_PORT=$SLURMD_PORT R_DBD_PORT=$DBD_PORT R_DB_PORT=$DB_PORT
+    export R_MUNGE_SOCKET=$MUNGE_SOCKET R_OVERSUBSCRIBE=$OVERSUBSCRIBE
+    export R_DEF_MEM_PER_CPU=$DEF_MEM_PER_CPU R_MIN_JOB_AGE=$MIN_JOB_AGE
+    export R_SOCKET=$socket R_PLUGIN_TIMEOUT_MS=$PLUGIN_TIMEOUT_MS
+    R_NODE_HW=$(node_hw)
+    R_DB_PASS=$(cat "$ETC/db.pass")
+    export R_NODE_HW R_DB_PASS
+
+    # Hooks
+    R_PROLOG_LINE="#Prolog= (unset; set SWAPAWARE_PROLOG)"
+    R_EPILOG_LINE="#Epilog= (unset; set SWAPAWARE_EPILOG)"
+    if [[ -n ${SWAPAWARE_PROLOG:-} ]]; then
+        [[ $SWAPAWARE_PROLOG == /* && -x $SWAPAWARE_PROLOG ]] ||
+            die "SWAPAWARE_PROLOG must be an absolute path to an executable: $SWAPAWARE_PROLOG"
+        R_PROLOG_LINE="Prolog=$SWAPAWARE_PROLOG"
+    fi
+    if [[ -n ${SWAPAWARE_EPILOG:-} ]]; then
+        [[ $SWAPAWARE_EPILOG == /* && -x $SWAPAWARE_EPILOG ]] ||
+            die "SWAPAWARE_EPILOG must be an absolute path to an executable: $SWAPAWARE_EPILOG"
+        R_EPILOG_LINE="Epilog=$SWAPAWARE_EPILOG"
+    fi
+    export R_PROLOG_LINE R_EPILOG_LINE
+
+    # job_submit.lua is read from the directory of slurm.conf.
+    if [[ -n ${SWAPAWARE_LUA_DIR:-} && ${SWAPAWARE_JOB_SUBMIT:-1} != 0 ]]; then
+        [[ -f $SWAPAWARE_LUA_DIR/job_submit.lua ]] ||
+            die "SWAPAWARE_LUA_DIR=$SWAPAWARE_LUA_DIR has no job_submit.lua"
+        copy_lua "$SWAPAWARE_LUA_DIR"
+        lua_on=1
+    fi
+    if ((lua_on)); then
+        export R_JOB_SUBMIT_LINE="JobSubmitPlugins=lua"
+    else
+        export R_JOB_SUBMIT_LINE="#JobSubmitPlugins=lua (off; set SWAPAWARE_LUA_DIR or run: cluster.sh plugin on)"
+    fi
+
+    local lines="" i
+    for i in 0 1 2 3; do
+        lines+="Name=gpu File=$DEV/nvidia$i"$'\n'
+    done
+    for i in 0 1 2 3; do
+        lines+="Name=shard Count=8 File=$DEV/nvidia$i"$'\n'
+    done
+    export R_GRES_LINES=${lines%$'\n'}
+
+    if render "$TEMPLATES/slurm.conf.in" "$ETC/slurm.conf"; then CHANGED_SLURM=1; fi
+    if render "$TEMPLATES/gres.conf.in" "$ETC/gres.conf"; then CHANGED_SLURM=1; fi
+    if render "$TEMPLATES/slurmdbd.conf.in" "$ETC/slurmdbd.conf"; then CHANGED_DBD=1; fi
+    render "$TEMPLATES/swapaware_plugin.conf.in" "$ETC/swapaware_plugin.conf" || true
+    render "$TEMPLATES/swapaware.env.in" "$ETC/swapaware.env" || true
+    [[ -f $ETC/plugstack.conf ]] || echo "# empty: no SPANK plugins in the dev cluster" >"$ETC/plugstack.conf"
+    chmod 644 "$ETC/slurm.conf" "$ETC/gres.conf" "$ETC/swapaware_plugin.conf" "$ETC/swapaware.env" "$ETC/plugstack.conf"
+    chmod 600 "$ETC/slurmdbd.conf" # slurmdbd refuses a readable one
+    for f in "$ETC"/*.lua; do if [[ -e $f ]]; then chmod 644 "$f"; fi; done
+}
+
+copy_lua() {
+    local src=$1 f
+    for f in "$src"/*.lua; do
+        [[ -e $f ]] || continue
+        install -m 644 "$f" "$ETC/$(basename "$f")"
+    done
+}
+
+# ---------------------------------------------------------------- daemons
+STARTED=()
+
+munge_ok() { munge -S "$MUNGE_SOCKET" -n </dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null; }
+
+start_munge() {
+    if is_up munged; then return 0; fi
+    log "starting munged"
+    # munged runs as root here (it allows that): no ownership/traversal
+    # constraints on the state directory.
+    munged --force \
+        --key-file="$ETC/munge/munge.key" \
+        --socket="$MUNGE_SOCKET" \
+        --pid-file="$RUN/munge/munged.pid" \
+        --log-file="$LOG/munged.log" \
+        --seed-file="$SPOOL/munge/munged.seed" </dev/null >>"$LOG/munged.log" 2>&1 9>&- ||
+        die "munged failed to start; see $LOG/munged.log"
+    wait_daemon munged "$LOG/munged.log" munge_ok || die "munge not answering; see $LOG/munged.log"
+    STARTED+=(munged)
+}
+
+# shellcheck disable=SC2120 # called with arguments through wait_daemon
+mysql_root() { mariadb --no-defaults -S "$MYSQL_SOCKET" -u root "$@"; }
+
+start_mariadb() {
+    if is_up mariadbd; then return 0; fi
+    if [[ ! -d $MYSQL/data/mysql ]]; then
+        log "initialising MariaDB datadir $MYSQL/data"
+        rm -rf "$MYSQL/data"
+        mariadb-install-db --no-defaults --datadir="$MYSQL/data" --user=root \
+            --auth-root-authentication-method=socket --skip-test-db \
+            --skip-name-resolve --innodb-log-file-size=64M </dev/null >>"$LOG/mariadb-install.log" 2>&1 9>&- ||
+            die "mariadb-install-db failed; see $LOG/mariadb-install.log"
+    fi
+    log "starting mariadbd (127.0.0.1:$DB_PORT, socket $MYSQL_SOCKET)"
+    rm -f "$MYSQL_SOCKET"
+    setsid mariadbd --no-defaults --user=root \
+        --datadir="$MYSQL/data" --socket="$MYSQL_SOCKET" --pid-file="$MYSQL/mysqld.pid" \
+        --port="$DB_PORT" --bind-address=127.0.0.1 --skip-name-resolve \
+        --log-error="$LOG/mariadb.log" --skip-log-bin \
+        --innodb-buffer-pool-size=512M --innodb-log-file-size=64M \
+        --innodb-lock-wait-timeout=900 --innodb-flush-log-at-trx-commit=2 \
+        </dev/null >>"$LOG/mariadb.log" 2>&1 9>&- &
+    BG_PID=$!
+    wait_daemon mariadbd "$LOG/mariadb.log" mysql_root -e 'SELECT 1' || die "MariaDB did not come up; see $LOG/mariadb.log"
+    BG_PID=
+    wait_for "mariadbd pid file" 10 is_up mariadbd || die "MariaDB pid file missing: $MYSQL/mysqld.pid"
+    STARTED+=(mariadbd)
+}
+
+setup_db_user() {
+    local pass
+    pass=$(cat "$ETC/db.pass")
+    # shellcheck disable=SC2119
+    mysql_root <<SQL
+CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
+CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$pass';
+ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
+ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$pass';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
+FLUSH PRIVILEGES;
+SQL
+}
+
+dbd_ok() { sacctmgr -n -P show cluster format=cluster; }
+
+start_slurmdbd() {
+    if is_up slurmdbd; then
+        if ((CHANGED_DBD)); then
+            log "slurmdbd.conf changed: restarting slurmdbd"
+            stop_daemon slurmdbd
+        else
+            return 0
+        fi
+    fi
+    log "starting slurmdbd (port $DBD_PORT)"
+    slurmdbd </dev/null >>"$LOG/slurmdbd.stdout" 2>&1 9>&- || die "slurmdbd failed; see $LOG/slurmdbd.log"
+    wait_daemon slurmdbd "$LOG/slurmdbd.log" dbd_ok || die "slurmdbd not answering; see $LOG/slurmdbd.log"
+    STARTED+=(slurmdbd)
+}
+
+setup_associations() {
+    if ! sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; then
+        log "sacctmgr: adding cluster $CLUSTER"
+        sacctmgr -i add cluster "$CLUSTER" >/dev/null
+    fi
+    # root, plus SWAPAWARE_DEV_USERS (comma/space separated): jobs of users
+    # without an association run (nothing is enforced) but sacct --json shows
+    # their "user" as null.
+    local u
+    local users=${SWAPAWARE_DEV_USERS:-}
+    for u in root ${users//,/ }; do
+        id "$u" >/dev/null 2>&1 || { log "WARNING: no such user '$u'; not added"; continue; }
+        if ! sacctmgr -n -P show assoc where cluster="$CLUSTER" account=root user="$u" format=user | grep -qx "$u"; then
+            log "sacctmgr: adding user $u to account root"
+            sacctmgr -i add user "$u" account=root cluster="$CLUSTER" >/dev/null
+        fi
+    done
+}
+
+ctld_ok() { scontrol ping | grep -q 'is UP'; }
+
+launch_slurmctld() {
+    # LUA_PATH: modules copied next to job_submit.lua are require-able.
+    LUA_PATH="$ETC/?.lua;;" slurmctld </dev/null >>"$LOG/slurmctld.stdout" 2>&1 9>&- ||
+        die "slurmctld failed; see $LOG/slurmctld.log"
+}
+
+start_slurmctld() {
+    if is_up slurmctld; then return 0; fi
+    log "starting slurmctld (port $CTLD_PORT)"
+    launch_slurmctld
+    wait_daemon slurmctld "$LOG/slurmctld.log" ctld_ok || die "slurmctld not answering; see $LOG/slurmctld.log"
+    STARTED+=(slurmctld)
+}
+
+node_state() { sinfo -h -N -n "$(node_name)" -o %t 2>/dev/null | head -n1; }
+
+node_ready() {
+    case $(node_state) in
+        idle | mix | mixed | alloc | allocated | comp | completing) return 0 ;;
+        *) return 1 ;;
+    esac
+}
+
+# node_registered [EPOCH]: the node answers (not unk, no '*'), and its
+# slurmd started at or after EPOCH (so a slurmd we just launched registered).
+node_registered() {
+    local st since=${1:-0} started
+    st=$(node_state)
+    [[ -n $st && $st != unk* && $st != *'*' ]] || return 1
+    ((since == 0)) && return 0
+    started=$(scontrol show node "$(node_name)" | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p')
+    [[ -n $started && $started != None ]] || return 1
+    (($(date -d "$started" +%s) >= since))
+}
+
+start_slurmd() {
+    local since=0
+    if ! is_up slurmd; then
+        log "starting slurmd (port $SLURMD_PORT)"
+        since=$(($(date +%s) - 1))
+        slurmd </dev/null >>"$LOG/slurmd.stdout" 2>&1 9>&- || die "slurmd failed; see $LOG/slurmd.log"
+        STARTED+=(slurmd)
+    fi
+    wait_daemon slurmd "$LOG/slurmd.log" node_registered "$since" ||
+        die "node did not register; see $LOG/slurmd.log and $LOG/slurmctld.log"
+    if ! node_ready; then
+        local st reason
+        st=$(node_state)
+        reason=$(sinfo -h -N -n "$(node_name)" -o %E 2>/dev/null | head -n1)
+        log "node is '$st' (reason: $reason): resuming it"
+        scontrol update nodename="$(node_name)" state=resume 2>/dev/null ||
+            scontrol update nodename="$(node_name)" state=idle 2>/dev/null || true
+        wait_for "node idle" "$TIMEOUT_S" node_ready ||
+            die "node is '$(node_state)'; see $LOG/slurmd.log and $LOG/slurmctld.log"
+    fi
+}
+
+restart_ctld() {
+    stop_daemon slurmctld 20
+    log "starting slurmctld"
+    launch_slurmctld
+    wait_daemon slurmctld "$LOG/slurmctld.log" ctld_ok || die "slurmctld not answering; see $LOG/slurmctld.log"
+    # A restarted slurmctld shows the node as 'unk' until slurmd re-registers
+    # (about 4 s); SIGHUP (reconfigure) makes slurmd register at once.
+    if is_up slurmd && ! node_ready; then
+        kill -HUP "$(pid_of slurmd)" 2>/dev/null || true
+        wait_for "node idle after slurmctld restart" "$TIMEOUT_S" node_ready ||
+            log "WARNING: node is '$(node_state)' after the restart; see $LOG/slurmctld.log"
+    fi
+}
+
+# ---------------------------------------------------------------- commands
+cmd_up() {
+    need_root
+    local t0=$SECONDS
+    cmd_install
+    make_dirs
+    make_devices
+    make_secrets
+    render_all
+
+    if ((CHANGED_SLURM)) && { is_up slurmctld || is_up slurmd; }; then
+        log "slurm.conf/gres.conf changed: restarting slurmctld and slurmd"
+        stop_daemons 20 slurmd slurmctld
+    fi
+
+    start_munge
+    start_mariadb
+    setup_db_user
+    start_slurmdbd
+    setup_associations
+    start_slurmctld
+    start_slurmd
+
+    local d
+    echo "swapaware dev cluster '$CLUSTER' is up on node $(node_name) (took $((SECONDS - t0))s)"
+    if ((${#STARTED[@]})); then
+        echo "  started now: ${STARTED[*]}"
+    else
+        echo "  all daemons were already running"
+    fi
+    for d in munged mariadbd slurmdbd slurmctld slurmd; do
+        printf '  %-9s pid %s\n' "$d" "$(pid_of "$d" || echo '?')"
+    done
+    echo "  config:   $ETC (slurm.conf, gres.conf, slurmdbd.conf, swapaware_plugin.conf)"
+    echo "  logs:     $LOG"
+    echo "  JobSubmitPlugins: $(grep -q '^JobSubmitPlugins=lua' "$ETC/slurm.conf" && echo lua || echo off)"
+    echo "  stop with: $HERE/cluster.sh down   (add --purge to delete $STATE)"
+    echo "  use it with:"
+    echo "export SLURM_CONF=$SLURM_CONF_PATH"
+}
+
+cmd_down() {
+    need_root
+    local purge=0
+    case ${1:-} in
+        --purge) purge=1 ;;
+        "") ;;
+        *) die "usage: cluster.sh down [--purge]" ;;
+    esac
+    if ((purge)) && is_up slurmctld; then
+        log "cancelling all jobs"
+        squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
+        wait_for "jobs to end" 20 no_jobs || true
+    fi
+    # slurmctld flushes to slurmdbd, which writes to MariaDB; both need munge.
+    stop_daemons 20 slurmd slurmctld
+    stop_daemons 20 slurmdbd
+    stop_daemons 30 mariadbd munged
+    if ((purge)); then
+        kill_stray_steps
+        log "removing $STATE"
+        rm -rf "$STATE"
+    fi
+    if ((purge)); then
+        echo "swapaware dev cluster is down (state dir $STATE removed)"
+    else
+        echo "swapaware dev cluster is down (state kept in $STATE)"
+    fi
+}
+
+kill_children() { # PID: SIGKILL its descendants (no procps needed)
+    local parent=$1 q ppid
+    for q in /proc/[0-9]*; do
+        ppid=$(awk '{print $4}' "$q/stat" 2>/dev/null || true)
+        if [[ $ppid == "$parent" ]]; then
+            kill_children "${q#/proc/}"
+            kill -KILL "${q#/proc/}" 2>/dev/null || true
+        fi
+    done
+}
+
+no_jobs() { [[ -z $(squeue -h -o %i 2>/dev/null) ]]; }
+
+# slurmstepd processes of this cluster (their environment names our
+# SLURM_CONF) survive slurmd; with --purge they would outlive their spool dir.
+kill_stray_steps() {
+    local p
+    for p in /proc/[0-9]*; do
+        [[ $(cat "$p/comm" 2>/dev/null) == slurmstepd ]] || continue
+        if tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$SLURM_CONF_PATH"; then
+            log "killing stray slurmstepd ${p#/proc/} and its children"
+            kill_children "${p#/proc/}"
+            kill -KILL "${p#/proc/}" 2>/dev/null || true
+        fi
+    done
+}
+
+cmd_status() {
+    local d pid rc=0
+    echo "state dir: $STATE"
+    for d in munged mariadbd slurmdbd slurmctld slurmd; do
+        if pid=$(pid_of "$d"); then
+            printf '  %-9s up   (pid %s)\n' "$d" "$pid"
+        elif [[ -e $(pidfile_of "$d") && ! -r $(pidfile_of "$d") ]]; then
+            printf '  %-9s ?    (pid file not readable: run as root)\n' "$d"
+        else
+            printf '  %-9s down\n' "$d"
+            rc=1
+        fi
+    done
+    if [[ -f $ETC/slurm.conf ]]; then
+        echo "  JobSubmitPlugins: $(grep -q '^JobSubmitPlugins=lua' "$ETC/slurm.conf" && echo lua || echo off)"
+    fi
+    if is_up slurmctld; then
+        scontrol ping || true
+        sinfo || true
+    fi
+    return $rc
+}
+
+cmd_env() {
+    if [[ -f $ETC/swapaware.env ]]; then
+        grep '^export ' "$ETC/swapaware.env"
+    else
+        echo "export SLURM_CONF=$SLURM_CONF_PATH"
+        echo "export SWAPAWARE_DEV_DIR=$STATE"
+        echo "export SWAPAWARE_SOCKET=${SWAPAWARE_SOCKET:-$RUN/swapaware.sock}"
+    fi
+}
+
+cmd_restart_ctld() {
+    need_root
+    [[ -f $ETC/slurm.conf ]] || die "no $ETC/slurm.conf: run 'cluster.sh up' first"
+    restart_ctld
+    echo "slurmctld restarted (pid $(pid_of slurmctld))"
+}
+
+cmd_plugin() {
+    need_root
+    local mode=${1:-}
+    [[ -f $ETC/slurm.conf ]] || die "no $ETC/slurm.conf: run 'cluster.sh up' first"
+    case $mode in
+        on)
+            if [[ -n ${SWAPAWARE_LUA_DIR:-} ]]; then
+                [[ -f $SWAPAWARE_LUA_DIR/job_submit.lua ]] ||
+                    die "SWAPAWARE_LUA_DIR=$SWAPAWARE_LUA_DIR has no job_submit.lua"
+                copy_lua "$SWAPAWARE_LUA_DIR"
+            fi
+            [[ -f $ETC/job_submit.lua ]] || die "no $ETC/job_submit.lua: set SWAPAWARE_LUA_DIR"
+            sed -i 's/^#\?JobSubmitPlugins=.*/JobSubmitPlugins=lua/' "$ETC/slurm.conf"
+            ;;
+        off)
+            sed -i 's/^#\?JobSubmitPlugins=.*/#JobSubmitPlugins=lua (off; set SWAPAWARE_LUA_DIR or run: cluster.sh plugin on)/' \
+                "$ETC/slurm.conf"
+            ;;
+        *) die "usage: cluster.sh plugin on|off" ;;
+    esac
+    grep -q '^#\?JobSubmitPlugins=' "$ETC/slurm.conf" || die "slurm.conf has no JobSubmitPlugins line"
+    restart_ctld
+    echo "JobSubmitPlugins $mode (slurmctld pid $(pid_of slurmctld))"
+}
+
+usage() {
+    cat <<EOF
+usage: $(basename "$0") COMMAND
+  install         install missing Debian packages
+  up              install, render config into \$SWAPAWARE_DEV_DIR ($STATE), start
+                  munged, mariadbd, slurmdbd, slurmctld, slurmd (idempotent)
+  down [--purge]  stop the daemons (--purge: also cancel jobs and delete the state dir)
+  status          daemons up/down and sinfo (exit 1 if any is down)
+  env             print export lines (eval "\$($(basename "$0") env)")
+  restart-ctld    restart slurmctld only
+  plugin on|off   set/unset JobSubmitPlugins=lua and restart slurmctld
+EOF
+}
+
+# One mutating command at a time per state dir (fd 9; daemons get 9>&-).
+take_lock() {
+    need_root
+    mkdir -p "$STATE"
+    exec 9>"$STATE/.lock"
+    flock -w "$((TIMEOUT_S * 5))" 9 || die "another cluster.sh holds $STATE/.lock"
+}
+
+main() {
+    local cmd=${1:-}
+    shift || true
+    case $cmd in
+        install) cmd_install ;;
+        up) take_lock; cmd_up ;;
+        down) take_lock; cmd_down "$@" ;;
+        status) cmd_status ;;
+        env) cmd_env ;;
+        restart-ctld) take_lock; cmd_restart_ctld ;;
+        plugin) take_lock; cmd_plugin "$@" ;;
+        -h | --help | help) usage ;;
+        *) usage >&2; exit 2 ;;
+    esac
+}
+
+main "$@"

@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# swapaware dev stack: the real single-node Slurm of contrib/dev-cluster/ wired to swapaware
+# (job_submit.lua, prolog/epilog, policy service, node agent on fake GPUs).
+#
+#   dev-stack.sh up | down [--purge] | status | service-stop | service-start | env | venv
+#
+# Environment: SWAPAWARE_DEV_DIR (state, default /var/tmp/swapaware-dev), SWAPAWARE_VENV
+# (default <repo>/.venv), SWAPAWARE_GRPC_PORT (default 50551) and the port variables of
+# contrib/dev-cluster/cluster.sh. Runs as root on Debian 12. Running `up` twice is harmless.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CLUSTER=$ROOT/contrib/dev-cluster/cluster.sh
+STATE=${SWAPAWARE_DEV_DIR:-/var/tmp/swapaware-dev}
+STATE=${STATE%/}
+export SWAPAWARE_DEV_DIR=$STATE
+VENV=${SWAPAWARE_VENV:-$ROOT/.venv}
+GRPC_PORT=${SWAPAWARE_GRPC_PORT:-50551}
+GPU_BYTES=${SWAPAWARE_DEV_GPU_BYTES:-85899345920}   # 80 GiB per fake GPU
+CONF=$STATE/etc/swapaware.toml
+RUN=$STATE/run
+LOGDIR=$STATE/log
+SOCK=$RUN/swapaware.sock
+AGENT_SOCK=$RUN/agent.sock
+FAKE=$STATE/fake-nvml
+# The service reads job records with scontrol/sacct: point them at this cluster.
+export SLURM_CONF=$STATE/etc/slurm.conf
+
+log() { printf '[dev-stack] %s\n' "$*" >&2; }
+die() { printf '[dev-stack] ERROR: %s\n' "$*" >&2; exit 1; }
+
+ensure_python() {
+    local py=${PYTHON:-python3}
+    command -v "$py" >/dev/null || die "python3 not found"
+    if ! "$py" -c 'import ensurepip, venv' 2>/dev/null; then
+        log "installing python3-venv"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv python3-pip >/dev/null
+    fi
+    local stamp_src stamp
+    stamp_src=$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/protos/swapaware/v1/*.proto | sha256sum | cut -c1-16)
+    stamp=$VENV/.swapaware-stamp
+    if [[ -x $VENV/bin/swapaware && -f $stamp && $(cat "$stamp") == "$stamp_src" ]]; then
+        return 0
+    fi
+    log "building the virtual environment in $VENV (pip install -e '.[test]')"
+    [[ -x $VENV/bin/python ]] || "$py" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    (cd "$ROOT" && "$VENV/bin/python" -m pip install -q -e '.[test]')
+    echo "$stamp_src" >"$stamp"
+}
+
+write_config() {
+    mkdir -p "$STATE/etc" "$STATE/bin" "$RUN" "$LOGDIR" "$STATE/lib" "$STATE/spool/swapaware"
+    cat >"$CONF" <<EOF
+# written by contrib/dev-stack.sh
+[gpu]
+memory_bytes = $GPU_BYTES
+shards_per_gpu = 8
+
+[service]
+grpc_address = "127.0.0.1:$GRPC_PORT"
+socket_path = "$SOCK"
+db_path = "$STATE/lib/history.sqlite3"
+slurm_backend = "cli"
+
+[hooks]
+service_address = "127.0.0.1:$GRPC_PORT"
+deadline_s = 2.0
+spool_dir = "$STATE/spool/swapaware"
+agent_socket = "$AGENT_SOCK"
+
+[agent]
+socket_path = "$AGENT_SOCK"
+sample_period_s = 0.2
+nvml_backend = "fake"
+fake_nvml_dir = "$FAKE"
+EOF
+    local hook
+    for hook in prolog epilog; do
+        cat >"$STATE/bin/$hook" <<EOF
+#!/bin/sh
+# slurmd runs this as root; it always exits 0 (see slurm_plugin/hooks.py)
+export SWAPAWARE_CONFIG=$CONF
+exec $VENV/bin/swapaware-$hook >>$LOGDIR/hooks.log 2>&1
+EOF
+        chmod 0755 "$STATE/bin/$hook"
+    done
+}
+
+pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+start_daemon() {  # name pidfile command...
+    local name=$1 pidfile=$2
+    shift 2
+    if pid_alive "$pidfile"; then
+        log "$name already running (pid $(cat "$pidfile"))"
+        return 0
+    fi
+    SWAPAWARE_CONFIG=$CONF setsid "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
+    echo $! >"$pidfile"
+    log "started $name (pid $!), log $LOGDIR/$name.log"
+}
+
+stop_daemon() {
+    local name=$1 pidfile=$2 i
+    pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
+    kill -TERM "$(cat "$pidfile")" 2>/dev/null || true
+    for i in $(seq 1 50); do
+        pid_alive "$pidfile" || break
+        sleep 0.1
+    done
+    pid_alive "$pidfile" && kill -KILL "$(cat "$pidfile")" 2>/dev/null || true
+    rm -f "$pidfile"
+    log "stopped $name"
+}
+
+wait_service() {
+    local i
+    for i in $(seq 1 100); do
+        if [[ -S $SOCK ]] && "$VENV/bin/python" - "$GRPC_PORT" <<'EOF' 2>/dev/null; then
+import sys, grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+with grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}") as ch:
+    r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
+    sys.exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
+EOF
+            return 0
+        fi
+        pid_alive "$RUN/swapaware.pid" || die "policy service exited; see $LOGDIR/swapaware.log"
+        sleep 0.2
+    done
+    die "policy service not healthy after 20 s; see $LOGDIR/swapaware.log"
+}
+
+service_start() {
+    start_daemon swapaware "$RUN/swapaware.pid" "$VENV/bin/swapaware" serve --config "$CONF"
+    wait_service
+}
+
+cmd_up() {
+    [[ $(id -u) -eq 0 ]] || die "must run as root (it starts Slurm's daemons)"
+    "$CLUSTER" install
+    ensure_python
+    write_config
+    "$VENV/bin/python" -c "
+from pathlib import Path
+from slurm_plugin.nvml import create_fake_gpus
+create_fake_gpus(Path('$FAKE'), 4, $GPU_BYTES)"
+    service_start
+    start_daemon agent "$RUN/agent.pid" "$VENV/bin/swapaware-agent" --config "$CONF"
+    SWAPAWARE_LUA_DIR=$ROOT/slurm_plugin SWAPAWARE_PROLOG=$STATE/bin/prolog SWAPAWARE_EPILOG=$STATE/bin/epilog \
+        SWAPAWARE_SOCKET=$SOCK "$CLUSTER" up
+    cat <<EOF
+
+swapaware dev stack is up.
+  $(cmd_env | tr '\n' ' ')
+  policy service: gRPC 127.0.0.1:$GRPC_PORT, socket $SOCK, log $LOGDIR/swapaware.log
+  node agent:     $AGENT_SOCK (fake NVML in $FAKE), log $LOGDIR/agent.log
+  hooks log:      $LOGDIR/hooks.log
+  explain a job:  SWAPAWARE_CONFIG=$CONF $VENV/bin/swapaware explain <jobid>
+  stop:           bash $ROOT/contrib/dev-stack.sh down
+EOF
+}
+
+cmd_down() {
+    stop_daemon agent "$RUN/agent.pid"
+    stop_daemon swapaware "$RUN/swapaware.pid"
+    "$CLUSTER" down "$@"
+}
+
+cmd_status() {
+    local n
+    for n in swapaware agent; do
+        if pid_alive "$RUN/$n.pid"; then echo "$n: up (pid $(cat "$RUN/$n.pid"))"; else echo "$n: down"; fi
+    done
+    "$CLUSTER" status || true
+}
+
+cmd_env() {
+    "$CLUSTER" env
+    echo "export SWAPAWARE_CONFIG=$CONF"
+}
+
+case ${1:-} in
+    up) cmd_up ;;
+    down) shift; cmd_down "$@" ;;
+    status) cmd_status ;;
+    env) cmd_env ;;
+    venv) ensure_python ;;
+    service-stop) stop_daemon swapaware "$RUN/swapaware.pid" ;;
+    service-start) service_start ;;
+    *) echo "usage: $0 up | down [--purge] | status | env | venv | service-stop | service-start" >&2; exit 2 ;;
+esac

@@ -1,0 +1,136 @@
+"""Integration fixtures: a real single-node Slurm 22.05 (munge, MariaDB, slurmdbd, slurmctld,
+slurmd) on fake GPUs, wired to swapaware, started by contrib/dev-stack.sh for this session
+with its own state directory and ports, and stopped at the end."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STACK = ROOT / "contrib" / "dev-stack.sh"
+STATE = Path(os.environ.get("SWAPAWARE_TEST_DIR", "/var/tmp/swapaware-test"))
+PORTS = {"SWAPAWARE_CTLD_PORT": "16817", "SWAPAWARE_SLURMD_PORT": "16818", "SWAPAWARE_DBD_PORT": "16819",
+         "SWAPAWARE_DB_PORT": "16816", "SWAPAWARE_GRPC_PORT": "56551"}
+GIB = 1024**3
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "integration tests start Slurm's daemons and need root"
+    if shutil.which("slurmctld") is None:
+        return "Slurm is not installed (contrib/dev-cluster/cluster.sh install)"
+    return None
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    state: Path
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        r = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}")
+        return r
+
+    def stack(self, *args: str) -> subprocess.CompletedProcess:
+        return self.run("bash", str(STACK), *args, timeout=600)
+
+    def sbatch(self, script: str, *args: str) -> int:
+        path = self.state / "jobs" / f"{uuid.uuid4().hex[:8]}.sh"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(script)
+        out = self.run("sbatch", "--parsable", f"--chdir={path.parent}", *args, str(path)).stdout.strip()
+        return int(out.split(";")[0])
+
+    def show_job(self, job_id: int) -> str:
+        return self.run("scontrol", "show", "job", "-o", str(job_id)).stdout
+
+    def wait_done(self, job_id: int, timeout_s: float = 90) -> str:
+        deadline = time.monotonic() + timeout_s
+        state = ""
+        while time.monotonic() < deadline:
+            r = self.run("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "state", check=False)
+            state = r.stdout.strip().split("\n")[0].strip()
+            if state and state.split()[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"):
+                return state.split()[0]
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} not finished after {timeout_s}s (state {state!r}): {self.show_job(job_id)}")
+
+    def sacct_admin_comment(self, job_id: int) -> str:
+        r = self.run("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "admincomment")
+        return r.stdout.strip()
+
+    def history(self) -> sqlite3.Connection:
+        return sqlite3.connect(f"file:{self.state}/lib/history.sqlite3?mode=ro", uri=True)
+
+    def wait_observation(self, job_id: int, timeout_s: float = 30) -> tuple:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.history() as db:
+                row = db.execute("SELECT decision_id, runtime_s, exit_code, peak_bytes, gpu_indices, telemetry_source "
+                                 "FROM observations WHERE job_id=?", (job_id,)).fetchone()
+            if row:
+                return row
+            time.sleep(0.3)
+        raise AssertionError(f"no observation of job {job_id} after {timeout_s}s; hooks log:\n"
+                             + (self.state / "log" / "hooks.log").read_text()[-3000:])
+
+    def swapaware(self, *args: str) -> subprocess.CompletedProcess:
+        return self.run(str(Path(sys.executable).parent / "swapaware"), *args)
+
+
+@pytest.fixture(scope="session")
+def stack():
+    reason = _skip_reason()
+    if reason:
+        if os.environ.get("CI"):
+            raise RuntimeError(f"integration tests cannot run in CI: {reason}")
+        pytest.skip(reason)
+    env = {**os.environ, **PORTS, "SWAPAWARE_DEV_DIR": str(STATE), "SWAPAWARE_VENV": sys.prefix}
+    env.pop("SWAPAWARE_CONFIG", None)
+    s = Stack(env=env, state=STATE)
+    up = s.stack("up")
+    for line in s.stack("env").stdout.splitlines():
+        m = re.match(r"export (\w+)=(.*)", line)
+        if m:
+            env[m.group(1)] = m.group(2).strip("'\"")
+    assert "SLURM_CONF" in env and "SWAPAWARE_CONFIG" in env, up.stderr
+    yield s
+    s.stack("down")
+
+
+def job_field(oneliner: str, key: str) -> str:
+    from policy_service.adapters.slurm import scontrol_field
+
+    return scontrol_field(oneliner, key) or ""
+
+
+def fake_alloc_script(stack: Stack, gib: float, hold_s: float = 1.5, extra: str = "") -> str:
+    py = Path(sys.executable)
+    return f"""#!/bin/bash
+env | grep -E '^(CUDA_VISIBLE_DEVICES|SLURM_JOB_GPUS|SLURM_SHARDS_ON_NODE|SLURM_GPUS_ON_NODE)=' | sort
+{extra}
+exec {py} -m slurm_plugin.nvml fake-alloc --root {stack.state}/fake-nvml --gpu "${{CUDA_VISIBLE_DEVICES%%,*}}" \\
+    --bytes {int(gib * GIB)} --hold-seconds {hold_s}
+"""
+
+
+def decision_of(comment: str) -> dict[str, str]:
+    from policy_service.core.policy import parse_admin_comment
+
+    return parse_admin_comment(comment)
+
+
+__all__ = ["Stack", "job_field", "fake_alloc_script", "decision_of", "GIB", "json"]

@@ -1,0 +1,64 @@
+"""End to end on the real cluster: sbatch -> job_submit.lua -> policy service -> prolog/epilog -> sacct."""
+import uuid
+
+import pytest
+
+from .conftest import GIB, decision_of, fake_alloc_script, job_field
+
+pytestmark = pytest.mark.integration
+
+
+def test_class_moves_from_whole_gpu_to_shards_after_an_observed_run(stack):
+    name = f"train-{uuid.uuid4().hex[:6]}"
+    script = fake_alloc_script(stack, gib=3)
+    first = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
+    info = stack.show_job(first)
+    assert job_field(info, "TresPerNode") == "gres:gpu:1"
+    d1 = decision_of(job_field(info, "AdminComment"))
+    assert d1["action"] == "whole_gpu" and "no_history" in d1["why"]
+    assert stack.wait_done(first) == "COMPLETED"
+    assert decision_of(stack.sacct_admin_comment(first))["id"] == d1["id"]  # sacct shows the record
+    d_id, runtime_s, exit_code, peak, gpus, source = stack.wait_observation(first)
+    assert d_id == d1["id"] and exit_code == 0 and runtime_s > 0
+    assert source == "fake-nvml" and peak == 3 * GIB
+
+    second = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
+    info2 = stack.show_job(second)
+    assert job_field(info2, "TresPerNode") == "gres:shard:1", info2
+    d2 = decision_of(job_field(info2, "AdminComment"))
+    assert d2["action"] == "share" and d2["src"] == "class"
+    assert stack.wait_done(second) == "COMPLETED"
+    out = (stack.state / "jobs" / f"slurm-{second}.out").read_text()
+    assert "CUDA_VISIBLE_DEVICES=" in out and "SLURM_SHARDS_ON_NODE=1" in out
+    assert decision_of(stack.sacct_admin_comment(second))["action"] == "share"
+    explained = stack.swapaware("explain", str(second)).stdout
+    assert "action: share -> gres:shard:1" in explained
+
+
+def test_job_without_gpu_is_left_alone(stack):
+    job = stack.sbatch("#!/bin/sh\ntrue\n")
+    info = stack.show_job(job)
+    assert job_field(info, "AdminComment") in ("", "(null)")
+    assert stack.wait_done(job) == "COMPLETED"
+
+
+def test_fail_open_and_spooled_observation_arrives_after_service_returns(stack):
+    stack.stack("service-stop")
+    try:
+        name = f"outage-{uuid.uuid4().hex[:6]}"
+        job = stack.sbatch(fake_alloc_script(stack, gib=1, hold_s=0.5), "--gres=gpu:1", f"--job-name={name}")
+        info = stack.show_job(job)
+        assert job_field(info, "TresPerNode") == "gres:gpu:1"  # unchanged
+        assert job_field(info, "AdminComment") in ("", "(null)")
+        assert stack.wait_done(job) == "COMPLETED"
+        spool = stack.state / "spool" / "swapaware"
+        import time
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(spool.glob(f"*-finish-{job}-*.json")):
+            time.sleep(0.3)
+        assert any(spool.glob(f"*-finish-{job}-*.json")), list(spool.iterdir())
+    finally:
+        stack.stack("service-start")
+    stack.swapaware("replay-spool")
+    _, runtime_s, exit_code, peak, _, _ = stack.wait_observation(job)
+    assert exit_code == 0 and runtime_s is not None and peak == 1 * GIB
