@@ -54,6 +54,8 @@ def handle_line(handler: PolicyHandler, line: bytes) -> bytes:
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True
+    # A burst of submissions must not see EAGAIN on connect (the default backlog is 5).
+    request_queue_size = 256
 
 
 def start_local_socket(handler: PolicyHandler, path: Path, mode: int = 0o660) -> tuple[socketserver.BaseServer, threading.Thread]:

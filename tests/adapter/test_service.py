@@ -171,3 +171,25 @@ def test_history_survives_restart(tmp_path):
     s2 = HistoryStore(path)
     assert s2.run(5).started_at == 1.0 and s2.event_seen("e")
     s2.close()
+
+
+def test_socket_takes_a_burst_of_concurrent_connections(service):
+    """slurmctld may submit many jobs back to back; a small listen backlog would make connects fail."""
+    import socket as socketlib
+
+    conns = []
+    try:
+        for _ in range(64):  # connect all before any is served
+            c = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+            c.setblocking(False)
+            c.connect(str(service.socket_path))
+            conns.append(c)
+        for c in conns:
+            c.setblocking(True)
+            c.settimeout(10)
+            c.sendall(b'{"method":"Admit","request":{"job":{"user":"u","tresPerNode":"gres:gpu:1"}}}\n')
+        replies = [c.makefile("rb").readline() for c in conns]
+    finally:
+        for c in conns:
+            c.close()
+    assert all(b'"response"' in r for r in replies)
