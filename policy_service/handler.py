@@ -9,6 +9,8 @@ import dataclasses
 import enum
 import json
 import logging
+import queue
+import threading
 import time
 import uuid
 from typing import Callable
@@ -77,6 +79,45 @@ class PolicyHandler:
                  clock: Callable[[], float] = time.time, new_id: Callable[[], str] = _new_id):
         self.cfg, self.store, self.slurm = cfg, store, slurm
         self.clock, self.new_id = clock, new_id
+        # Decisions are recorded by a writer thread, off the reply's path: slurmctld waits
+        # for Admit while holding its locks. Readers of decisions call flush() first.
+        self._writes: queue.Queue = queue.Queue(maxsize=10_000)
+        self._writer = threading.Thread(target=self._write_loop, name="decision-writer", daemon=True)
+        self._writer.start()
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._writes.get()
+            try:
+                if item is None:
+                    return
+                self._record(*item)
+            except Exception:
+                log.exception("could not record a decision")
+            finally:
+                self._writes.task_done()
+
+    def _record(self, d: Decision, jr, keys, job: pb.JobFacts, msg: pb.Decision) -> None:
+        self.store.record_decision(
+            decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
+            account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
+            shards=d.shards, model_version=d.model_version, keys=keys,
+            facts_json=json.dumps(json_format.MessageToDict(job), separators=(",", ":")),
+            decision_json=json.dumps(json_format.MessageToDict(msg), separators=(",", ":")))
+        log.info("decision %s", json.dumps({
+            "decision_id": d.decision_id, "model_version": d.model_version, "user": jr.user,
+            "job_name": jr.job_name, "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards,
+            "site_factor": d.site_factor, "peak_bytes": d.estimate.peak_bytes,
+            "reasons": [r.code.value for r in d.reasons]}, sort_keys=True))
+
+    def flush(self) -> None:
+        """Wait until every decision handed out so far is in the history."""
+        self._writes.join()
+
+    def close(self) -> None:
+        self.flush()
+        self._writes.put(None)
+        self._writer.join(5)
 
     # ------------------------------------------------------------------ Admit
     def admit(self, req: pb.AdmitRequest) -> pb.AdmitResponse:
@@ -94,21 +135,12 @@ class PolicyHandler:
                           job_class=keys[KeyLevel.CLASS], gres_fields=gres_fields(job), access=access)
         msg = decision_to_proto(d)
         if not req.dry_run:
-            self.store.record_decision(
-                decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
-                account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
-                shards=d.shards, model_version=d.model_version, keys=keys,
-                facts_json=json_format.MessageToJson(job, indent=None),
-                decision_json=json_format.MessageToJson(msg, indent=None))
-            log.info("decision %s", json.dumps({
-                "decision_id": d.decision_id, "model_version": d.model_version, "user": jr.user,
-                "job_name": jr.job_name, "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards,
-                "site_factor": d.site_factor, "peak_bytes": d.estimate.peak_bytes,
-                "reasons": [r.code.value for r in d.reasons]}, sort_keys=True))
+            self._writes.put((d, jr, keys, job, msg))
         return pb.AdmitResponse(decision=msg)
 
     # ------------------------------------------------------------------ correlation
     def _decision_id_for_job(self, job_id: int) -> str:
+        self.flush()
         run = self.store.run(job_id)
         if run is not None and run.decision_id:
             return run.decision_id
@@ -181,6 +213,7 @@ class PolicyHandler:
             d_id = req.decision_id
         else:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, "give a job_id, a decision_id or job facts")
+        self.flush()
         row = self.store.decision(d_id)
         if row is None:
             raise HandlerError(grpc.StatusCode.NOT_FOUND, f"decision {d_id!r} is not in the history")

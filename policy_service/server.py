@@ -36,6 +36,7 @@ class RunningService:
         self._socket_server.shutdown()  # type: ignore[attr-defined]
         self._socket_server.server_close()  # type: ignore[attr-defined]
         self.grpc_server.stop(grace_s).wait(grace_s + 1)
+        self.handler.close()  # every decision handed out is recorded before exit
         try:
             self.socket_path.unlink()
         except FileNotFoundError:

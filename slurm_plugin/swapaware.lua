@@ -195,33 +195,62 @@ function M.apply(job_desc, plan)
 end
 
 -- Transport -------------------------------------------------------------------------------
--- One request line, one response line, under one overall deadline.
-function M.call(path, line, timeout_s)
-  if not (have_socket and have_unix) then return nil, "lua-socket (socket.unix) is not installed" end
-  local deadline = now() + timeout_s
+-- One request line, one response line, under one overall deadline. The connection is kept
+-- open between submissions (slurmctld keeps this Lua state), so the usual cost is one write
+-- and one read; any error closes it, and a stale one is replaced once within the deadline.
+M.conn = nil
+
+local function close_conn()
+  if M.conn then pcall(function() M.conn:close() end) end
+  M.conn = nil
+end
+
+local function connect(path, timeout_s)
   local ctor = unix.stream or unix
   local c, err = ctor()
   if not c then return nil, "socket: " .. str(err) end
-  local function left()
-    local t = deadline - now()
-    if t <= 0 then return nil end
-    return t
-  end
   c:settimeout(timeout_s)
   local ok, cerr = c:connect(path)
   if not ok then c:close(); return nil, "connect " .. path .. ": " .. str(cerr) end
-  local t = left()
-  if not t then c:close(); return nil, "timeout" end
+  return c
+end
+
+local function exchange(c, line, deadline)
+  local t = deadline - now()
+  if t <= 0 then return nil, "timeout" end
   c:settimeout(t)
   local sent, serr = c:send(line .. "\n")
-  if not sent then c:close(); return nil, "send: " .. str(serr) end
-  t = left()
-  if not t then c:close(); return nil, "timeout" end
+  if not sent then return nil, "send: " .. str(serr) end
+  t = deadline - now()
+  if t <= 0 then return nil, "timeout" end
   c:settimeout(t)
   local resp, rerr = c:receive("*l")
-  c:close()
   if not resp then return nil, "receive: " .. str(rerr) end
   return resp
+end
+
+function M.call(path, line, timeout_s)
+  if not (have_socket and have_unix) then return nil, "lua-socket (socket.unix) is not installed" end
+  local deadline = now() + timeout_s
+  local reused = M.conn ~= nil
+  if not reused then
+    local c, err = connect(path, timeout_s)
+    if not c then return nil, err end
+    M.conn = c
+  end
+  local resp, err = exchange(M.conn, line, deadline)
+  if resp then return resp end
+  close_conn()
+  if reused and err ~= "timeout" and deadline - now() > 0 then
+    -- the kept connection had gone stale (service restarted): one fresh try
+    local c, cerr = connect(path, deadline - now())
+    if not c then return nil, cerr end
+    M.conn = c
+    resp, err = exchange(c, line, deadline)
+    if resp then return resp end
+    close_conn()
+  end
+  return nil, err
 end
 
 -- Entry point -----------------------------------------------------------------------------

@@ -156,10 +156,10 @@ class HistoryStore:
                         partition: str, job_name: str, action: str, shards: int, model_version: str,
                         keys: Mapping[KeyLevel, str], facts_json: str, decision_json: str) -> None:
         keys_json = json.dumps({k.value: v for k, v in keys.items()}, sort_keys=True)
-        with self._tx() as c:
-            c.execute("INSERT OR REPLACE INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                      (decision_id, decided_at, job_class, user, account, partition, job_name, action, shards,
-                       model_version, keys_json, facts_json, decision_json))
+        with self._lock:  # one statement: autocommit is its own transaction
+            self._conn.execute("INSERT OR REPLACE INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                               (decision_id, decided_at, job_class, user, account, partition, job_name, action,
+                                shards, model_version, keys_json, facts_json, decision_json))
 
     def decision(self, decision_id: str) -> DecisionRow | None:
         with self._tx() as c:
@@ -180,14 +180,13 @@ class HistoryStore:
 
     # --- class statistics ----------------------------------------------------------------
     def stats(self, keys: Mapping[KeyLevel, str]) -> dict[KeyLevel, ClassStats]:
-        out: dict[KeyLevel, ClassStats] = {}
-        with self._tx() as c:
-            for level, key in keys.items():
-                row = c.execute("SELECT stats_json FROM class_stats WHERE level=? AND key=?",
-                                (level.value, key)).fetchone()
-                if row:
-                    out[level] = stats_from_json(row[0])
-        return out
+        if not keys:
+            return {}
+        where = " OR ".join("(level=? AND key=?)" for _ in keys)
+        args = [x for level, key in keys.items() for x in (level.value, key)]
+        with self._lock:  # a single read needs no write transaction
+            rows = self._conn.execute(f"SELECT level, stats_json FROM class_stats WHERE {where}", args).fetchall()
+        return {KeyLevel(level): stats_from_json(text) for level, text in rows}
 
     # --- runs and events -----------------------------------------------------------------
     def event_seen(self, event_id: str) -> bool:

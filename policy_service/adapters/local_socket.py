@@ -1,6 +1,7 @@
 """Controller-local Unix socket: canonical proto3 JSON of the same messages as gRPC.
 
-Framing: one request per connection, one line each way.
+Framing: one line each way per request; a client may keep the connection open and send
+further requests on it (job_submit.lua does, to keep slurmctld's cost per job low).
   request:  {"method": "Admit", "request": {<AdmitRequest as proto3 JSON>}}\n
   response: {"response": {<AdmitResponse as proto3 JSON>}}\n
         or  {"error": {"code": "INVALID_ARGUMENT", "message": "..."}}\n
@@ -23,7 +24,7 @@ from policy_service.handler import HandlerError, Method, PolicyHandler
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 256 * 1024
-READ_TIMEOUT_S = 2.0
+IDLE_TIMEOUT_S = 600.0  # a kept connection with no request is closed after this
 
 
 def handle_line(handler: PolicyHandler, line: bytes) -> bytes:
@@ -72,23 +73,32 @@ def start_local_socket(handler: PolicyHandler, path: Path, mode: int = 0o660) ->
             probe.close()
 
     class Handler(socketserver.StreamRequestHandler):
-        timeout = READ_TIMEOUT_S
+        timeout = IDLE_TIMEOUT_S
 
         def handle(self) -> None:
+            while True:
+                try:
+                    line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+                except (socket.timeout, OSError):
+                    return
+                if not line:
+                    return  # the client closed the connection
+                if len(line) > MAX_REQUEST_BYTES and not line.endswith(b"\n"):
+                    self._reply(json.dumps({"error": {"code": "INVALID_ARGUMENT",
+                                                      "message": "request too large"}}).encode() + b"\n")
+                    return  # the rest of that line cannot be framed: drop the connection
+                if not line.strip():
+                    continue
+                if not self._reply(handle_line(handler, line)):
+                    return
+
+        def _reply(self, data: bytes) -> bool:
             try:
-                line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
-            except (socket.timeout, OSError):
-                return
-            if len(line) > MAX_REQUEST_BYTES:
-                reply = json.dumps({"error": {"code": "INVALID_ARGUMENT", "message": "request too large"}}).encode() + b"\n"
-            elif not line.strip():
-                return
-            else:
-                reply = handle_line(handler, line)
-            try:
-                self.wfile.write(reply)
+                self.wfile.write(data)
+                self.wfile.flush()
+                return True
             except OSError:
-                pass  # the client gave up (its deadline passed)
+                return False  # the client gave up (its deadline passed)
 
     server = _Server(str(path), Handler)
     os.chmod(path, mode)

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -30,6 +31,7 @@ MODEL_VERSION = "swapaware-model/1"
 COMMENT_PREFIX = "swapaware:v1"
 
 
+@functools.lru_cache(maxsize=8)
 def model_version(cfg: Config) -> str:
     """Model name plus a digest of the parameters that shape decisions (for replays)."""
     params = {k: asdict(getattr(cfg, k)) for k in ("gpu", "estimator", "swap_cost", "policy")}

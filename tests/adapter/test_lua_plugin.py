@@ -69,6 +69,7 @@ def test_unknown_job_gets_record_and_keeps_gpu(service, tmp_path):
     assert res["job"]["admin_comment"].startswith("swapaware:v1 id=")
     assert res["job"]["site_factor"] == NICE_OFFSET + 0
     d_id = res["job"]["admin_comment"].split()[1].removeprefix("id=")
+    service.handler.flush()
     row = service.store.decision(d_id)
     assert json.loads(row.facts_json)["scriptFingerprint"] == script_fingerprint(SCRIPT.encode())
     assert "script" not in json.loads(row.facts_json)  # the script's text never leaves slurmctld
@@ -86,6 +87,7 @@ def test_known_job_is_rewritten_to_shards(service, client, slurm_jobs, tmp_path)
 def test_non_gpu_job_never_calls_the_service(service, tmp_path):
     out = run_lua(tmp_path, [gpu_job(tres_per_node="gres:nvme:1")], service.socket_path)
     assert "admin_comment" not in out["results"][0]["job"]
+    service.handler.flush()
     assert list(service.store.decisions()) == []
 
 
@@ -162,3 +164,60 @@ def test_invalid_reply_applies_nothing(tmp_path, reply):
     job = out["results"][0]["job"]
     assert job["tres_per_node"] == "gres:gpu:1" and "admin_comment" not in job and "site_factor" not in job
     assert any("passes unchanged" in line for line in out["logs"])
+
+
+def counting_server(path: Path, close_after_each: bool):
+    """A service stand-in that answers every line with a share decision and counts connections."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(8)
+    srv.settimeout(0.1)
+    stats = {"connections": 0, "requests": 0}
+    stop = threading.Event()
+    reply = json.dumps({"response": {"decision": {"decisionId": "x", "rewrite": {"tresPerNode": "gres:shard:2"}}}})
+
+    def serve(conn):
+        with conn:
+            for _line in conn.makefile("rb"):
+                stats["requests"] += 1
+                conn.sendall(reply.encode() + b"\n")
+                if close_after_each:
+                    return
+
+    def loop():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            stats["connections"] += 1
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return srv, stop, stats
+
+
+@pytest.mark.parametrize("close_after_each,connections", [(False, 1), (True, 3)])
+def test_connection_is_kept_and_a_stale_one_replaced(tmp_path, close_after_each, connections):
+    path = tmp_path / "svc.sock"
+    srv, stop, stats = counting_server(path, close_after_each)
+    try:
+        out = run_lua(tmp_path / "s", [gpu_job(), gpu_job(), gpu_job()], path)
+    finally:
+        stop.set()
+        srv.close()
+    assert [r["job"]["tres_per_node"] for r in out["results"]] == ["gres:shard:2"] * 3
+    assert stats == {"connections": connections, "requests": 3}
+    assert not any("fail-open" in line for line in out["logs"])
+
+
+def test_service_socket_serves_many_requests_on_one_connection(service):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(service.socket_path))
+        f = s.makefile("rb")
+        for _ in range(3):
+            s.sendall(b'{"method":"Admit","request":{"job":{"user":"u","tresPerNode":"gres:gpu:1"}}}\n')
+            assert b'"decision"' in f.readline()

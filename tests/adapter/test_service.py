@@ -47,6 +47,7 @@ def test_unknown_job_gets_whole_gpu_and_a_record(client, service):
     assert not d.rewrite.HasField("tres_per_node")
     assert d.rewrite.admin_comment.startswith("swapaware:v1 id=" + d.decision_id)
     assert "no_history" in {r.code for r in d.reasons}
+    service.handler.flush()  # decisions are recorded off the reply's path
     assert service.store.decision(d.decision_id) is not None
 
 
@@ -112,9 +113,11 @@ def test_explain_by_job_and_dry_run(client, slurm_jobs, service):
     resp = client.explain(pb.ExplainRequest(job_id=31))
     assert resp.decision.decision_id == d.decision_id and resp.job.job_name == "train"
     assert [o.peak_gpu_bytes for o in resp.observations] == [5 * GIB]
+    service.handler.flush()
     before = sum(1 for _ in service.store.decisions())
     dry = client.explain(pb.ExplainRequest(job=facts())).decision
     assert dry.action == pb.ACTION_SHARE
+    service.handler.flush()
     assert sum(1 for _ in service.store.decisions()) == before  # nothing recorded
 
 
@@ -122,6 +125,7 @@ def test_socket_speaks_proto3_json_of_the_same_messages(service, client):
     resp = socket_call(service.socket_path, {"method": "Admit", "request": {"job": {"user": "bob", "tresPerNode": "gres:gpu:1"}}})
     msg = json_format.ParseDict(resp["response"], pb.AdmitResponse())
     assert msg.decision.action == pb.ACTION_WHOLE_GPU
+    service.handler.flush()
     assert service.store.decision(msg.decision.decision_id) is not None
     # the same handler: grpc Explain sees the socket's decision
     assert client.explain(pb.ExplainRequest(decision_id=msg.decision.decision_id)).job.user == "bob"
@@ -193,3 +197,15 @@ def test_socket_takes_a_burst_of_concurrent_connections(service):
         for c in conns:
             c.close()
     assert all(b'"response"' in r for r in replies)
+
+
+def test_stop_records_every_decision_handed_out(service_env, slurm_jobs):
+    from policy_service.config import load_config
+    from policy_service.server import start_service
+
+    svc = start_service(load_config(env=service_env), slurm=slurm_jobs)
+    ids = [svc.handler.admit(pb.AdmitRequest(job=facts(name=f"n{i}"))).decision.decision_id for i in range(200)]
+    svc.stop(0)
+    store = HistoryStore(service_env["SWAPAWARE_SERVICE__DB_PATH"])
+    assert {d.decision_id for d in store.decisions()} >= set(ids)
+    store.close()
