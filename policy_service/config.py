@@ -86,6 +86,10 @@ class EstimatorConfig:
     min_margin_frac: float = 0.10
     # Margin in units of the class's mean absolute deviation.
     deviation_k: float = 3.0
+    # While a class has fewer than cold_samples observations its deviation is not known yet:
+    # the margin is at least cold_margin_frac of the peak.
+    cold_margin_frac: float = 0.25
+    cold_samples: int = 3
     # After an OOM of a shared job: multiply the class's margin by this (compounds, capped).
     oom_margin_multiplier: float = 1.5
     max_margin_multiplier: float = 4.0
@@ -255,6 +259,8 @@ def _validate(cfg: Config) -> None:
         (cfg.estimator.max_margin_multiplier >= 1, "estimator.max_margin_multiplier must be >= 1"),
         (cfg.estimator.oom_whole_gpu_runs >= 0, "estimator.oom_whole_gpu_runs must be >= 0"),
         (cfg.estimator.min_samples >= 1, "estimator.min_samples must be >= 1"),
+        (0 <= cfg.estimator.cold_margin_frac <= 4, "estimator.cold_margin_frac must be in [0, 4]"),
+        (cfg.estimator.cold_samples >= 0, "estimator.cold_samples must be >= 0"),
         (cfg.policy.max_victim_slowdown >= 1, "policy.max_victim_slowdown must be >= 1"),
         (0 <= cfg.policy.site_factor_max < 2**31 - 2, "policy.site_factor_max must fit Slurm's site factor"),
         (cfg.policy.admin_comment_max_chars >= 80, "policy.admin_comment_max_chars must be >= 80"),

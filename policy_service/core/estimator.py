@@ -46,6 +46,8 @@ def _from_stats(level: KeyLevel, s: ClassStats, cfg: EstimatorConfig) -> tuple[i
     if level in _NARROW:
         peak = s.ewma_peak_bytes
         margin = max(cfg.min_margin_frac * peak, cfg.deviation_k * s.ewma_absdev_bytes)
+        if s.samples < cfg.cold_samples:
+            margin = max(margin, cfg.cold_margin_frac * peak)
     else:
         peak = float(s.max_peak_bytes)
         margin = 2 * cfg.min_margin_frac * peak
@@ -104,37 +106,34 @@ def _ewma(old: float, new: float, alpha: float) -> float:
 def observe(s: ClassStats, obs: JobObservation, cfg: EstimatorConfig) -> ClassStats:
     """Fold one finished run into a key's statistics (online learning)."""
     a = cfg.ewma_alpha
-    s = replace(s, runs=s.runs + 1)
+    ch: dict = {"runs": s.runs + 1}
+    ewma, absdev = s.ewma_peak_bytes, s.ewma_absdev_bytes
     if obs.peak_bytes is not None and obs.peak_bytes > 0:
         p = obs.peak_bytes
         if s.samples == 0:
-            s = replace(s, ewma_peak_bytes=float(p), ewma_absdev_bytes=0.0)
+            ewma, absdev = float(p), 0.0
         else:
-            s = replace(s, ewma_absdev_bytes=_ewma(s.ewma_absdev_bytes, abs(p - s.ewma_peak_bytes), a),
-                        ewma_peak_bytes=_ewma(s.ewma_peak_bytes, p, a))
-        s = replace(s, samples=s.samples + 1, max_peak_bytes=max(s.max_peak_bytes, p), last_peak_bytes=p)
+            absdev, ewma = _ewma(absdev, abs(p - ewma), a), _ewma(ewma, p, a)
+        ch.update(samples=s.samples + 1, max_peak_bytes=max(s.max_peak_bytes, p), last_peak_bytes=p,
+                  ewma_peak_bytes=ewma, ewma_absdev_bytes=absdev)
     if obs.oom:
-        s = replace(s, oom_count=s.oom_count + 1)
+        ch["oom_count"] = s.oom_count + 1
         if obs.shared:
-            s = replace(
-                s,
-                margin_multiplier=min(cfg.max_margin_multiplier, s.margin_multiplier * cfg.oom_margin_multiplier),
-                whole_gpu_runs_left=cfg.oom_whole_gpu_runs,
-                # It needed at least what it had when it died.
-                ewma_peak_bytes=max(s.ewma_peak_bytes, float(obs.peak_bytes or 0)),
-            )
-        return s
+            ch.update(margin_multiplier=min(cfg.max_margin_multiplier, s.margin_multiplier * cfg.oom_margin_multiplier),
+                      whole_gpu_runs_left=cfg.oom_whole_gpu_runs,
+                      # It needed at least what it had when it died.
+                      ewma_peak_bytes=max(ewma, float(obs.peak_bytes or 0)))
+        return replace(s, **ch)
     if not obs.shared and s.whole_gpu_runs_left > 0 and obs.exit_code == 0:
-        s = replace(s, whole_gpu_runs_left=s.whole_gpu_runs_left - 1)
-    if obs.exit_code != 0 or obs.runtime_s <= 0:
-        return s
-    if obs.co_runners > 0:
-        first = s.shared_runs == 0
-        return replace(
-            s, shared_runs=s.shared_runs + 1,
-            ewma_shared_runtime_s=obs.runtime_s if first else _ewma(s.ewma_shared_runtime_s, obs.runtime_s, a),
-            ewma_corunners=float(obs.co_runners) if first else _ewma(s.ewma_corunners, obs.co_runners, a),
-        )
-    first = s.solo_runs == 0
-    return replace(s, solo_runs=s.solo_runs + 1,
-                   ewma_solo_runtime_s=obs.runtime_s if first else _ewma(s.ewma_solo_runtime_s, obs.runtime_s, a))
+        ch["whole_gpu_runs_left"] = s.whole_gpu_runs_left - 1
+    if obs.exit_code == 0 and obs.runtime_s > 0:
+        if obs.co_runners > 0:
+            first = s.shared_runs == 0
+            ch.update(shared_runs=s.shared_runs + 1,
+                      ewma_shared_runtime_s=obs.runtime_s if first else _ewma(s.ewma_shared_runtime_s, obs.runtime_s, a),
+                      ewma_corunners=float(obs.co_runners) if first else _ewma(s.ewma_corunners, obs.co_runners, a))
+        else:
+            first = s.solo_runs == 0
+            ch.update(solo_runs=s.solo_runs + 1,
+                      ewma_solo_runtime_s=obs.runtime_s if first else _ewma(s.ewma_solo_runtime_s, obs.runtime_s, a))
+    return replace(s, **ch)

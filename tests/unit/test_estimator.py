@@ -36,11 +36,17 @@ def test_unknown_without_history():
     assert ReasonCode.NO_HISTORY in {r.code for r in e.reasons}
 
 
-def test_one_run_predicts_it_with_min_margin():
+def test_one_run_predicts_it_with_the_cold_margin():
     s = fold([10 * GIB])
     e = estimator.estimate(req(), {KeyLevel.CLASS: s}, CFG, GPU)
     assert e.source is EstimateSource.CLASS and e.peak_bytes == 10 * GIB
-    assert e.margin_bytes == pytest.approx(0.10 * 10 * GIB, rel=1e-6)
+    assert e.margin_bytes == pytest.approx(CFG.cold_margin_frac * 10 * GIB, rel=1e-6)
+
+
+def test_margin_shrinks_to_the_floor_once_a_steady_class_is_known():
+    s = fold([10 * GIB] * CFG.cold_samples)
+    e = estimator.estimate(req(), {KeyLevel.CLASS: s}, CFG, GPU)
+    assert e.margin_bytes == pytest.approx(CFG.min_margin_frac * 10 * GIB, rel=1e-6)
 
 
 @pytest.mark.parametrize("level,min_samples_ok", [
