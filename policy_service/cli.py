@@ -14,7 +14,7 @@ from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.client import PolicyClient
-from policy_service.config import Config, ConfigError, load_config
+from policy_service.config import Config, ConfigError, LinkKind, load_config
 from policy_service.core.request import script_fingerprint
 
 _SBATCH_RE = re.compile(r"^#SBATCH\s+(--?[\w-]+)(?:[= ]\s*(\S.*?))?\s*$")
@@ -145,6 +145,33 @@ def replay_spool(config: str | None) -> None:
     click.echo(json.dumps(result.__dict__))
     if result.stopped_by:
         sys.exit(1)
+
+
+@main.command()
+@click.argument("measurements", type=click.File("r"))
+@click.option("--link", type=click.Choice([k.value for k in LinkKind]), default=None,
+              help="Link the measurements were taken over (default: gpu.link from the config).")
+@click.option("--config", type=click.Path(dir_okay=False))
+def calibrate(measurements, link: str | None, config: str | None) -> None:
+    """Fit the swap-cost model's link bandwidth and fault latency to measured slowdowns.
+
+    MEASUREMENTS is a CSV with columns mode (victim|naive), access, footprint_bytes,
+    working_set_bytes, offloaded_bytes, sweeps_per_s, solo_s, measured_s (see docs/model.md).
+    Prints the fit and the [swap_cost] lines to put in the config."""
+    from policy_service.core.calibrate import CalibrationError, fit, read_measurements
+
+    cfg = _load(config)
+    kind = LinkKind(link) if link else cfg.gpu.link
+    try:
+        result = fit(read_measurements(measurements), cfg.swap_cost)
+    except CalibrationError as exc:
+        raise click.ClickException(str(exc)) from None
+    new = result.apply(cfg.swap_cost, kind)
+    click.echo(f"fitted from {result.n} run(s): link {result.link_bytes_per_s / 1e9:.1f} GB/s, fault latency "
+               f"{result.fault_latency_s * 1e6:.1f} us, rms slowdown error {result.rms_error:.3f}")
+    click.echo("[swap_cost]")
+    click.echo(f"{kind.value}_bytes_per_s = {new.link_bytes_per_s(kind):.6g}")
+    click.echo(f"fault_latency_s = {new.fault_latency_s:.6g}")
 
 
 @main.command("show-config")

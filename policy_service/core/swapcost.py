@@ -47,20 +47,23 @@ def transfer_seconds(nbytes: float, link_bytes_per_s: float, cfg: SwapCostConfig
     return seconds
 
 
+def traffic(job: CoJob, offloaded_bytes: float, mode: SwapMode) -> tuple[float, bool]:
+    """(bytes moved over the host link per second of solo run time, whether they fault in)."""
+    if offloaded_bytes <= 0 or job.footprint_bytes <= 0:
+        return 0.0, False
+    frac = min(1.0, offloaded_bytes / job.footprint_bytes)
+    if mode is SwapMode.VICTIM:
+        return job.sweeps_per_s * frac * job.working_set_bytes, False
+    if job.access is AccessClass.STREAMING:
+        return job.sweeps_per_s * job.working_set_bytes, True  # LRU over a cyclic sweep: every access misses
+    return job.sweeps_per_s * frac * job.working_set_bytes, True
+
+
 def offload_penalty(job: CoJob, offloaded_bytes: float, link_bytes_per_s: float, cfg: SwapCostConfig,
                     mode: SwapMode) -> float:
     """Extra seconds per second of solo run time when ``offloaded_bytes`` of ``job`` live off the device."""
-    if offloaded_bytes <= 0 or job.footprint_bytes <= 0:
-        return 0.0
-    frac = min(1.0, offloaded_bytes / job.footprint_bytes)
-    if mode is SwapMode.VICTIM:
-        moved = frac * job.working_set_bytes
-        return job.sweeps_per_s * transfer_seconds(moved, link_bytes_per_s, cfg, faulting=False)
-    if job.access is AccessClass.STREAMING:
-        moved = job.working_set_bytes  # LRU over a cyclic sweep: every access misses
-    else:
-        moved = frac * job.working_set_bytes
-    return job.sweeps_per_s * transfer_seconds(moved, link_bytes_per_s, cfg, faulting=True)
+    moved, faulting = traffic(job, offloaded_bytes, mode)
+    return transfer_seconds(moved, link_bytes_per_s, cfg, faulting) if moved else 0.0
 
 
 def victim_shares(jobs: Sequence[CoJob], deficit_bytes: int) -> dict[str, int]:
