@@ -147,7 +147,7 @@ from pathlib import Path
 from slurm_plugin.nvml import create_fake_gpus
 create_fake_gpus(Path('$FAKE'), 4, $GPU_BYTES)"
     service_start
-    start_daemon agent "$RUN/agent.pid" "$VENV/bin/swapaware-agent" --config "$CONF"
+    start_daemon agent "$RUN/agent.pid" "$VENV/bin/swapaware-agent" --config "$CONF" --foreground
     SWAPAWARE_LUA_DIR=$ROOT/slurm_plugin SWAPAWARE_PROLOG=$STATE/bin/prolog SWAPAWARE_EPILOG=$STATE/bin/epilog \
         SWAPAWARE_SOCKET=$SOCK "$CLUSTER" up
     cat <<EOF

@@ -130,6 +130,9 @@ class SwapCostConfig:
 @dataclass(frozen=True)
 class PolicyConfig:
     enable_sharing: bool = True
+    # Hold a whole-GPU decision for a single-GPU job as all shards of one GPU: on Slurm 22.05 a
+    # gpu job can be placed on a GPU whose shards are in use, a job holding every shard cannot.
+    whole_gpu_as_shards: bool = True
     # Charge fewer shards than the predicted peak only when the predicted slowdown of the
     # job, as designated victim, stays within this budget.
     allow_oversubscription: bool = True

@@ -126,6 +126,7 @@ class PolicyHandler:
             jr, access = job_request(
                 user=job.user, account=job.account, partition=job.partition, job_name=job.job_name,
                 script_fingerprint=job.script_fingerprint, gres_fields=gres_fields(job), min_nodes=job.min_nodes,
+                num_tasks=job.num_tasks,
                 time_limit_min=job.time_limit_min, comment=job.comment, env_mem_hint=job.env_mem_hint)
         except RequestError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None

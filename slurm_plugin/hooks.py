@@ -104,8 +104,14 @@ def apply_telemetry(req: pb.JobFinishedRequest, t: dict) -> None:
                      mean_bytes=int(g.get("mean_bytes", 0)), util_mean_pct=float(g.get("util_mean_pct") or 0.0),
                      total_bytes=int(g.get("total_bytes", 0)))
     if t.get("oom_suspected"):
-        req.oom_detected = True
-        req.oom_evidence = str(t.get("oom_evidence", ""))[:500]
+        # Memory at the device's limit is only an OOM if the job also failed: a job that
+        # filled the GPU and exited 0 did not run out of memory.
+        evidence = str(t.get("oom_evidence", ""))[:500]
+        if req.exit_code != 0 or req.exit_signal != 0:
+            req.oom_detected = True
+            req.oom_evidence = evidence
+        else:
+            log.info("job %s: agent suspected OOM (%s) but the job exited 0: not an OOM", req.job_id, evidence)
 
 
 def deliver(hooks: HookConfig, method: str, request, client: PolicyClient | None = None) -> bool:
@@ -123,7 +129,10 @@ def deliver(hooks: HookConfig, method: str, request, client: PolicyClient | None
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
-                log.error("%s for job %s refused by the service: %s", method, request.job_id, exc.details())
+                path = spool.reject_event(hooks.spool_dir, method, request, request.event_id,
+                                          f"{code.name}: {exc.details()}")
+                log.error("%s for job %s refused by the service: %s (kept in %s)", method, request.job_id,
+                          exc.details(), path)
                 return False
             path = spool.spool_event(hooks.spool_dir, method, request, request.event_id)
             log.warning("service unreachable (%s): %s for job %s spooled to %s", code.name if code else exc,

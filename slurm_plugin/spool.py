@@ -48,6 +48,13 @@ def spool_event(spool_dir: Path, method: str, request: Message, event_id: str) -
     return final
 
 
+def reject_event(spool_dir: Path, method: str, request: Message, event_id: str, why: str) -> Path:
+    """Keep an event the service refused in ``rejected/`` with the reason (never drop it)."""
+    path = spool_event(spool_dir, method, request, event_id)
+    _reject(spool_dir, path, why)
+    return spool_dir / "rejected" / path.name
+
+
 def pending(spool_dir: Path) -> list[Path]:
     if not spool_dir.is_dir():
         return []

@@ -20,7 +20,6 @@ Settings come from swapaware_plugin.conf beside slurm.conf (key=value lines):
 
 local M = {}
 
-M.NICE_OFFSET = 2147483648
 M.NO_VAL = 4294967294
 M.MAX_SITE_FACTOR = 2147483645
 M.MAX_SCRIPT_BYTES = 1048576
@@ -177,7 +176,9 @@ function M.validate(reply)
       if v == nil or v ~= math.floor(v) or math.abs(v) > M.MAX_SITE_FACTOR then
         return nil, "siteFactor out of range"
       end
-      set.site_factor = M.NICE_OFFSET + v
+      -- The Lua job_desc setter adds Slurm's NICE_OFFSET itself (seen on 22.05: adding it
+      -- here wraps the factor to -2^31). Assign the plain value.
+      set.site_factor = v
     elseif key ~= "userMessage" then
       return nil, "unknown rewrite key " .. tostring(key)
     end

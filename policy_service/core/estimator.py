@@ -7,7 +7,8 @@ Prediction (per key, narrowest first, see ``KeyLevel``):
     margin = min_margin_frac * peak * 2 (a wide key says little about one job);
   * nothing: unknown -> the policy keeps the whole GPU.
 The margin is decoupled from the point estimate: an OOM of a shared job raises the class's
-margin multiplier and forces whole-GPU runs, without distorting the median prediction.
+margin multiplier (compounding, capped, never decaying) and forces whole-GPU runs; the point
+estimate is only raised to at least the failed run's own peak (it needed at least that).
 """
 from __future__ import annotations
 
@@ -90,7 +91,10 @@ def _apply_hint(hint: int, peak: int, margin: int, source: EstimateSource, obser
                               f"hint {fmt_bytes(hint)} is above the device's {fmt_bytes(gpu.memory_bytes)}; "
                               "capped at the device size"))
         hint = gpu.memory_bytes
-    if source is not EstimateSource.UNKNOWN and hint < max(peak, observed_max):
+    # Only the job's own history (class, user+name) outranks a hint; an account or partition
+    # figure says too little about this job to overrule its user.
+    narrow = source in (EstimateSource.CLASS, EstimateSource.USER_NAME)
+    if narrow and hint < max(peak, observed_max):
         reasons.append(Reason(ReasonCode.HINT_BELOW_HISTORY,
                               f"hint {fmt_bytes(hint)} is below what history shows "
                               f"({fmt_bytes(max(peak, observed_max))}); history wins"))

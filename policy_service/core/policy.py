@@ -83,6 +83,11 @@ def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config
                               f"raised to the largest observed peak {estimator.fmt_bytes(est.observed_max_bytes)}"))
         need = est.observed_max_bytes
     spg, shard = cfg.gpu.shards_per_gpu, cfg.gpu.shard_bytes
+    if need > cfg.gpu.memory_bytes:
+        reasons.append(Reason(ReasonCode.TOO_LARGE_TO_SHARE,
+                              f"{estimator.fmt_bytes(need)} is more than the device's "
+                              f"{estimator.fmt_bytes(cfg.gpu.memory_bytes)}: whole GPU"))
+        return Action.WHOLE_GPU, 0, 1.0, 0, reasons
     k = _shards_needed(need, shard)
     over = _oversubscribe(need, min(k, spg), access, cfg) if cfg.policy.allow_oversubscription else None
     if over is not None:
@@ -106,6 +111,16 @@ def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config
     return Action.WHOLE_GPU, 0, 1.0, 0, reasons
 
 
+def _single_gpu(req: JobRequest) -> bool:
+    """A request shards of one GPU can serve: one GPU, one node, one task if per task."""
+    g = req.gpu
+    if g.kind is not GresKind.GPU or g.per_node != 1 or req.min_nodes > 1:
+        return False
+    if g.source_field == "tres_per_task":
+        return req.num_tasks == 1
+    return g.source_field in ("tres_per_node", "tres_per_job")
+
+
 def _route(req: JobRequest, est: DemandEstimate, class_stats: ClassStats | None, access: AccessClass,
            cfg: Config) -> tuple[Action, int, float, int, list[Reason]]:
     g = req.gpu
@@ -119,8 +134,9 @@ def _route(req: JobRequest, est: DemandEstimate, class_stats: ClassStats | None,
     whole = Action.WHOLE_GPU, 0, 1.0, 0
     if req.min_nodes > 1:
         return *whole, [Reason(ReasonCode.MULTI_NODE, "multi-node jobs keep whole GPUs")]
-    if g.per_node != 1:
-        return *whole, [Reason(ReasonCode.MULTI_GPU, f"{g.per_node} GPUs per node: shards of one GPU cannot serve it")]
+    if not _single_gpu(req):
+        return *whole, [Reason(ReasonCode.MULTI_GPU, f"{g.raw} in {g.source_field} (tasks: {req.num_tasks}) may need "
+                                                     "more than one GPU: shards of one GPU cannot serve it")]
     if not cfg.policy.enable_sharing:
         return *whole, [Reason(ReasonCode.SHARING_DISABLED, "sharing is disabled by configuration")]
     if class_stats is not None and class_stats.whole_gpu_runs_left > 0:
@@ -159,13 +175,19 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     class_stats = stats.get(KeyLevel.CLASS)
     action, shards, slow, off, route_reasons = _route(req, est, class_stats, access, cfg)
     sf, prio_reason = site_factor(class_stats, cfg)
+    if action is Action.WHOLE_GPU and _single_gpu(req) and cfg.policy.enable_sharing and cfg.policy.whole_gpu_as_shards:
+        shards = cfg.gpu.shards_per_gpu
+        route_reasons.append(Reason(ReasonCode.WHOLE_GPU_AS_SHARDS,
+                                    f"held as all {shards} shards of one GPU: on Slurm 22.05 a gpu job can land on a "
+                                    "GPU whose shards are in use, all of its shards cannot"))
     route_codes = {r.code for r in route_reasons}
     reasons = (*route_reasons, *(r for r in est.reasons if r.code not in route_codes), prio_reason)
     version = model_version(cfg)
     fields = {}
     user_message = None
-    if action in (Action.SHARE, Action.SHARE_OVERSUBSCRIBED):
+    if shards:
         fields = shard_rewrite(dict(gres_fields), req.gpu.source_field, shards)
+    if action in (Action.SHARE, Action.SHARE_OVERSUBSCRIBED):
         user_message = (f"swapaware: gpu request rewritten to {shards} shard(s) of one GPU "
                         f"(predicted peak {estimator.fmt_bytes(est.peak_bytes)})")
     comment = admin_comment(decision_id, version, action, shards, est, sf, reasons,

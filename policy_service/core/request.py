@@ -137,7 +137,7 @@ def _num(value: int, default: int) -> int:
 
 
 def job_request(*, user: str, account: str, partition: str, job_name: str, script_fingerprint: str,
-                gres_fields: dict[str, str], min_nodes: int = 1, time_limit_min: int = 0,
+                gres_fields: dict[str, str], min_nodes: int = 1, num_tasks: int = 1, time_limit_min: int = 0,
                 comment: str = "", env_mem_hint: str = "") -> tuple[JobRequest, AccessClass | None]:
     """Build the typed request (and the access-class hint) from job_desc facts."""
     if not user:
@@ -146,7 +146,7 @@ def job_request(*, user: str, account: str, partition: str, job_name: str, scrip
     req = JobRequest(
         user=user, account=account, partition=partition, job_name=job_name,
         script_fingerprint=script_fingerprint, gpu=gpu_request(gres_fields),
-        min_nodes=_num(min_nodes, 1), time_limit_s=_num(time_limit_min, 0) * 60,
+        min_nodes=_num(min_nodes, 1), num_tasks=_num(num_tasks, 1), time_limit_s=_num(time_limit_min, 0) * 60,
         hint_bytes=hint_bytes, hint_text=bad,
     )
     return req, access
@@ -167,11 +167,14 @@ FP_MOD1, FP_MUL1 = 2147483647, 31
 FP_MOD2, FP_MUL2 = 2147483629, 131
 
 
+FP_MAX_BYTES = 1024 * 1024  # job_submit.lua hashes at most this much of the script
+
+
 def script_fingerprint(script: bytes) -> str:
-    """Fingerprint of a batch script; job_submit.lua computes the same value in Lua 5.1
-    (double arithmetic stays exact: every intermediate is below 2**53)."""
+    """Fingerprint of a batch script's first MiB; job_submit.lua computes the same value in
+    Lua 5.1 (double arithmetic stays exact: every intermediate is below 2**53)."""
     h1 = h2 = 0
-    for b in script:
+    for b in script[:FP_MAX_BYTES]:
         h1 = (h1 * FP_MUL1 + b) % FP_MOD1
         h2 = (h2 * FP_MUL2 + b) % FP_MOD2
     return f"{h1:08x}{h2:08x}" if script else ""

@@ -65,6 +65,7 @@ class ReasonCode(enum.Enum):
     PRIORITY_CONTENTION = "priority_contention"
     PRIORITY_DEFAULT = "priority_default"
     ALREADY_SHARDS = "already_shards"
+    WHOLE_GPU_AS_SHARDS = "whole_gpu_as_shards"
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class JobRequest:
     script_fingerprint: str
     gpu: GpuRequest
     min_nodes: int = 1
+    num_tasks: int = 1
     time_limit_s: int = 0
     hint_bytes: int | None = None
     hint_text: str = ""  # raw hint when it could not be parsed

@@ -112,3 +112,20 @@ def test_rejected_spool_entries_are_kept_aside(service, service_env, client):
     result = spool.replay(spool_dir, client.call, 10)
     assert (result.sent, result.rejected, result.left) == (0, 2, 0)
     assert sorted(p.name for p in (spool_dir / "rejected").iterdir() if p.suffix == ".why").__len__() == 2
+
+
+@pytest.mark.parametrize("exit2,expect_oom", [("0:0", False), ("1:0", True), ("0:9", True)])
+def test_agent_oom_suspicion_needs_a_failed_job(exit2, expect_oom):
+    req = hooks.finished_request({"SLURM_JOB_ID": "4", "SLURM_JOB_EXIT_CODE2": exit2}, 10.0,
+                                 {"source": "fake-nvml", "peak_bytes": 5, "oom_suspected": True,
+                                  "oom_evidence": "device 99% full"})
+    assert req.oom_detected is expect_oom
+
+
+def test_event_refused_live_is_kept_not_dropped(service, service_env):
+    spool_dir = Path(service_env["SWAPAWARE_HOOKS__SPOOL_DIR"])
+    hooks_cfg = load_config(env={**service_env, "SWAPAWARE_HOOKS__SERVICE_ADDRESS": f"127.0.0.1:{service.grpc_port}"}).hooks
+    bad = pb.JobFinishedRequest(job_id=6, event_id="")  # the service refuses: no event id
+    assert hooks.deliver(hooks_cfg, "JobFinished", bad) is False
+    kept = [p for p in (spool_dir / "rejected").iterdir() if p.suffix == ".json"]
+    assert len(kept) == 1 and not spool.pending(spool_dir)

@@ -14,7 +14,6 @@ from policy_service.core.request import script_fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("lua_driver.lua")
-NICE_OFFSET = 2147483648
 GIB = 1024**3
 
 if shutil.which("lua5.1") is None:
@@ -61,13 +60,13 @@ def test_fingerprint_matches_python(tmp_path):
     assert got == [script_fingerprint(s.encode()) for s in scripts]
 
 
-def test_unknown_job_gets_record_and_keeps_gpu(service, tmp_path):
+def test_unknown_job_gets_record_and_a_whole_gpu(service, tmp_path):
     out = run_lua(tmp_path, [gpu_job()], service.socket_path)
     (res,) = out["results"]
     assert res["rc"] == 0
-    assert res["job"]["tres_per_node"] == "gres:gpu:1"
+    assert res["job"]["tres_per_node"] == "gres:shard:8"  # the whole GPU, as all of its shards
     assert res["job"]["admin_comment"].startswith("swapaware:v1 id=")
-    assert res["job"]["site_factor"] == NICE_OFFSET + 0
+    assert res["job"]["site_factor"] == 0  # the plain value: slurmctld's setter adds its offset
     d_id = res["job"]["admin_comment"].split()[1].removeprefix("id=")
     service.handler.flush()
     row = service.store.decision(d_id)

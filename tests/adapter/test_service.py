@@ -44,7 +44,7 @@ def test_health_service_serving(service):
 def test_unknown_job_gets_whole_gpu_and_a_record(client, service):
     d = client.admit(facts()).decision
     assert d.action == pb.ACTION_WHOLE_GPU
-    assert not d.rewrite.HasField("tres_per_node")
+    assert d.rewrite.tres_per_node == "gres:shard:8" and d.shards == 8
     assert d.rewrite.admin_comment.startswith("swapaware:v1 id=" + d.decision_id)
     assert "no_history" in {r.code for r in d.reasons}
     service.handler.flush()  # decisions are recorded off the reply's path

@@ -1,4 +1,6 @@
 """End to end on the real cluster: sbatch -> job_submit.lua -> policy service -> prolog/epilog -> sacct."""
+import re
+import time
 import uuid
 
 import pytest
@@ -13,7 +15,7 @@ def test_class_moves_from_whole_gpu_to_shards_after_an_observed_run(stack):
     script = fake_alloc_script(stack, gib=3)
     first = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
     info = stack.show_job(first)
-    assert job_field(info, "TresPerNode") == "gres:gpu:1"
+    assert job_field(info, "TresPerNode") == "gres:shard:8"  # whole GPU, held as all its shards
     d1 = decision_of(job_field(info, "AdminComment"))
     assert d1["action"] == "whole_gpu" and "no_history" in d1["why"]
     assert stack.wait_done(first) == "COMPLETED"
@@ -62,3 +64,49 @@ def test_fail_open_and_spooled_observation_arrives_after_service_returns(stack):
     stack.swapaware("replay-spool")
     _, runtime_s, exit_code, peak, _, _ = stack.wait_observation(job)
     assert exit_code == 0 and runtime_s is not None and peak == 1 * GIB
+
+
+def gpu_index(stack, job_id: int) -> str:
+    detail = stack.run("scontrol", "show", "job", "-d", str(job_id)).stdout
+    m = re.search(r"GRES=\S*\(IDX:([\d,-]+)\)", detail)
+    assert m, detail
+    return m.group(1)
+
+
+def wait_running(stack, job_id: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if job_field(stack.show_job(job_id), "JobState") == "RUNNING":
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} not running: {stack.show_job(job_id)}")
+
+
+def test_whole_gpu_decision_never_shares_a_gpu_with_shard_jobs(stack):
+    """On 22.05 a gpu:1 job can land on a GPU whose shards are in use; held as all shards it cannot."""
+    sharer = stack.sbatch("#!/bin/sh\nsleep 20\n", "--gres=shard:1")
+    wait_running(stack, sharer)
+    whole = stack.sbatch("#!/bin/sh\nsleep 20\n", "--gres=gpu:1", f"--job-name=fresh-{uuid.uuid4().hex[:6]}")
+    try:
+        assert decision_of(job_field(stack.show_job(whole), "AdminComment"))["action"] == "whole_gpu"
+        wait_running(stack, whole)
+        assert gpu_index(stack, whole) != gpu_index(stack, sharer)
+    finally:
+        stack.run("scancel", str(sharer), str(whole))
+
+
+def test_site_factor_reaches_slurm_priority(stack):
+    """sprio's SITE column shows exactly the decision's site factor (no offset, no wrap)."""
+    fillers = [stack.sbatch("#!/bin/sh\nsleep 30\n", "--gres=gpu:1", f"--job-name=fill{i}") for i in range(4)]
+    waiting = stack.sbatch("#!/bin/sh\ntrue\n", "--gres=gpu:1", f"--job-name=wait-{uuid.uuid4().hex[:6]}")
+    try:
+        sf = int(decision_of(job_field(stack.show_job(waiting), "AdminComment"))["sf"])
+        deadline = time.monotonic() + 20
+        site = None
+        while time.monotonic() < deadline and site is None:
+            out = stack.run("sprio", "-h", "-j", str(waiting), "-o", "%S", check=False).stdout.split()
+            site = int(out[0]) if out else None
+            time.sleep(0.5)
+        assert site == sf
+    finally:
+        stack.run("scancel", *(str(j) for j in (*fillers, waiting)))

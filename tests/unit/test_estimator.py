@@ -135,3 +135,9 @@ def test_ewma_follows_growth():
     e = estimator.estimate(req(), {KeyLevel.CLASS: s}, CFG, GPU)
     assert 18 * GIB < e.peak_bytes <= 20 * GIB
     assert replace(s).max_peak_bytes == 20 * GIB
+
+
+def test_wide_key_history_does_not_overrule_a_hint():
+    wide = fold([79 * GIB] * CFG.wide_key_min_samples)
+    e = estimator.estimate(req("swapaware:mem=16G"), {KeyLevel.ACCOUNT: wide}, CFG, GPU)
+    assert (e.source, e.peak_bytes) == (EstimateSource.HINT, 16 * GIB)

@@ -14,10 +14,10 @@ GIB = 1024**3
 CFG = Config(gpu=GpuConfig(memory_bytes=80 * GIB, shards_per_gpu=8))  # 10 GiB shards
 
 
-def make(fields=None, nodes=1, comment=""):
+def make(fields=None, nodes=1, comment="", tasks=1):
     fields = fields if fields is not None else {"tres_per_node": "gres:gpu:1"}
     r, access = job_request(user="u", account="a", partition="gpu", job_name="train", script_fingerprint="fp",
-                            gres_fields=fields, min_nodes=nodes, comment=comment)
+                            gres_fields=fields, min_nodes=nodes, num_tasks=tasks, comment=comment)
     return r, fields, access
 
 
@@ -40,13 +40,17 @@ NO_OVERSUB = replace(CFG, policy=replace(CFG.policy, allow_oversubscription=Fals
 @pytest.mark.parametrize("kw,stats,action,shards,code", [
     (dict(fields={}), None, Action.PASS_THROUGH, 0, ReasonCode.NO_GPU),
     (dict(fields={"tres_per_node": "gres:shard:2"}), None, Action.PASS_THROUGH, 0, ReasonCode.ALREADY_SHARDS),
-    (dict(), None, Action.WHOLE_GPU, 0, ReasonCode.NO_HISTORY),
+    (dict(), None, Action.WHOLE_GPU, 8, ReasonCode.NO_HISTORY),
     (dict(nodes=2), history(3), Action.WHOLE_GPU, 0, ReasonCode.MULTI_NODE),
     (dict(fields={"tres_per_node": "gres:gpu:2"}), history(3), Action.WHOLE_GPU, 0, ReasonCode.MULTI_GPU),
     (dict(), history(3), Action.SHARE, 1, ReasonCode.FITS_IN_SHARDS),  # 3.3 GiB -> 1 shard
     (dict(), history(19), Action.SHARE, 3, ReasonCode.FITS_IN_SHARDS),  # 20.9 GiB -> 3 shards
-    (dict(), history(75), Action.WHOLE_GPU, 0, ReasonCode.TOO_LARGE_TO_SHARE),
-    (dict(), history(3, whole_gpu_runs_left=1), Action.WHOLE_GPU, 0, ReasonCode.OOM_PENALTY),
+    (dict(), history(75), Action.WHOLE_GPU, 8, ReasonCode.TOO_LARGE_TO_SHARE),
+    (dict(), history(90), Action.WHOLE_GPU, 8, ReasonCode.TOO_LARGE_TO_SHARE),  # beyond the device
+    (dict(), history(3, whole_gpu_runs_left=1), Action.WHOLE_GPU, 8, ReasonCode.OOM_PENALTY),
+    (dict(fields={"tres_per_task": "gres:gpu:1"}, tasks=4), history(3), Action.WHOLE_GPU, 0, ReasonCode.MULTI_GPU),
+    (dict(fields={"tres_per_task": "gres:gpu:1"}, tasks=1), history(3), Action.SHARE, 1, ReasonCode.FITS_IN_SHARDS),
+    (dict(fields={"tres_per_socket": "gres:gpu:1"}), history(3), Action.WHOLE_GPU, 0, ReasonCode.MULTI_GPU),
     (dict(fields={"tres_per_job": "gres:gpu:1"}), history(3), Action.SHARE, 1, ReasonCode.FITS_IN_SHARDS),
 ])
 def test_decision_table(kw, stats, action, shards, code):
@@ -61,9 +65,20 @@ def test_share_rewrite_clears_gpu_fields():
     assert d.rewrite.tres_per_node == "gres:shard:1" and d.rewrite.tres_per_job == ""
 
 
-def test_whole_gpu_and_passthrough_leave_gres_alone():
-    for d in (decide(None), decide(None, fields={})):
-        assert d.rewrite.tres_per_node is None and d.rewrite.tres_per_job is None
+def test_whole_gpu_is_held_as_all_shards_of_one_gpu():
+    d = decide(None, fields={"tres_per_job": "gres:gpu:1"})
+    assert d.action is Action.WHOLE_GPU and d.shards == CFG.gpu.shards_per_gpu
+    assert (d.rewrite.tres_per_node, d.rewrite.tres_per_job) == ("gres:shard:8", "")
+    assert ReasonCode.WHOLE_GPU_AS_SHARDS in {r.code for r in d.reasons}
+    assert d.rewrite.user_message is None
+
+
+def test_whole_gpu_as_gpu_when_configured_and_passthrough_leave_gres_alone():
+    plain = replace(CFG, policy=replace(CFG.policy, whole_gpu_as_shards=False))
+    disabled = replace(CFG, policy=replace(CFG.policy, enable_sharing=False))
+    for d in (decide(None, cfg=plain), decide(history(3), cfg=disabled), decide(None, fields={}),
+              decide(history(3), nodes=2)):
+        assert d.rewrite.tres_per_node is None and d.rewrite.tres_per_job is None and d.shards == 0
 
 
 def test_no_gpu_job_gets_no_record():
@@ -143,8 +158,11 @@ def test_property_never_more_shards_than_a_gpu_and_never_below_history_silently(
     comment = f"swapaware:access={access.value}" + (f" swapaware:mem={hint}G" if hint else "")
     stats = history(*peaks) if peaks else {}
     d = decide(stats, cfg=cfg, comment=comment)
-    assert 0 <= d.shards < spg or (d.shards == 0)
-    if d.action in (Action.SHARE, Action.SHARE_OVERSUBSCRIBED):
+    assert 0 <= d.shards <= spg
+    if d.action is Action.WHOLE_GPU:
+        assert d.shards in (0, spg)
+        assert d.rewrite.tres_per_node == (f"gres:shard:{spg}" if d.shards else None)
+    elif d.action in (Action.SHARE, Action.SHARE_OVERSUBSCRIBED):
         assert 1 <= d.shards < spg
         assert d.rewrite.tres_per_node == f"gres:shard:{d.shards}"
         charged = d.shards * cfg.gpu.shard_bytes
@@ -157,6 +175,8 @@ def test_property_never_more_shards_than_a_gpu_and_never_below_history_silently(
             assert charged >= max(d.estimate.sized_bytes, observed)
     else:
         assert d.rewrite.tres_per_node is None
+    if d.action is Action.SHARE_OVERSUBSCRIBED:
+        assert d.estimate.sized_bytes <= cfg.gpu.memory_bytes  # never oversubscribe beyond the device
     assert d.reasons and all(r.message for r in d.reasons)
     assert 0 <= d.site_factor <= cfg.policy.site_factor_max
     assert math.isfinite(d.swap_slowdown) and d.swap_slowdown >= 1.0
