@@ -137,6 +137,9 @@ class PolicyHandler:
         msg = decision_to_proto(d)
         if not req.dry_run:
             self._writes.put((d, jr, keys, job, msg))
+        if req.brief:
+            return pb.AdmitResponse(decision=pb.Decision(decision_id=msg.decision_id, action=msg.action,
+                                                         shards=msg.shards, rewrite=msg.rewrite))
         return pb.AdmitResponse(decision=msg)
 
     # ------------------------------------------------------------------ correlation

@@ -279,7 +279,7 @@ local function decide(job_desc, submit_uid)
     end
     return
   end
-  local line = cjson.encode({ method = "Admit", request = { job = M.facts(job_desc, submit_uid) } })
+  local line = cjson.encode({ method = "Admit", request = { job = M.facts(job_desc, submit_uid), brief = true } })
   local resp, err = M.call(M.settings.socket, line, M.settings.timeout_ms / 1000)
   if not resp then return breaker_fail(err) end
   local ok, reply = pcall(cjson.decode, resp)

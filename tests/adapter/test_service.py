@@ -209,3 +209,12 @@ def test_stop_records_every_decision_handed_out(service_env, slurm_jobs):
     store = HistoryStore(service_env["SWAPAWARE_SERVICE__DB_PATH"])
     assert {d.decision_id for d in store.decisions()} >= set(ids)
     store.close()
+
+
+def test_brief_admit_carries_the_rewrite_and_records_everything(client, service):
+    full = client.admit(facts(name="brief")).decision
+    brief = client.call("Admit", pb.AdmitRequest(job=facts(name="brief"), brief=True)).decision
+    assert brief.rewrite.tres_per_node == full.rewrite.tres_per_node and brief.action == full.action
+    assert not brief.reasons and brief.decision_id
+    explained = client.explain(pb.ExplainRequest(decision_id=brief.decision_id)).decision
+    assert explained.reasons and explained.rewrite.admin_comment == brief.rewrite.admin_comment

@@ -101,6 +101,7 @@ def stack():
     env = {**os.environ, **PORTS, "SWAPAWARE_DEV_DIR": str(STATE), "SWAPAWARE_VENV": sys.prefix}
     env.pop("SWAPAWARE_CONFIG", None)
     s = Stack(env=env, state=STATE)
+    s.stack("down", "--purge")  # every session starts from an empty history and accounting
     up = s.stack("up")
     for line in s.stack("env").stdout.splitlines():
         m = re.match(r"export (\w+)=(.*)", line)
@@ -108,7 +109,7 @@ def stack():
             env[m.group(1)] = m.group(2).strip("'\"")
     assert "SLURM_CONF" in env and "SWAPAWARE_CONFIG" in env, up.stderr
     yield s
-    s.stack("down")
+    s.stack("down", "--purge")
 
 
 def job_field(oneliner: str, key: str) -> str:

@@ -54,7 +54,6 @@ def test_fail_open_and_spooled_observation_arrives_after_service_returns(stack):
         assert job_field(info, "AdminComment") in ("", "(null)")
         assert stack.wait_done(job) == "COMPLETED"
         spool = stack.state / "spool" / "swapaware"
-        import time
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(spool.glob(f"*-finish-{job}-*.json")):
             time.sleep(0.3)
@@ -62,6 +61,15 @@ def test_fail_open_and_spooled_observation_arrives_after_service_returns(stack):
     finally:
         stack.stack("service-start")
     stack.swapaware("replay-spool")
+    # the plugin's circuit breaker closes again by itself: GPU jobs get decisions once more
+    deadline = time.monotonic() + 60
+    while True:
+        probe = stack.sbatch("#!/bin/sh\ntrue\n", "--gres=gpu:1", "--hold")
+        stack.run("scancel", str(probe))
+        if decision_of(job_field(stack.show_job(probe), "AdminComment")):
+            break
+        assert time.monotonic() < deadline, "plugin did not resume asking the service"
+        time.sleep(2)
     _, runtime_s, exit_code, peak, _, _ = stack.wait_observation(job)
     assert exit_code == 0 and runtime_s is not None and peak == 1 * GIB
 
@@ -86,7 +94,8 @@ def test_whole_gpu_decision_never_shares_a_gpu_with_shard_jobs(stack):
     """On 22.05 a gpu:1 job can land on a GPU whose shards are in use; held as all shards it cannot."""
     sharer = stack.sbatch("#!/bin/sh\nsleep 20\n", "--gres=shard:1")
     wait_running(stack, sharer)
-    whole = stack.sbatch("#!/bin/sh\nsleep 20\n", "--gres=gpu:1", f"--job-name=fresh-{uuid.uuid4().hex[:6]}")
+    whole = stack.sbatch("#!/bin/sh\nsleep 20\n", "--gres=gpu:1", f"--job-name=big-{uuid.uuid4().hex[:6]}",
+                         "--comment=swapaware:mem=75G")  # with margin more than the device: whole GPU
     try:
         assert decision_of(job_field(stack.show_job(whole), "AdminComment"))["action"] == "whole_gpu"
         wait_running(stack, whole)
