@@ -64,12 +64,14 @@ def decision_to_proto(d: Decision) -> pb.Decision:
         swap_cost=pb.SwapCostEstimate(slowdown=d.swap_slowdown, offloaded_bytes=d.offloaded_bytes, risk=d.risk),
         reasons=[pb.Reason(code=r.code.value, message=r.message) for r in d.reasons],
     )
-    rw = msg.rewrite
-    for f in dataclasses.fields(d.rewrite):
-        value = getattr(d.rewrite, f.name)
-        if value is not None:
-            setattr(rw, f.name, value)
+    msg.rewrite.CopyFrom(rewrite_to_proto(d.rewrite))
     return msg
+
+
+def rewrite_to_proto(rewrite) -> pb.JobRewrite:
+    """Only the fields the decision sets are present (None = leave the job's field alone)."""
+    return pb.JobRewrite(**{f.name: getattr(rewrite, f.name) for f in dataclasses.fields(rewrite)
+                            if getattr(rewrite, f.name) is not None})
 
 
 class PolicyHandler:
@@ -97,7 +99,8 @@ class PolicyHandler:
             finally:
                 self._writes.task_done()
 
-    def _record(self, d: Decision, jr, keys, job: pb.JobFacts, msg: pb.Decision) -> None:
+    def _record(self, d: Decision, jr, keys, job: pb.JobFacts) -> None:
+        msg = decision_to_proto(d)
         self.store.record_decision(
             decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
             account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
@@ -134,13 +137,12 @@ class PolicyHandler:
         stats = self.store.stats(keys)
         d = policy.decide(jr, stats, self.cfg, decision_id=self.new_id(), now=self.clock(),
                           job_class=keys[KeyLevel.CLASS], gres_fields=gres_fields(job), access=access)
-        msg = decision_to_proto(d)
         if not req.dry_run:
-            self._writes.put((d, jr, keys, job, msg))
-        if req.brief:
-            return pb.AdmitResponse(decision=pb.Decision(decision_id=msg.decision_id, action=msg.action,
-                                                         shards=msg.shards, rewrite=msg.rewrite))
-        return pb.AdmitResponse(decision=msg)
+            self._writes.put((d, jr, keys, job))
+        if req.brief:  # the full message is built by the writer, off this path
+            return pb.AdmitResponse(decision=pb.Decision(decision_id=d.decision_id, action=_ACTION[d.action],
+                                                         shards=d.shards, rewrite=rewrite_to_proto(d.rewrite)))
+        return pb.AdmitResponse(decision=decision_to_proto(d))
 
     # ------------------------------------------------------------------ correlation
     def _decision_id_for_job(self, job_id: int) -> str:
