@@ -181,19 +181,14 @@ def show_config(config: str | None) -> None:
     click.echo(_load(config).summary())
 
 
-def _register_optional() -> None:
+def _register_subsystem_commands() -> None:
     """Commands that live beside their subsystems."""
-    for module, names in (("policy_service.node_tools", ("doctor_command", "gres_conf_command")),
-                          ("policy_service.sim.cli", ("simulate_command",)),
-                          ("policy_service.report", ("report_command",))):
-        try:
-            mod = __import__(module, fromlist=list(names))
-        except ImportError:
-            continue
-        for name in names:
-            cmd = getattr(mod, name, None)
-            if cmd is not None:
-                main.add_command(cmd)
+    from policy_service.node_tools import doctor_command, gres_conf_command
+    from policy_service.report import report_command
+    from policy_service.sim.cli import simulate_command
+
+    for cmd in (doctor_command, gres_conf_command, report_command, simulate_command):
+        main.add_command(cmd)
 
 
-_register_optional()
+_register_subsystem_commands()
