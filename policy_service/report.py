@@ -18,17 +18,15 @@ import enum
 import io
 import json
 import math
-import sqlite3
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
-from urllib.parse import quote
 
 import click
 
-from policy_service.adapters.history import SCHEMA_VERSION
+from policy_service.adapters.history import HistoryUnreadable, ReadOnlyHistory
 from policy_service.adapters.slurm import AccountingJob, SlurmAccess, SlurmError, open_slurm
 from policy_service.config import Config, ConfigError, load_config
 from policy_service.core.policy import parse_admin_comment
@@ -455,55 +453,25 @@ def build_report(accounting: Iterable[AccountingJob], hist: HistorySnapshot, *, 
 
 
 # ============================================================================ history (read-only)
-def _chunks(values: Sequence, n: int = 500) -> Iterable[Sequence]:
-    for i in range(0, len(values), n):
-        yield values[i:i + n]
-
-
 def read_history(path: Path | str, job_ids: Iterable[int], decision_ids: Iterable[str] = ()) -> HistorySnapshot:
-    """Read what the report needs from the history file, opened read-only (``mode=ro``): the
-    runs and observations of ``job_ids`` and the decisions they (or ``decision_ids``) name."""
-    path = Path(path)
-    if not path.is_file():
-        raise HistoryUnavailable(f"no history database at {path}")
+    """Read what the report needs from the history file, opened read-only: the runs and
+    observations of ``job_ids`` and the decisions they (or ``decision_ids``) name."""
     try:
-        con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=10.0)
-    except sqlite3.Error as exc:
-        raise HistoryUnavailable(f"cannot open {path} read-only: {exc}") from None
-    try:
-        try:
-            row = con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        except sqlite3.Error as exc:
-            raise HistoryUnavailable(f"{path} is not a swapaware history database: {exc}") from None
-        if row is None or int(row[0]) != SCHEMA_VERSION:
-            raise HistoryUnavailable(f"{path}: history schema {row[0] if row else '?'}, this build reads "
-                                     f"{SCHEMA_VERSION}")
-        ids = sorted(set(job_ids))
-        runs: dict[int, str] = {}
-        obs: dict[int, list[HistoryObservation]] = {}
-        for part in _chunks(ids):
-            marks = ",".join("?" * len(part))
-            for job_id, d_id in con.execute(f"SELECT job_id, decision_id FROM runs WHERE job_id IN ({marks})", part):
-                if d_id:
-                    runs[int(job_id)] = d_id
-            for r in con.execute("SELECT job_id, decision_id, finished_at, peak_bytes, oom, telemetry_source "
-                                 f"FROM observations WHERE job_id IN ({marks})", part):
-                obs.setdefault(int(r[0]), []).append(HistoryObservation(
-                    job_id=int(r[0]), decision_id=r[1] or "", finished_at=float(r[2]),
-                    peak_bytes=None if r[3] is None else int(r[3]), oom=bool(r[4]), telemetry_source=r[5] or ""))
-        wanted = set(decision_ids) | set(runs.values()) | {o.decision_id for v in obs.values() for o in v}
-        wanted.discard("")
-        decisions: dict[str, HistoryDecision] = {}
-        for part in _chunks(sorted(wanted)):
-            marks = ",".join("?" * len(part))
-            for r in con.execute("SELECT decision_id, action, shards, facts_json, decision_json FROM decisions "
-                                 f"WHERE decision_id IN ({marks})", part):
-                decisions[r[0]] = decision_from_row(r[0], r[1], r[2], r[3], r[4])
-    except sqlite3.Error as exc:
-        raise HistoryUnavailable(f"cannot read {path}: {exc}") from None
-    finally:
-        con.close()
-    return HistorySnapshot(decisions=decisions, observations={k: tuple(v) for k, v in obs.items()},
+        with ReadOnlyHistory(path) as h:
+            ids = list(job_ids)
+            runs = h.run_decisions(ids)
+            obs: dict[int, list[HistoryObservation]] = {}
+            for o in h.observations_of(ids):
+                obs.setdefault(o.job_id, []).append(HistoryObservation(
+                    job_id=o.job_id, decision_id=o.decision_id or "", finished_at=float(o.finished_at),
+                    peak_bytes=o.peak_bytes, oom=o.oom, telemetry_source=o.telemetry_source or ""))
+            wanted = set(decision_ids) | set(runs.values()) | {o.decision_id for v in obs.values() for o in v}
+            decisions = {d_id: decision_from_row(d_id, r.action, r.shards, r.facts_json, r.decision_json)
+                         for d_id, r in h.decisions_by_id(wanted).items()}
+    except HistoryUnreadable as exc:
+        raise HistoryUnavailable(str(exc)) from None
+    return HistorySnapshot(decisions=decisions,
+                           observations={k: tuple(sorted(v, key=lambda o: o.finished_at)) for k, v in obs.items()},
                            run_decisions=runs)
 
 

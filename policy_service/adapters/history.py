@@ -12,6 +12,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 from typing import Callable, Iterable, Iterator, Mapping
 
 from policy_service.core.types import ClassStats, KeyLevel
@@ -163,12 +164,8 @@ class HistoryStore:
 
     def decision(self, decision_id: str) -> DecisionRow | None:
         with self._tx() as c:
-            row = c.execute("SELECT decision_id, decided_at, job_class, user, action, shards, keys_json, facts_json,"
-                            " decision_json FROM decisions WHERE decision_id=?", (decision_id,)).fetchone()
-        if row is None:
-            return None
-        keys = {KeyLevel(k): v for k, v in json.loads(row[6]).items()}
-        return DecisionRow(row[0], row[1], row[2], row[3], row[4], row[5], keys, row[7], row[8])
+            row = c.execute(f"SELECT {_DECISION_COLS} FROM decisions WHERE decision_id=?", (decision_id,)).fetchone()
+        return None if row is None else _decision_row(row)
 
     def decisions(self) -> Iterator[DecisionRow]:
         with self._tx() as c:
@@ -255,8 +252,78 @@ class HistoryStore:
             sql, args = sql + " WHERE decision_id=?", (decision_id,)
         with self._tx() as c:
             rows = c.execute(sql + " ORDER BY finished_at", args).fetchall()
-        return [ObservationRow(r[0], r[1], r[2], r[3], tuple(json.loads(r[4])), r[5], r[6], r[7], r[8], r[9],
-                               bool(r[10]), r[11], bool(r[12]), r[13], r[14]) for r in rows]
+        return [_observation_row(r) for r in rows]
+
+
+_DECISION_COLS = "decision_id, decided_at, job_class, user, action, shards, keys_json, facts_json, decision_json"
+
+
+def _decision_row(row: tuple) -> DecisionRow:
+    keys = {KeyLevel(k): v for k, v in json.loads(row[6]).items()}
+    return DecisionRow(row[0], row[1], row[2], row[3], row[4], row[5], keys, row[7], row[8])
+
+
+def _observation_row(r: tuple) -> ObservationRow:
+    return ObservationRow(r[0], r[1], r[2], r[3], tuple(json.loads(r[4])), r[5], r[6], r[7], r[8], r[9],
+                          bool(r[10]), r[11], bool(r[12]), r[13], r[14])
+
+
+class HistoryUnreadable(RuntimeError):
+    """The history file is missing, not ours, or of another schema version."""
+
+
+class ReadOnlyHistory:
+    """The history opened read-only (``mode=ro``) for reports: never creates or migrates it."""
+
+    CHUNK = 500  # ids per IN (...) query, below SQLite's variable limit
+
+    def __init__(self, path: Path | str):
+        path = Path(path)
+        if not path.is_file():
+            raise HistoryUnreadable(f"no history database at {path}")
+        try:
+            self._conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=10.0)
+            row = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.Error as exc:
+            raise HistoryUnreadable(f"{path} is not a swapaware history database (or unreadable): {exc}") from None
+        if row is None or int(row[0]) != SCHEMA_VERSION:
+            self._conn.close()
+            raise HistoryUnreadable(f"{path}: history schema {row[0] if row else '?'}, this build reads "
+                                    f"{SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> "ReadOnlyHistory":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _select_in(self, sql: str, values: Iterable) -> list[tuple]:
+        ids = sorted(set(values))
+        out: list[tuple] = []
+        try:
+            for i in range(0, len(ids), self.CHUNK):
+                part = ids[i:i + self.CHUNK]
+                out += self._conn.execute(sql.format(marks=",".join("?" * len(part))), part).fetchall()
+        except sqlite3.Error as exc:
+            raise HistoryUnreadable(f"cannot read the history: {exc}") from None
+        return out
+
+    def run_decisions(self, job_ids: Iterable[int]) -> dict[int, str]:
+        """Job id -> the decision its start record names (jobs with none are left out)."""
+        rows = self._select_in("SELECT job_id, decision_id FROM runs WHERE job_id IN ({marks})", job_ids)
+        return {int(j): d for j, d in rows if d}
+
+    def observations_of(self, job_ids: Iterable[int]) -> list[ObservationRow]:
+        return [_observation_row(r) for r in
+                self._select_in("SELECT * FROM observations WHERE job_id IN ({marks})", job_ids)]
+
+    def decisions_by_id(self, decision_ids: Iterable[str]) -> dict[str, DecisionRow]:
+        rows = self._select_in(f"SELECT {_DECISION_COLS} FROM decisions WHERE decision_id IN ({{marks}})",
+                               (d for d in decision_ids if d))
+        return {r[0]: _decision_row(r) for r in rows}
 
 
 def _run_row(row: tuple) -> RunRow:
