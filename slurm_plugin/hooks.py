@@ -23,7 +23,7 @@ import grpc
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.client import PolicyClient
 from policy_service.config import Config, ConfigError, HookConfig, load_config
-from slurm_plugin import spool
+from slurm_plugin import agent_client, spool
 
 log = logging.getLogger("swapaware.hooks")
 
@@ -143,14 +143,6 @@ def deliver(hooks: HookConfig, method: str, request, client: PolicyClient | None
             client.close()
 
 
-def _agent():
-    try:
-        from slurm_plugin import agent_client
-    except ImportError:
-        return None
-    return agent_client
-
-
 def _setup_logging(name: str) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"swapaware-{name}[%(process)d]: %(levelname)s %(message)s")
@@ -168,17 +160,14 @@ def _config() -> Config:
 
 def run_prolog(env: Mapping[str, str], cfg: Config, now: float) -> None:
     req = started_request(env, now)
-    agent = _agent()
-    if agent is not None:
-        uid = env.get("SLURM_JOB_UID", "")
-        agent.notify_start(cfg.hooks, req.job_id, list(req.gpu_indices), int(uid) if uid.isdigit() else None)
+    uid = env.get("SLURM_JOB_UID", "")
+    agent_client.notify_start(cfg.hooks, req.job_id, list(req.gpu_indices), int(uid) if uid.isdigit() else None)
     deliver(cfg.hooks, "JobStarted", req)
 
 
 def run_epilog(env: Mapping[str, str], cfg: Config, now: float) -> None:
     job_id = job_id_of(env)
-    agent = _agent()
-    telemetry = agent.collect(cfg.hooks, job_id) if agent is not None else None
+    telemetry = agent_client.collect(cfg.hooks, job_id)
     deliver(cfg.hooks, "JobFinished", finished_request(env, now, telemetry))
 
 
