@@ -16,7 +16,6 @@ import uuid
 from typing import Callable
 
 import grpc
-from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.history import HistoryStore, ObservationRow
@@ -105,8 +104,7 @@ class PolicyHandler:
             decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
             account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
             shards=d.shards, model_version=d.model_version, keys=keys,
-            facts_json=json.dumps(json_format.MessageToDict(job), separators=(",", ":")),
-            decision_json=json.dumps(json_format.MessageToDict(msg), separators=(",", ":")))
+            facts_pb=job.SerializeToString(), decision_pb=msg.SerializeToString())
         log.info("decision %s", json.dumps({
             "decision_id": d.decision_id, "model_version": d.model_version, "user": jr.user,
             "job_name": jr.job_name, "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards,
@@ -224,8 +222,8 @@ class PolicyHandler:
         if row is None:
             raise HandlerError(grpc.StatusCode.NOT_FOUND, f"decision {d_id!r} is not in the history")
         out = pb.ExplainResponse(job_id=job_id)
-        json_format.Parse(row.decision_json, out.decision)
-        json_format.Parse(row.facts_json, out.job)
+        out.decision.CopyFrom(row.decision)
+        out.job.CopyFrom(row.facts)
         for o in self.store.observations(decision_id=d_id):
             ob = out.observations.add(job_id=o.job_id, decision_id=o.decision_id, node=o.node,
                                       started_at=o.started_at or 0.0, finished_at=o.finished_at,

@@ -15,9 +15,12 @@ from pathlib import Path
 from urllib.parse import quote
 from typing import Callable, Iterable, Iterator, Mapping
 
+from google.protobuf import json_format
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.core.types import ClassStats, KeyLevel
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: decisions keep facts and decision as serialized protobuf
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS decisions (
@@ -32,8 +35,8 @@ CREATE TABLE IF NOT EXISTS decisions (
     shards INTEGER NOT NULL,
     model_version TEXT NOT NULL,
     keys_json TEXT NOT NULL,
-    facts_json TEXT NOT NULL,
-    decision_json TEXT NOT NULL
+    facts_pb BLOB NOT NULL,
+    decision_pb BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS decisions_user ON decisions(user, decided_at);
 CREATE TABLE IF NOT EXISTS runs (
@@ -84,8 +87,25 @@ class DecisionRow:
     action: str
     shards: int
     keys: dict[KeyLevel, str]
-    facts_json: str
-    decision_json: str
+    facts_pb: bytes  # swapaware.v1.JobFacts, serialized (cheap to write on the Admit path)
+    decision_pb: bytes  # swapaware.v1.Decision, serialized
+
+    @property
+    def facts(self) -> pb.JobFacts:
+        return pb.JobFacts.FromString(self.facts_pb)
+
+    @property
+    def decision(self) -> pb.Decision:
+        return pb.Decision.FromString(self.decision_pb)
+
+    @property
+    def facts_json(self) -> str:
+        """Canonical proto3 JSON of the facts (for reports and people)."""
+        return json_format.MessageToJson(self.facts, indent=None)
+
+    @property
+    def decision_json(self) -> str:
+        return json_format.MessageToJson(self.decision, indent=None)
 
 
 @dataclass(frozen=True)
@@ -155,12 +175,12 @@ class HistoryStore:
     # --- decisions -----------------------------------------------------------------------
     def record_decision(self, *, decision_id: str, decided_at: float, job_class: str, user: str, account: str,
                         partition: str, job_name: str, action: str, shards: int, model_version: str,
-                        keys: Mapping[KeyLevel, str], facts_json: str, decision_json: str) -> None:
+                        keys: Mapping[KeyLevel, str], facts_pb: bytes, decision_pb: bytes) -> None:
         keys_json = json.dumps({k.value: v for k, v in keys.items()}, sort_keys=True)
         with self._lock:  # one statement: autocommit is its own transaction
             self._conn.execute("INSERT OR REPLACE INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                                (decision_id, decided_at, job_class, user, account, partition, job_name, action,
-                                shards, model_version, keys_json, facts_json, decision_json))
+                                shards, model_version, keys_json, facts_pb, decision_pb))
 
     def decision(self, decision_id: str) -> DecisionRow | None:
         with self._tx() as c:
@@ -255,12 +275,12 @@ class HistoryStore:
         return [_observation_row(r) for r in rows]
 
 
-_DECISION_COLS = "decision_id, decided_at, job_class, user, action, shards, keys_json, facts_json, decision_json"
+_DECISION_COLS = "decision_id, decided_at, job_class, user, action, shards, keys_json, facts_pb, decision_pb"
 
 
 def _decision_row(row: tuple) -> DecisionRow:
     keys = {KeyLevel(k): v for k, v in json.loads(row[6]).items()}
-    return DecisionRow(row[0], row[1], row[2], row[3], row[4], row[5], keys, row[7], row[8])
+    return DecisionRow(row[0], row[1], row[2], row[3], row[4], row[5], keys, bytes(row[7]), bytes(row[8]))
 
 
 def _observation_row(r: tuple) -> ObservationRow:

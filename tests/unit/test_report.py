@@ -256,9 +256,11 @@ def test_decision_row_reads_proto3_json_written_by_the_service(world):
     d = world.job(1, submit=T0, run_s=10, peak=3 * GIB)
     d2 = world.job(2, submit=T0 + 20, run_s=10)
     world.flush()
-    with sqlite3.connect(world.db) as c:
-        row = c.execute("SELECT decision_id, action, shards, facts_json, decision_json FROM decisions "
-                        "WHERE decision_id=?", (d2.decision_id,)).fetchone()
+    from policy_service.adapters.history import ReadOnlyHistory
+
+    with ReadOnlyHistory(world.db) as h:
+        r = h.decisions_by_id([d2.decision_id])[d2.decision_id]
+    row = (r.decision_id, r.action, r.shards, r.facts_json, r.decision_json)
     assert '"peakBytes": "' in row[4] or '"peakBytes":"' in row[4]  # uint64 as a JSON string
     hd = R.decision_from_row(*row)
     assert hd.action == "share" and hd.shards == d2.shards == 1
