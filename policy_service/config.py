@@ -95,6 +95,8 @@ class EstimatorConfig:
     max_margin_multiplier: float = 4.0
     # After an OOM of a shared job: this many next runs of the class get a whole GPU.
     oom_whole_gpu_runs: int = 2
+    # A shared run that failed after using this fraction of its charged shards counts as OOM.
+    oom_charge_frac: float = 0.95
     # Wider keys (account, partition) are only used with at least this many samples.
     wide_key_min_samples: int = 5
     # Minimum samples for the exact class / user+name keys.
@@ -261,6 +263,7 @@ def _validate(cfg: Config) -> None:
         (cfg.estimator.oom_margin_multiplier >= 1, "estimator.oom_margin_multiplier must be >= 1"),
         (cfg.estimator.max_margin_multiplier >= 1, "estimator.max_margin_multiplier must be >= 1"),
         (cfg.estimator.oom_whole_gpu_runs >= 0, "estimator.oom_whole_gpu_runs must be >= 0"),
+        (0 < cfg.estimator.oom_charge_frac <= 1, "estimator.oom_charge_frac must be in (0, 1]"),
         (cfg.estimator.min_samples >= 1, "estimator.min_samples must be >= 1"),
         (0 <= cfg.estimator.cold_margin_frac <= 4, "estimator.cold_margin_frac must be in [0, 4]"),
         (cfg.estimator.cold_samples >= 0, "estimator.cold_samples must be >= 0"),

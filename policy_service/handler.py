@@ -184,10 +184,14 @@ class PolicyHandler:
         shared = row is not None and row.action in _SHARED_ACTIONS
         co = self.store.overlapping_runs(req.node, gpus, started or finished, finished, req.job_id)
         peak = req.peak_gpu_bytes if req.HasField("peak_gpu_bytes") else None
+        oom, evidence = estimator.infer_oom(
+            reported=req.oom_detected, failed=req.exit_code != 0 or req.exit_signal != 0, peak_bytes=peak,
+            charged_bytes=row.shards * self.cfg.gpu.shard_bytes if shared else 0,
+            charge_frac=self.cfg.estimator.oom_charge_frac)
         obs = ObservationRow(
             event_id=req.event_id, job_id=req.job_id, decision_id=d_id, node=req.node, gpu_indices=gpus,
             started_at=started, finished_at=finished, runtime_s=(finished - started) if started else None,
-            exit_code=req.exit_code, peak_bytes=peak, oom=req.oom_detected, co_runners=len(co), shared=shared,
+            exit_code=req.exit_code, peak_bytes=peak, oom=oom, co_runners=len(co), shared=shared,
             telemetry_source=req.telemetry_source or "none", received_at=now)
         core_obs = JobObservation(runtime_s=obs.runtime_s or 0.0, exit_code=obs.exit_code, peak_bytes=peak,
                                   oom=obs.oom, shared=shared, co_runners=obs.co_runners)
@@ -195,7 +199,8 @@ class PolicyHandler:
         applied = self.store.record_finish(obs, keys, lambda s: estimator.observe(s, core_obs, self.cfg.estimator))
         log.info("observation %s", json.dumps({
             "job_id": req.job_id, "decision_id": d_id, "applied": applied, "runtime_s": obs.runtime_s,
-            "peak_bytes": peak, "oom": obs.oom, "co_runners": obs.co_runners, "exit_code": obs.exit_code,
+            "peak_bytes": peak, "oom": obs.oom, "oom_evidence": evidence or req.oom_evidence,
+            "co_runners": obs.co_runners, "exit_code": obs.exit_code,
             "learned_keys": len(keys) if applied else 0}, sort_keys=True))
         if row is None and applied:
             log.warning("job %s finished without a known decision: observation kept, nothing learned", req.job_id)

@@ -103,6 +103,19 @@ def _apply_hint(hint: int, peak: int, margin: int, source: EstimateSource, obser
     return hint, int(math.ceil(cfg.min_margin_frac * hint)), EstimateSource.HINT, reasons
 
 
+def infer_oom(*, reported: bool, failed: bool, peak_bytes: int | None, charged_bytes: int,
+              charge_frac: float) -> tuple[bool, str]:
+    """Was a finished run out of GPU memory? The node's own evidence counts; otherwise a run
+    that failed after growing to ``charge_frac`` of what it was charged (its shards) is taken
+    as having hit its cap (a CUDA OOM is an error inside the job: NVML never sees it)."""
+    if reported:
+        return True, "reported by the node"
+    if failed and peak_bytes and charged_bytes and peak_bytes >= charge_frac * charged_bytes:
+        return True, (f"failed after reaching {peak_bytes / charged_bytes:.0%} of its "
+                      f"{fmt_bytes(charged_bytes)} charge")
+    return False, ""
+
+
 def _ewma(old: float, new: float, alpha: float) -> float:
     return (1 - alpha) * old + alpha * new
 

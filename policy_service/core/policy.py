@@ -121,7 +121,7 @@ def _single_gpu(req: JobRequest) -> bool:
     return g.source_field in ("tres_per_node", "tres_per_job")
 
 
-def _route(req: JobRequest, est: DemandEstimate, class_stats: ClassStats | None, access: AccessClass,
+def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, access: AccessClass,
            cfg: Config) -> tuple[Action, int, float, int, list[Reason]]:
     g = req.gpu
     if g.kind is GresKind.NONE:
@@ -139,10 +139,10 @@ def _route(req: JobRequest, est: DemandEstimate, class_stats: ClassStats | None,
                                                      "more than one GPU: shards of one GPU cannot serve it")]
     if not cfg.policy.enable_sharing:
         return *whole, [Reason(ReasonCode.SHARING_DISABLED, "sharing is disabled by configuration")]
-    if class_stats is not None and class_stats.whole_gpu_runs_left > 0:
+    if penalty is not None and penalty.whole_gpu_runs_left > 0:
         return *whole, [Reason(ReasonCode.OOM_PENALTY,
                                f"this job class ran out of memory while shared; whole GPU for "
-                               f"{class_stats.whole_gpu_runs_left} more run(s)")]
+                               f"{penalty.whole_gpu_runs_left} more run(s)")]
     if not est.known:
         return *whole, [Reason(ReasonCode.NO_HISTORY, "no history: whole GPU until a run is observed")]
     return _size_shards(est, access, cfg)
@@ -173,7 +173,9 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     access = access or cfg.swap_cost.default_access_class
     est = estimator.estimate(req, stats, cfg.estimator, cfg.gpu)
     class_stats = stats.get(KeyLevel.CLASS)
-    action, shards, slow, off, route_reasons = _route(req, est, class_stats, access, cfg)
+    # An OOM penalty lives with the class; a class never seen yet inherits its user+name's.
+    penalty = class_stats if class_stats is not None else stats.get(KeyLevel.USER_NAME)
+    action, shards, slow, off, route_reasons = _route(req, est, penalty, access, cfg)
     sf, prio_reason = site_factor(class_stats, cfg)
     if action is Action.WHOLE_GPU and _single_gpu(req) and cfg.policy.enable_sharing and cfg.policy.whole_gpu_as_shards:
         shards = cfg.gpu.shards_per_gpu

@@ -218,3 +218,13 @@ def test_brief_admit_carries_the_rewrite_and_records_everything(client, service)
     assert not brief.reasons and brief.decision_id
     explained = client.explain(pb.ExplainRequest(decision_id=brief.decision_id)).decision
     assert explained.reasons and explained.rewrite.admin_comment == brief.rewrite.admin_comment
+
+
+def test_shared_run_dying_at_its_cap_sends_the_class_back_to_a_whole_gpu(client, slurm_jobs, service):
+    run_job(client, slurm_jobs, 51, facts(name="grows"), peak=3 * GIB)
+    d, _ = run_job(client, slurm_jobs, 52, facts(name="grows"), peak=int(9.8 * GIB), exit_code=1)
+    assert d.action == pb.ACTION_SHARE and d.shards == 1  # 10 GiB charge, died at 9.8 GiB
+    (obs,) = service.store.observations(job_id=52)
+    assert obs.oom and obs.shared
+    again = client.admit(facts(name="grows")).decision
+    assert again.action == pb.ACTION_WHOLE_GPU and "oom_penalty" in {r.code for r in again.reasons}

@@ -119,3 +119,24 @@ def test_site_factor_reaches_slurm_priority(stack):
         assert site == sf
     finally:
         stack.run("scancel", *(str(j) for j in (*fillers, waiting)))
+
+
+def test_shared_job_that_dies_at_its_cap_gets_a_whole_gpu_next_time(stack):
+    name = f"grows-{uuid.uuid4().hex[:6]}"
+    first = stack.sbatch(fake_alloc_script(stack, gib=3, hold_s=0.5), "--gres=gpu:1", f"--job-name={name}")
+    assert stack.wait_done(first) == "COMPLETED"
+    stack.wait_observation(first)
+    # same class name, a script that grows to 9.8 GiB of its 10 GiB shard and then fails
+    grows = fake_alloc_script(stack, gib=9.8, hold_s=1.0).replace("exec ", "") + "exit 3\n"
+    second = stack.sbatch(grows, "--gres=gpu:1", f"--job-name={name}")
+    assert job_field(stack.show_job(second), "TresPerNode") == "gres:shard:1"
+    assert stack.wait_done(second) == "FAILED"
+    stack.wait_observation(second)
+    with stack.history() as db:
+        (oom,) = db.execute("SELECT oom FROM observations WHERE job_id=?", (second,)).fetchone()
+    assert oom == 1
+    third = stack.sbatch(grows, "--gres=gpu:1", f"--job-name={name}")  # the class that ran out of memory
+    d3 = decision_of(job_field(stack.show_job(third), "AdminComment"))
+    assert d3["action"] == "whole_gpu" and "oom_penalty" in d3["why"]
+    assert job_field(stack.show_job(third), "TresPerNode") == "gres:shard:8"
+    stack.run("scancel", str(third))

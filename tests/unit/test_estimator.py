@@ -141,3 +141,17 @@ def test_wide_key_history_does_not_overrule_a_hint():
     wide = fold([79 * GIB] * CFG.wide_key_min_samples)
     e = estimator.estimate(req("swapaware:mem=16G"), {KeyLevel.ACCOUNT: wide}, CFG, GPU)
     assert (e.source, e.peak_bytes) == (EstimateSource.HINT, 16 * GIB)
+
+
+@pytest.mark.parametrize("reported,failed,peak,charged,expect", [
+    (True, False, None, 0, True),  # the node saw it
+    (False, True, int(9.6 * GIB), 10 * GIB, True),  # died at its cap
+    (False, True, 5 * GIB, 10 * GIB, False),  # died for another reason
+    (False, False, int(9.9 * GIB), 10 * GIB, False),  # full but fine
+    (False, True, int(9.9 * GIB), 0, False),  # not shared: no cap to hit
+    (False, True, None, 10 * GIB, False),  # no memory figure
+])
+def test_infer_oom(reported, failed, peak, charged, expect):
+    oom, why = estimator.infer_oom(reported=reported, failed=failed, peak_bytes=peak, charged_bytes=charged,
+                                   charge_frac=CFG.oom_charge_frac)
+    assert oom is expect and bool(why) is expect

@@ -180,3 +180,12 @@ def test_property_never_more_shards_than_a_gpu_and_never_below_history_silently(
     assert d.reasons and all(r.message for r in d.reasons)
     assert 0 <= d.site_factor <= cfg.policy.site_factor_max
     assert math.isfinite(d.swap_slowdown) and d.swap_slowdown >= 1.0
+
+
+def test_oom_penalty_of_user_name_applies_to_a_new_class_only():
+    penalised = history(3, whole_gpu_runs_left=2)[KeyLevel.CLASS]
+    clean = history(3)[KeyLevel.CLASS]
+    d_new = decide({KeyLevel.USER_NAME: penalised})
+    assert d_new.action is Action.WHOLE_GPU and ReasonCode.OOM_PENALTY in {r.code for r in d_new.reasons}
+    d_known = decide({KeyLevel.CLASS: clean, KeyLevel.USER_NAME: penalised}, cfg=NO_OVERSUB)
+    assert d_known.action is Action.SHARE
