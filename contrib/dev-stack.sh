@@ -51,6 +51,9 @@ ensure_python() {
 
 write_config() {
     mkdir -p "$STATE/etc" "$STATE/bin" "$RUN" "$LOGDIR" "$STATE/lib" "$STATE/spool/swapaware"
+    if [[ ! -s $STATE/etc/token ]]; then  # the hooks' shared secret with the service
+        (umask 077 && head -c 24 /dev/urandom | base64 >"$STATE/etc/token")
+    fi
     cat >"$CONF" <<EOF
 # written by contrib/dev-stack.sh
 [gpu]
@@ -62,12 +65,14 @@ grpc_address = "127.0.0.1:$GRPC_PORT"
 socket_path = "$SOCK"
 db_path = "$STATE/lib/history.sqlite3"
 slurm_backend = "cli"
+token_file = "$STATE/etc/token"
 
 [hooks]
 service_address = "127.0.0.1:$GRPC_PORT"
 deadline_s = 2.0
 spool_dir = "$STATE/spool/swapaware"
 agent_socket = "$AGENT_SOCK"
+token_file = "$STATE/etc/token"
 
 [agent]
 socket_path = "$AGENT_SOCK"

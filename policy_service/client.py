@@ -11,8 +11,9 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 
 
 class PolicyClient:
-    def __init__(self, address: str, deadline_s: float):
+    def __init__(self, address: str, deadline_s: float, token: str | None = None):
         self.address, self.deadline_s = address, deadline_s
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._channel = grpc.insecure_channel(address, options=[("grpc.enable_retries", 0)])
         self._stub = policy_pb2_grpc.PolicyServiceStub(self._channel)
 
@@ -27,7 +28,7 @@ class PolicyClient:
 
     def call(self, method: str, request):
         """Call an RPC by its proto name ('Admit', 'JobFinished', ...)."""
-        return getattr(self._stub, method)(request, timeout=self.deadline_s)
+        return getattr(self._stub, method)(request, timeout=self.deadline_s, metadata=self._metadata)
 
     def admit(self, job: pb.JobFacts, dry_run: bool = False) -> pb.AdmitResponse:
         return self.call("Admit", pb.AdmitRequest(job=job, dry_run=dry_run))

@@ -159,6 +159,10 @@ class ServiceConfig:
     max_workers: int = 16
     # Deadline for each Slurm CLI call the service makes (job id -> decision lookups).
     slurm_timeout_s: float = 5.0
+    # File holding a shared secret; when set, JobStarted/JobFinished over gRPC must carry it
+    # ("authorization: Bearer <secret>"), so only the nodes' hooks can feed the model.
+    # Empty: no check (single-node setups, gRPC bound to 127.0.0.1).
+    token_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,8 @@ class HookConfig:
     agent_timeout_s: float = 1.0
     # Replay at most this many spooled events per hook run (bounded work in the hook).
     replay_batch: int = 50
+    # The service's shared secret (same file content as service.token_file); empty: none.
+    token_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -278,6 +284,19 @@ def _validate(cfg: Config) -> None:
     errors = [msg for ok, msg in checks if not ok]
     if errors:
         raise ConfigError("; ".join(errors))
+
+
+def read_token(path: str) -> str | None:
+    """The shared secret in ``path`` (stripped), None when no file is configured."""
+    if not path:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"token file {path}: {exc}") from None
+    if not token:
+        raise ConfigError(f"token file {path} is empty")
+    return token
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:

@@ -15,7 +15,7 @@ from policy_service.adapters.grpc_server import start_grpc
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.local_socket import start_local_socket
 from policy_service.adapters.slurm import SlurmAccess, open_slurm
-from policy_service.config import Config
+from policy_service.config import Config, read_token
 from policy_service.handler import PolicyHandler
 
 log = logging.getLogger("swapaware.service")
@@ -49,7 +49,8 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     if slurm is None and use_slurm:
         slurm = open_slurm(cfg.service.slurm_backend, cfg.service.slurm_timeout_s)
     handler = PolicyHandler(cfg, store, slurm)
-    server, port, health_servicer = start_grpc(handler, cfg.service.grpc_address, cfg.service.max_workers)
+    token = read_token(cfg.service.token_file)
+    server, port, health_servicer = start_grpc(handler, cfg.service.grpc_address, cfg.service.max_workers, token)
     try:
         sock_server, _ = start_local_socket(handler, cfg.service.socket_path)
     except OSError:

@@ -22,7 +22,7 @@ import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.client import PolicyClient
-from policy_service.config import Config, ConfigError, HookConfig, load_config
+from policy_service.config import Config, ConfigError, HookConfig, load_config, read_token
 from slurm_plugin import agent_client, spool
 
 log = logging.getLogger("swapaware.hooks")
@@ -114,11 +114,22 @@ def apply_telemetry(req: pb.JobFinishedRequest, t: dict) -> None:
             log.info("job %s: agent suspected OOM (%s) but the job exited 0: not an OOM", req.job_id, evidence)
 
 
+def hook_client(hooks: HookConfig) -> PolicyClient:
+    """A client carrying the hooks' token when one is configured. An unreadable token file is
+    logged and the call goes out without it: the service refuses it and the event is spooled."""
+    try:
+        token = read_token(hooks.token_file)
+    except ConfigError as exc:
+        log.error("%s: events will be spooled until it is readable", exc)
+        token = None
+    return PolicyClient(hooks.service_address, hooks.deadline_s, token)
+
+
 def deliver(hooks: HookConfig, method: str, request, client: PolicyClient | None = None) -> bool:
     """Replay what is spooled, then send ``request``; spool it if the service cannot take it.
     Returns True when the service took it now."""
     own = client is None
-    client = client or PolicyClient(hooks.service_address, hooks.deadline_s)
+    client = client or hook_client(hooks)
     try:
         result = spool.replay(hooks.spool_dir, client.call, hooks.replay_batch)
         if result.sent or result.rejected:
@@ -189,6 +200,6 @@ def epilog_main() -> None:
 
 
 def replay_main(hooks: HookConfig) -> spool.ReplayResult:
-    with PolicyClient(hooks.service_address, hooks.deadline_s) as client:
+    with hook_client(hooks) as client:
         return spool.replay(hooks.spool_dir, client.call, max_events=10**9)
 

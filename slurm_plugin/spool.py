@@ -88,7 +88,7 @@ def replay(spool_dir: Path, send: Callable[[str, Message], object], max_events: 
                 send(method.value[0], msg)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-                if code in RETRYABLE:
+                if code in RETRYABLE or code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     stopped = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
                     break
                 _reject(spool_dir, path, f"{code.name}: {exc.details()}")

@@ -1,6 +1,7 @@
 """gRPC transport: a thin servicer over ``PolicyHandler`` plus the standard health service."""
 from __future__ import annotations
 
+import hmac
 import logging
 from concurrent import futures
 
@@ -14,11 +15,25 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "swapaware.v1.PolicyService"
 
 
+# Events feed the model: with a token configured, only callers that hold it may send them.
+_AUTHENTICATED = {Method.JOB_STARTED, Method.JOB_FINISHED}
+
+
+def authorized(metadata, token: str | None) -> bool:
+    if token is None:
+        return True
+    expected = f"Bearer {token}".encode()
+    return any(k == "authorization" and hmac.compare_digest(str(v).encode(), expected) for k, v in metadata or ())
+
+
 class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
-    def __init__(self, handler: PolicyHandler):
+    def __init__(self, handler: PolicyHandler, token: str | None = None):
         self._handler = handler
+        self._token = token
 
     def _call(self, method: Method, request, context: grpc.ServicerContext):
+        if method in _AUTHENTICATED and not authorized(context.invocation_metadata(), self._token):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method.value[0]} needs the hooks' token")
         try:
             return method.call(self._handler, request)
         except HandlerError as exc:
@@ -40,10 +55,11 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         return self._call(Method.EXPLAIN, request, context)
 
 
-def start_grpc(handler: PolicyHandler, address: str, max_workers: int) -> tuple[grpc.Server, int, health.HealthServicer]:
+def start_grpc(handler: PolicyHandler, address: str, max_workers: int,
+               token: str | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Start serving on ``address`` ('host:0' picks a free port). Returns (server, port, health)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"))
-    policy_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(handler), server)
+    policy_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(handler, token), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(address)

@@ -1,0 +1,80 @@
+"""With a token configured, only callers holding it may feed observations to the model."""
+from pathlib import Path
+
+import grpc
+import pytest
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.grpc_server import authorized
+from policy_service.client import PolicyClient
+from policy_service.config import ConfigError, load_config, read_token
+from policy_service.server import start_service
+from slurm_plugin import hooks, spool
+
+
+@pytest.fixture
+def secured(service_env, slurm_jobs, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    env = {**service_env, "SWAPAWARE_SERVICE__TOKEN_FILE": str(token)}
+    svc = start_service(load_config(env=env), slurm=slurm_jobs)
+    yield svc, env, token
+    svc.stop(0)
+
+
+def test_events_need_the_token_but_admit_and_explain_do_not(secured):
+    svc, _, _ = secured
+    finish = pb.JobFinishedRequest(job_id=1, event_id="e1", finished_at=10.0)
+    with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as anon:
+        with pytest.raises(grpc.RpcError) as err:
+            anon.call("JobFinished", finish)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as err:
+            anon.call("JobStarted", pb.JobStartedRequest(job_id=1, event_id="s1"))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        d = anon.admit(pb.JobFacts(user="u", tres_per_node="gres:gpu:1")).decision
+        assert anon.explain(pb.ExplainRequest(decision_id=d.decision_id)).decision.decision_id == d.decision_id
+    with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0, token="wrong") as wrong:
+        with pytest.raises(grpc.RpcError) as err:
+            wrong.call("JobFinished", finish)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0, token="s3cret") as ok:
+        assert ok.call("JobFinished", finish).applied
+    assert [o.job_id for o in svc.store.observations()] == [1]
+
+
+def test_hooks_with_a_bad_token_spool_and_deliver_once_it_is_fixed(secured, tmp_path):
+    svc, env, token = secured
+    spool_dir = Path(env["SWAPAWARE_HOOKS__SPOOL_DIR"])
+    bad = tmp_path / "bad-token"
+    bad.write_text("nope")
+    base = {**env, "SWAPAWARE_HOOKS__SERVICE_ADDRESS": f"127.0.0.1:{svc.grpc_port}"}
+    cfg_bad = load_config(env={**base, "SWAPAWARE_HOOKS__TOKEN_FILE": str(bad)}).hooks
+    req = pb.JobFinishedRequest(job_id=2, event_id="f2", finished_at=5.0)
+    assert hooks.deliver(cfg_bad, "JobFinished", req) is False
+    assert len(spool.pending(spool_dir)) == 1
+    assert spool.replay(spool_dir, hooks.hook_client(cfg_bad).call, 10).stopped_by.startswith("UNAUTHENTICATED")
+    assert len(spool.pending(spool_dir)) == 1  # kept, not rejected
+    cfg_ok = load_config(env={**base, "SWAPAWARE_HOOKS__TOKEN_FILE": str(token)}).hooks
+    assert hooks.replay_main(cfg_ok).sent == 1 and not spool.pending(spool_dir)
+    assert [o.job_id for o in svc.store.observations()] == [2]
+
+
+@pytest.mark.parametrize("metadata,token,ok", [
+    ((), None, True),
+    ((("authorization", "Bearer t"),), "t", True),
+    ((("authorization", "Bearer x"),), "t", False),
+    ((("authorization", "t"),), "t", False),
+    ((), "t", False),
+])
+def test_authorized(metadata, token, ok):
+    assert authorized(metadata, token) is ok
+
+
+def test_token_file_errors(tmp_path):
+    assert read_token("") is None
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="empty"):
+        read_token(str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match="token file"):
+        read_token(str(tmp_path / "missing"))
