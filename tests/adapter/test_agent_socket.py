@@ -24,18 +24,12 @@ from slurm_plugin.agent import Agent, AgentServer
 from slurm_plugin.agent_client import request
 from slurm_plugin.nvml import FakeNvmlTelemetry, create_fake_gpus
 
+from tests.waiting import wait_for
+
 TOTAL_BYTES = 1_000_000
 PERIOD_S = 0.05
 
 
-def _wait_for(predicate, timeout_s: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 @pytest.fixture
@@ -79,7 +73,7 @@ class Rig:
             [sys.executable, "-m", "slurm_plugin.nvml", "fake-alloc", "--root", str(self.root), "--gpu", str(gpu),
              "--bytes", str(nbytes), "--hold-seconds", "120"], env=env, stdout=subprocess.DEVNULL)
         self.children.append(child)
-        _wait_for(lambda: any(p.pid == child.pid for p in self.fake.processes(gpu)), what=f"pid {child.pid} alloc")
+        wait_for(lambda: any(p.pid == child.pid for p in self.fake.processes(gpu)), what=f"pid {child.pid} alloc")
         return child
 
     def samples(self, job_id: int) -> int:
@@ -87,7 +81,7 @@ class Rig:
         return jobs[job_id]["samples"]
 
     def wait_samples(self, job_id: int, at_least: int) -> None:
-        _wait_for(lambda: self.samples(job_id) >= at_least, what=f"{at_least} samples of job {job_id}")
+        wait_for(lambda: self.samples(job_id) >= at_least, what=f"{at_least} samples of job {job_id}")
 
     def close(self) -> None:
         for child in self.children:
@@ -138,7 +132,7 @@ def test_growing_job_peak_is_the_sum_and_mean_lies_between(rig: Rig) -> None:
     for child in (first, second):
         child.kill()
         child.wait(timeout=10)
-    _wait_for(lambda: rig.fake.memory(1).used_bytes == 0, what="release")
+    wait_for(lambda: rig.fake.memory(1).used_bytes == 0, what="release")
     seen = rig.samples(43)
     rig.wait_samples(43, seen + 2)
     t = rig.ask({"op": "stop", "job_id": 43})["telemetry"]
@@ -275,7 +269,7 @@ def test_daemon_main_serves_and_exits_cleanly_on_sigterm(short_dir: Path) -> Non
     daemon = subprocess.Popen([sys.executable, "-m", "slurm_plugin.agent", "--config", str(config), "--socket",
                                str(sock), "--foreground"], env=_agent_env(), stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: sock.exists(), what="socket")
+        wait_for(lambda: sock.exists(), what="socket")
         assert request(sock, {"op": "start", "job_id": 1, "gpus": [0]}, 5.0) == {"ok": True}
         assert request(sock, {"op": "status"}, 5.0)["source"] == "fake-nvml"
         daemon.send_signal(signal.SIGTERM)

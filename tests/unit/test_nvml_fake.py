@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from slurm_plugin.nvml import (
     open_telemetry,
     pid_alive,
 )
+from tests.waiting import wait_for
 
 TOTAL_BYTES = 1_000_000
 
@@ -38,14 +38,6 @@ def _nvml_works() -> bool:
         return False
 
 
-def _wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
@@ -111,14 +103,14 @@ def test_cli_holder_memory_is_released_when_the_process_is_killed(root: Path) ->
     holder = _cli("fake-alloc", "--root", str(root), "--gpu", "0", "--bytes", "700000", "--hold-seconds", "60")
     fake = FakeNvmlTelemetry(root)
     try:
-        _wait_for(lambda: fake.processes(0) == [ProcessUsage(holder.pid, 700_000)], what="holder allocation")
+        wait_for(lambda: fake.processes(0) == [ProcessUsage(holder.pid, 700_000)], what="holder allocation")
         assert fake.memory(0).used_bytes == 700_000
         refused = _cli("fake-alloc", "--root", str(root), "--gpu", "0", "--bytes", "300001", "--pid", str(os.getpid()))
         _, err = refused.communicate(timeout=30)
         assert refused.returncode == 2 and "CUDA out of memory (fake)" in err
         holder.send_signal(signal.SIGKILL)
         # Before and after reaping (zombie, then gone) the driver has released the memory.
-        _wait_for(lambda: fake.memory(0).used_bytes == 0, what="release after SIGKILL")
+        wait_for(lambda: fake.memory(0).used_bytes == 0, what="release after SIGKILL")
         holder.wait(timeout=10)
         assert fake.processes(0) == []
         assert fake_alloc(root, 0, os.getpid(), TOTAL_BYTES) == TOTAL_BYTES
@@ -131,7 +123,7 @@ def test_cli_holder_memory_is_released_when_the_process_is_killed(root: Path) ->
 def test_cli_holder_frees_on_sigterm_and_on_timeout(root: Path) -> None:
     holder = _cli("fake-alloc", "--root", str(root), "--gpu", "1", "--bytes", "5", "--hold-seconds", "60")
     fake = FakeNvmlTelemetry(root)
-    _wait_for(lambda: fake.memory(1).used_bytes == 5, what="holder allocation")
+    wait_for(lambda: fake.memory(1).used_bytes == 5, what="holder allocation")
     holder.send_signal(signal.SIGTERM)
     holder.wait(timeout=10)
     assert not (root / "gpu1" / "procs" / str(holder.pid)).exists()
@@ -150,7 +142,7 @@ def test_cli_without_hold_allocates_for_the_calling_shell(root: Path) -> None:
     finally:
         shell.kill()
         shell.wait(timeout=10)
-    _wait_for(lambda: FakeNvmlTelemetry(root).memory(0).used_bytes == 0, what="release")
+    wait_for(lambda: FakeNvmlTelemetry(root).memory(0).used_bytes == 0, what="release")
 
 
 def test_cli_create_and_free(tmp_path: Path) -> None:
