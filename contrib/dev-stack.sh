@@ -34,7 +34,7 @@ ensure_python() {
     command -v "$py" >/dev/null || die "python3 not found"
     if ! "$py" -c 'import ensurepip, venv' 2>/dev/null; then
         log "installing python3-venv"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv python3-pip >/dev/null
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv python3-pip >/dev/null
     fi
     local stamp_src stamp
     stamp_src=$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/protos/swapaware/v1/*.proto | sha256sum | cut -c1-16)
