@@ -90,6 +90,9 @@ exec $VENV/bin/swapaware-$hook >>$LOGDIR/hooks.log 2>&1
 EOF
         chmod 0755 "$STATE/bin/$hook"
     done
+    # TaskProlog: runs as the job's user; prints the memory cap of shard jobs ("export" lines).
+    printf '#!/bin/sh\nexec %s/bin/python -I -m slurm_plugin.task_prolog\n' "$VENV" >"$STATE/bin/task-prolog"
+    chmod 0755 "$STATE/bin/task-prolog"
 }
 
 pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -154,6 +157,7 @@ create_fake_gpus(Path('$FAKE'), 4, $GPU_BYTES)"
     service_start
     start_daemon agent "$RUN/agent.pid" "$VENV/bin/swapaware-agent" --config "$CONF" --foreground
     SWAPAWARE_LUA_DIR=$ROOT/slurm_plugin SWAPAWARE_PROLOG=$STATE/bin/prolog SWAPAWARE_EPILOG=$STATE/bin/epilog \
+        SWAPAWARE_TASK_PROLOG=$STATE/bin/task-prolog \
         SWAPAWARE_SOCKET=$SOCK "$CLUSTER" up
     cat <<EOF
 

@@ -268,7 +268,13 @@ render_all() {
             die "SWAPAWARE_EPILOG must be an absolute path to an executable: $SWAPAWARE_EPILOG"
         R_EPILOG_LINE="Epilog=$SWAPAWARE_EPILOG"
     fi
-    export R_PROLOG_LINE R_EPILOG_LINE
+    R_TASKPROLOG_LINE="#TaskProlog= (unset; set SWAPAWARE_TASK_PROLOG)"
+    if [[ -n ${SWAPAWARE_TASK_PROLOG:-} ]]; then
+        [[ $SWAPAWARE_TASK_PROLOG == /* && -x $SWAPAWARE_TASK_PROLOG ]] ||
+            die "SWAPAWARE_TASK_PROLOG must be an absolute path to an executable: $SWAPAWARE_TASK_PROLOG"
+        R_TASKPROLOG_LINE="TaskProlog=$SWAPAWARE_TASK_PROLOG"
+    fi
+    export R_PROLOG_LINE R_EPILOG_LINE R_TASKPROLOG_LINE
 
     # job_submit.lua is read from the directory of slurm.conf.
     if [[ -n ${SWAPAWARE_LUA_DIR:-} && ${SWAPAWARE_JOB_SUBMIT:-1} != 0 ]]; then

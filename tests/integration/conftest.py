@@ -121,7 +121,7 @@ def job_field(oneliner: str, key: str) -> str:
 def fake_alloc_script(stack: Stack, gib: float, hold_s: float = 1.5, extra: str = "") -> str:
     py = Path(sys.executable)
     return f"""#!/bin/bash
-env | grep -E '^(CUDA_VISIBLE_DEVICES|SLURM_JOB_GPUS|SLURM_SHARDS_ON_NODE|SLURM_GPUS_ON_NODE)=' | sort
+env | grep -E '^(CUDA_VISIBLE_DEVICES|SLURM_JOB_GPUS|SLURM_SHARDS_ON_NODE|SLURM_GPUS_ON_NODE|SWAPAWARE_GPU_MEM_LIMIT_BYTES)=' | sort
 {extra}
 exec {py} -m slurm_plugin.nvml fake-alloc --root {stack.state}/fake-nvml --gpu "${{CUDA_VISIBLE_DEVICES%%,*}}" \\
     --bytes {int(gib * GIB)} --hold-seconds {hold_s}

@@ -32,6 +32,7 @@ def test_class_moves_from_whole_gpu_to_shards_after_an_observed_run(stack):
     assert stack.wait_done(second) == "COMPLETED"
     out = (stack.state / "jobs" / f"slurm-{second}.out").read_text()
     assert "CUDA_VISIBLE_DEVICES=" in out and "SLURM_SHARDS_ON_NODE=1" in out
+    assert "SWAPAWARE_GPU_MEM_LIMIT_BYTES=10737418240" in out  # the TaskProlog's cap: 1 shard of 80 GiB / 8
     assert decision_of(stack.sacct_admin_comment(second))["action"] == "share"
     explained = stack.swapaware("explain", str(second)).stdout
     assert "action: share -> gres:shard:1" in explained
