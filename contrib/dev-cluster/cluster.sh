@@ -237,6 +237,18 @@ make_secrets() {
     chmod 600 "$ETC/db.pass"
 }
 
+# hook_line KEY VAR: "KEY=<path>" from the environment variable VAR (an absolute path to an
+# executable), or a commented-out line saying how to set it.
+hook_line() {
+    local key=$1 var=$2 path=${!2:-}
+    if [[ -z $path ]]; then
+        echo "#$key= (unset; set $var)"
+        return 0
+    fi
+    [[ $path == /* && -x $path ]] || die "$var must be an absolute path to an executable: $path"
+    echo "$key=$path"
+}
+
 render_all() {
     local node socket lua_on=0 f
     node=$(node_name)
@@ -256,24 +268,9 @@ render_all() {
     export R_NODE_HW R_DB_PASS
 
     # Hooks
-    R_PROLOG_LINE="#Prolog= (unset; set SWAPAWARE_PROLOG)"
-    R_EPILOG_LINE="#Epilog= (unset; set SWAPAWARE_EPILOG)"
-    if [[ -n ${SWAPAWARE_PROLOG:-} ]]; then
-        [[ $SWAPAWARE_PROLOG == /* && -x $SWAPAWARE_PROLOG ]] ||
-            die "SWAPAWARE_PROLOG must be an absolute path to an executable: $SWAPAWARE_PROLOG"
-        R_PROLOG_LINE="Prolog=$SWAPAWARE_PROLOG"
-    fi
-    if [[ -n ${SWAPAWARE_EPILOG:-} ]]; then
-        [[ $SWAPAWARE_EPILOG == /* && -x $SWAPAWARE_EPILOG ]] ||
-            die "SWAPAWARE_EPILOG must be an absolute path to an executable: $SWAPAWARE_EPILOG"
-        R_EPILOG_LINE="Epilog=$SWAPAWARE_EPILOG"
-    fi
-    R_TASKPROLOG_LINE="#TaskProlog= (unset; set SWAPAWARE_TASK_PROLOG)"
-    if [[ -n ${SWAPAWARE_TASK_PROLOG:-} ]]; then
-        [[ $SWAPAWARE_TASK_PROLOG == /* && -x $SWAPAWARE_TASK_PROLOG ]] ||
-            die "SWAPAWARE_TASK_PROLOG must be an absolute path to an executable: $SWAPAWARE_TASK_PROLOG"
-        R_TASKPROLOG_LINE="TaskProlog=$SWAPAWARE_TASK_PROLOG"
-    fi
+    R_PROLOG_LINE=$(hook_line Prolog SWAPAWARE_PROLOG)
+    R_EPILOG_LINE=$(hook_line Epilog SWAPAWARE_EPILOG)
+    R_TASKPROLOG_LINE=$(hook_line TaskProlog SWAPAWARE_TASK_PROLOG)
     export R_PROLOG_LINE R_EPILOG_LINE R_TASKPROLOG_LINE
 
     # job_submit.lua is read from the directory of slurm.conf.
