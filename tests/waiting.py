@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 
-def wait_for(predicate, timeout_s: float = 15.0, what: str = "condition"):
-    """Return predicate()'s first truthy value, polling every 10 ms up to ``timeout_s``."""
+def wait_for(predicate, timeout_s: float = 15.0, what: str | Callable[[], str] = "condition",
+             interval_s: float = 0.01):
+    """Return predicate()'s first truthy value, polling every ``interval_s`` up to ``timeout_s``.
+    ``what`` (or what it returns, computed only on timeout) names the awaited condition."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
         if value:
             return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what() if callable(what) else what}")
+        time.sleep(interval_s)

@@ -10,12 +10,13 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK = ROOT / "contrib" / "dev-stack.sh"
@@ -58,15 +59,14 @@ class Stack:
         return self.run("scontrol", "show", "job", "-o", str(job_id)).stdout
 
     def wait_done(self, job_id: int, timeout_s: float = 90) -> str:
-        deadline = time.monotonic() + timeout_s
-        state = ""
-        while time.monotonic() < deadline:
+        final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
+
+        def state() -> str | None:
             r = self.run("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "state", check=False)
-            state = r.stdout.strip().split("\n")[0].strip()
-            if state and state.split()[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"):
-                return state.split()[0]
-            time.sleep(0.5)
-        raise AssertionError(f"job {job_id} not finished after {timeout_s}s (state {state!r}): {self.show_job(job_id)}")
+            words = r.stdout.split()
+            return words[0] if words and words[0] in final else None
+
+        return wait_for(state, timeout_s, lambda: f"job {job_id} to finish: {self.show_job(job_id)}", 0.5)
 
     def sacct_admin_comment(self, job_id: int) -> str:
         r = self.run("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "admincomment")
@@ -76,16 +76,24 @@ class Stack:
         return sqlite3.connect(f"file:{self.state}/lib/history.sqlite3?mode=ro", uri=True)
 
     def wait_observation(self, job_id: int, timeout_s: float = 30) -> tuple:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def row() -> tuple | None:
             with self.history() as db:
-                row = db.execute("SELECT decision_id, runtime_s, exit_code, peak_bytes, gpu_indices, telemetry_source "
-                                 "FROM observations WHERE job_id=?", (job_id,)).fetchone()
-            if row:
-                return row
-            time.sleep(0.3)
-        raise AssertionError(f"no observation of job {job_id} after {timeout_s}s; hooks log:\n"
-                             + (self.state / "log" / "hooks.log").read_text()[-3000:])
+                return db.execute("SELECT decision_id, runtime_s, exit_code, peak_bytes, gpu_indices, "
+                                  "telemetry_source FROM observations WHERE job_id=?", (job_id,)).fetchone()
+
+        return wait_for(row, timeout_s, lambda: f"an observation of job {job_id}; hooks log:\n"
+                        + (self.state / "log" / "hooks.log").read_text()[-3000:], 0.3)
+
+    def wait_for_decisions(self, *sbatch_args: str, timeout_s: float = 120) -> None:
+        """After a service outage job_submit.lua's circuit breaker lets GPU jobs pass undecided
+        for 10 s or more: submit held probes until one carries a decision again (each cancelled)."""
+        def decided() -> bool:
+            probe = self.sbatch("#!/bin/sh\ntrue\n", "--hold", "--gres=gpu:1", "--job-name=probe", *sbatch_args)
+            comment = job_field(self.show_job(probe), "AdminComment")
+            self.run("scancel", str(probe))
+            return bool(decision_of(comment))
+
+        wait_for(decided, timeout_s, "job_submit.lua to reach the service again", 2.0)
 
     def swapaware(self, *args: str) -> subprocess.CompletedProcess:
         return self.run(str(Path(sys.executable).parent / "swapaware"), *args)

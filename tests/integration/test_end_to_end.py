@@ -1,9 +1,10 @@
 """End to end on the real cluster: sbatch -> job_submit.lua -> policy service -> prolog/epilog -> sacct."""
 import re
-import time
 import uuid
 
 import pytest
+
+from tests.waiting import wait_for
 
 from .conftest import GIB, decision_of, fake_alloc_script, job_field
 
@@ -55,22 +56,13 @@ def test_fail_open_and_spooled_observation_arrives_after_service_returns(stack):
         assert job_field(info, "AdminComment") in ("", "(null)")
         assert stack.wait_done(job) == "COMPLETED"
         spool = stack.state / "spool" / "swapaware"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any(spool.glob(f"*-finish-{job}-*.json")):
-            time.sleep(0.3)
-        assert any(spool.glob(f"*-finish-{job}-*.json")), list(spool.iterdir())
+        wait_for(lambda: any(spool.glob(f"*-finish-{job}-*.json")), 30,
+                 lambda: f"the epilog to spool job {job}: {list(spool.iterdir())}", 0.3)
     finally:
         stack.stack("service-start")
     stack.swapaware("replay-spool")
     # the plugin's circuit breaker closes again by itself: GPU jobs get decisions once more
-    deadline = time.monotonic() + 60
-    while True:
-        probe = stack.sbatch("#!/bin/sh\ntrue\n", "--gres=gpu:1", "--hold")
-        stack.run("scancel", str(probe))
-        if decision_of(job_field(stack.show_job(probe), "AdminComment")):
-            break
-        assert time.monotonic() < deadline, "plugin did not resume asking the service"
-        time.sleep(2)
+    stack.wait_for_decisions(timeout_s=60)
     _, runtime_s, exit_code, peak, _, _ = stack.wait_observation(job)
     assert exit_code == 0 and runtime_s is not None and peak == 1 * GIB
 
@@ -83,12 +75,8 @@ def gpu_index(stack, job_id: int) -> str:
 
 
 def wait_running(stack, job_id: int, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if job_field(stack.show_job(job_id), "JobState") == "RUNNING":
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"job {job_id} not running: {stack.show_job(job_id)}")
+    wait_for(lambda: job_field(stack.show_job(job_id), "JobState") == "RUNNING", timeout_s,
+             lambda: f"job {job_id} to run: {stack.show_job(job_id)}", 0.3)
 
 
 def test_whole_gpu_decision_never_shares_a_gpu_with_shard_jobs(stack):
@@ -111,13 +99,9 @@ def test_site_factor_reaches_slurm_priority(stack):
     waiting = stack.sbatch("#!/bin/sh\ntrue\n", "--gres=gpu:1", f"--job-name=wait-{uuid.uuid4().hex[:6]}")
     try:
         sf = int(decision_of(job_field(stack.show_job(waiting), "AdminComment"))["sf"])
-        deadline = time.monotonic() + 20
-        site = None
-        while time.monotonic() < deadline and site is None:
-            out = stack.run("sprio", "-h", "-j", str(waiting), "-o", "%S", check=False).stdout.split()
-            site = int(out[0]) if out else None
-            time.sleep(0.5)
-        assert site == sf
+        site = wait_for(lambda: stack.run("sprio", "-h", "-j", str(waiting), "-o", "%S", check=False).stdout.split(),
+                        20, f"sprio to list job {waiting}", 0.5)
+        assert int(site[0]) == sf
     finally:
         stack.run("scancel", *(str(j) for j in (*fillers, waiting)))
 

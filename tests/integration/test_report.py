@@ -8,6 +8,8 @@ import uuid
 
 import pytest
 
+from tests.waiting import wait_for
+
 from .conftest import GIB, decision_of, fake_alloc_script, job_field
 
 pytestmark = pytest.mark.integration
@@ -23,29 +25,15 @@ def _report(stack, *args):
 def _report_listing(stack, job_ids, *args, timeout_s: float = 30) -> dict:
     """``report --format json --jobs`` once accounting lists every one of ``job_ids``: a windowed
     sacct query can miss a job that ended in the last seconds (seen on 22.05 for up to ~3 s)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def listing() -> dict | None:
         doc = json.loads(_report(stack, "--format", "json", "--jobs", *args).stdout)
-        listed = {j["job_id"] for j in doc["jobs"]}
-        if set(job_ids) <= listed:
-            return doc
-        assert time.monotonic() < deadline, f"accounting never listed {sorted(set(job_ids) - listed)}"
-        time.sleep(1)
+        return doc if set(job_ids) <= {j["job_id"] for j in doc["jobs"]} else None
+
+    return wait_for(listing, timeout_s, f"accounting to list jobs {sorted(job_ids)}", 1.0)
 
 
-def _wait_for_decisions(stack, timeout_s: float = 120) -> None:
-    """After a service outage job_submit.lua's circuit breaker lets GPU jobs pass undecided for
-    10 s or more: submit held probes until one carries a decision again (then cancel them)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        probe = stack.sbatch("#!/bin/sh\ntrue\n", "--hold", "--gres=gpu:1", "--job-name=report-probe",
-                             *WHERE)
-        comment = job_field(stack.show_job(probe), "AdminComment")
-        stack.run("scancel", str(probe))
-        if decision_of(comment):
-            return
-        assert time.monotonic() < deadline, "job_submit.lua did not reach the service again"
-        time.sleep(2)
+def _wait_for_decisions(stack) -> None:
+    stack.wait_for_decisions(*WHERE)
 
 
 def test_report_joins_slurmdbd_accounting_with_the_history(stack, tmp_path):
