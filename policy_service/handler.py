@@ -123,18 +123,19 @@ class PolicyHandler:
     # ------------------------------------------------------------------ Admit
     def admit(self, req: pb.AdmitRequest) -> pb.AdmitResponse:
         job = req.job
+        fields = gres_fields(job)
         try:
             jr, access = job_request(
                 user=job.user, account=job.account, partition=job.partition, job_name=job.job_name,
-                script_fingerprint=job.script_fingerprint, gres_fields=gres_fields(job), min_nodes=job.min_nodes,
-                num_tasks=job.num_tasks,
-                time_limit_min=job.time_limit_min, comment=job.comment, env_mem_hint=job.env_mem_hint)
+                script_fingerprint=job.script_fingerprint, gres_fields=fields, min_nodes=job.min_nodes,
+                num_tasks=job.num_tasks, time_limit_min=job.time_limit_min, comment=job.comment,
+                env_mem_hint=job.env_mem_hint)
         except RequestError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         keys = history_keys(jr)
         stats = self.store.stats(keys)
         d = policy.decide(jr, stats, self.cfg, decision_id=self.new_id(), now=self.clock(),
-                          job_class=keys[KeyLevel.CLASS], gres_fields=gres_fields(job), access=access)
+                          job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access)
         if not req.dry_run:
             self._writes.put((d, jr, keys, job))
         if req.brief:  # the full message is built by the writer, off this path
