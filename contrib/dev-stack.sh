@@ -60,6 +60,12 @@ write_config() {
 memory_bytes = $GPU_BYTES
 shards_per_gpu = 8
 
+[policy]
+# A one-node demo cluster with 4 GPUs rarely has a queue: share as soon as a job's memory is
+# known (the production default, 0.05, keeps jobs whole while no GPU work waits).
+share_min_queue = 0.0
+queue_poll_s = 2.0
+
 [service]
 grpc_address = "127.0.0.1:$GRPC_PORT"
 socket_path = "$SOCK"
@@ -84,9 +90,11 @@ EOF
     for hook in prolog epilog; do
         cat >"$STATE/bin/$hook" <<EOF
 #!/bin/sh
-# slurmd runs this as root; it always exits 0 (see slurm_plugin/hooks.py)
+# slurmd runs this as root. swapaware-$hook always exits 0; so does this wrapper, even when
+# the hook cannot start at all (a non-zero exit would drain the node).
 export SWAPAWARE_CONFIG=$CONF
-exec $VENV/bin/swapaware-$hook >>$LOGDIR/hooks.log 2>&1
+$VENV/bin/swapaware-$hook >>$LOGDIR/hooks.log 2>&1
+exit 0
 EOF
         chmod 0755 "$STATE/bin/$hook"
     done

@@ -144,6 +144,15 @@ class PolicyConfig:
     site_factor_max: int = 1000
     # Contention degree is only learned from at least this many shared and solo runs.
     contention_min_runs: int = 1
+    # Share only while GPU work waits: when the pending GPU jobs ask for less than this
+    # fraction of the cluster's GPUs, a job that would start at once keeps its whole GPU
+    # (sharing then only adds compute interference). 0 shares regardless of the queue.
+    share_min_queue: float = 0.05
+    # QoS names whose jobs always keep whole GPUs (no co-runner can slow them down).
+    whole_gpu_qos: tuple[str, ...] = ()
+    # How often the service reads the pending GPU jobs from Slurm; a snapshot older than three
+    # periods counts as unknown (the queue rule is then skipped, with a reason).
+    queue_poll_s: float = 15.0
     # Admin comment length cap (Slurm stores it as text; keep sacct output readable).
     admin_comment_max_chars: int = 400
 
@@ -246,6 +255,9 @@ def _coerce(section: str, key: str, typ: Any, raw: Any) -> Any:
             return Path(str(raw))
         if typ is str:
             return str(raw)
+        if typing.get_origin(typ) is tuple:  # tuple[str, ...]: a TOML list or "a,b" in the environment
+            items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
+            return tuple(str(x).strip() for x in items if str(x).strip())
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {raw!r} is not a valid {getattr(typ, '__name__', typ)}: {exc}") from None
     raise ConfigError(f"{where}: unsupported type {typ}")
@@ -275,6 +287,8 @@ def _validate(cfg: Config) -> None:
         (cfg.estimator.cold_samples >= 0, "estimator.cold_samples must be >= 0"),
         (cfg.policy.max_victim_slowdown >= 1, "policy.max_victim_slowdown must be >= 1"),
         (0 <= cfg.policy.site_factor_max < 2**31 - 2, "policy.site_factor_max must fit Slurm's site factor"),
+        (0 <= cfg.policy.share_min_queue <= 100, "policy.share_min_queue must be in [0, 100]"),
+        (cfg.policy.queue_poll_s > 0, "policy.queue_poll_s must be > 0"),
         (cfg.policy.admin_comment_max_chars >= 80, "policy.admin_comment_max_chars must be >= 80"),
         (cfg.hooks.deadline_s > 0, "hooks.deadline_s must be > 0"),
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),

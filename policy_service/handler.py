@@ -19,6 +19,7 @@ import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.history import HistoryStore, ObservationRow
+from policy_service.adapters.queue import QueueMonitor
 from policy_service.adapters.slurm import SlurmAccess, SlurmError
 from policy_service.config import Config
 from policy_service.core import estimator, policy
@@ -77,8 +78,10 @@ class PolicyHandler:
     """Admit / JobStarted / JobFinished / Explain over core + store."""
 
     def __init__(self, cfg: Config, store: HistoryStore, slurm: SlurmAccess | None,
-                 clock: Callable[[], float] = time.time, new_id: Callable[[], str] = _new_id):
+                 clock: Callable[[], float] = time.time, new_id: Callable[[], str] = _new_id,
+                 queue_monitor: QueueMonitor | None = None):
         self.cfg, self.store, self.slurm = cfg, store, slurm
+        self.queue = queue_monitor
         self.clock, self.new_id = clock, new_id
         # Decisions are recorded by a writer thread, off the reply's path: slurmctld waits
         # for Admit while holding its locks. Readers of decisions call flush() first.
@@ -129,13 +132,14 @@ class PolicyHandler:
                 user=job.user, account=job.account, partition=job.partition, job_name=job.job_name,
                 script_fingerprint=job.script_fingerprint, gres_fields=fields, min_nodes=job.min_nodes,
                 num_tasks=job.num_tasks, time_limit_min=job.time_limit_min, comment=job.comment,
-                env_mem_hint=job.env_mem_hint)
+                env_mem_hint=job.env_mem_hint, qos=job.qos)
         except RequestError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         keys = history_keys(jr)
         stats = self.store.stats(keys)
         d = policy.decide(jr, stats, self.cfg, decision_id=self.new_id(), now=self.clock(),
-                          job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access)
+                          job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
+                          queue=self.queue.snapshot() if self.queue is not None else None)
         if not req.dry_run:
             self._writes.put((d, jr, keys, job))
         if req.brief:  # the full message is built by the writer, off this path

@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2
 from policy_service.adapters.grpc_server import start_grpc
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.local_socket import start_local_socket
+from policy_service.adapters.queue import QueueMonitor
 from policy_service.adapters.slurm import SlurmAccess, open_slurm
 from policy_service.config import Config, read_token
 from policy_service.handler import PolicyHandler
@@ -28,6 +29,7 @@ class RunningService:
     socket_path: Path
     store: HistoryStore
     handler: PolicyHandler
+    queue_monitor: QueueMonitor | None
     _health: health.HealthServicer
     _socket_server: object
 
@@ -37,6 +39,8 @@ class RunningService:
         self._socket_server.server_close()  # type: ignore[attr-defined]
         self.grpc_server.stop(grace_s).wait(grace_s + 1)
         self.handler.close()  # every decision handed out is recorded before exit
+        if self.queue_monitor is not None:
+            self.queue_monitor.stop()
         try:
             self.socket_path.unlink()
         except FileNotFoundError:
@@ -48,18 +52,23 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     store = HistoryStore(cfg.service.db_path)
     if slurm is None and use_slurm:
         slurm = open_slurm(cfg.service.slurm_backend, cfg.service.slurm_timeout_s)
-    handler = PolicyHandler(cfg, store, slurm)
+    monitor = None
+    if slurm is not None and cfg.policy.share_min_queue > 0:
+        monitor = QueueMonitor(slurm, cfg).start()
+    handler = PolicyHandler(cfg, store, slurm, queue_monitor=monitor)
     token = read_token(cfg.service.token_file)
     server, port, health_servicer = start_grpc(handler, cfg.service.grpc_address, cfg.service.max_workers, token)
     try:
         sock_server, _ = start_local_socket(handler, cfg.service.socket_path)
     except OSError:
         server.stop(0)
+        if monitor is not None:
+            monitor.stop()
         store.close()
         raise
     log.info("serving gRPC on %s (port %d), local socket %s, history %s",
              cfg.service.grpc_address, port, cfg.service.socket_path, cfg.service.db_path)
-    return RunningService(server, port, cfg.service.socket_path, store, handler, health_servicer, sock_server)
+    return RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server)
 
 
 def serve_forever(cfg: Config) -> None:

@@ -148,6 +148,7 @@ function M.facts(job_desc, submit_uid)
     minNodes = num(job_desc.min_nodes),
     numTasks = num(job_desc.num_tasks),
     isBatch = job_desc.script ~= nil,
+    qos = str(job_desc.qos),
   }
 end
 

@@ -44,8 +44,25 @@ class AccountingJob:
     tres_req: str
 
 
+@dataclass(frozen=True)
+class PendingJob:
+    """One pending job as squeue shows it (GRES fields as Slurm stores them)."""
+
+    job_id: int
+    tres_per_node: str
+    tres_per_job: str
+    tres_per_task: str
+    nodes: int
+    tasks: int
+    reason: str
+
+
 class SlurmAccess(Protocol):
     def job_admin_comment(self, job_id: int) -> str | None: ...
+
+    def pending_jobs(self) -> list[PendingJob]: ...
+
+    def cluster_gpus(self) -> int: ...
 
     def accounting_jobs(self, job_ids: Sequence[int] = (), start: str = "", end: str = "") -> list[AccountingJob]: ...
 
@@ -114,6 +131,73 @@ def parse_sacct_json(text: str) -> list[AccountingJob]:
 
 
 # ----------------------------------------------------------------------------- CLI
+SQUEUE_PENDING_FORMAT = "JobID:|,tres-per-node:|,tres-per-job:|,tres-per-task:|,NumNodes:|,NumTasks:|,Reason:"
+SINFO_NODE_FORMAT = "%N|%G|%T"
+# Node states (sinfo %T, lower case, without the "*"/"~"/"#" suffixes) that take no new jobs.
+_UNAVAILABLE_NODE_STATES = ("down", "drain", "fail", "future", "inval", "powered_down", "power_down", "unknown")
+
+
+def _na(value: str) -> str:
+    value = value.strip()
+    return "" if value in ("N/A", "(null)") else value
+
+
+def parse_squeue_pending(text: str) -> list[PendingJob]:
+    """Rows of ``squeue -h -t PENDING -O SQUEUE_PENDING_FORMAT`` (the reason is the last column
+    and may itself contain "|")."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cols = line.split("|", 6)
+        if len(cols) < 7:
+            raise SlurmError(f"unexpected squeue line: {line!r}")
+        try:
+            job_id = int(cols[0].strip().split("_")[0])
+            nodes, tasks = int(cols[4] or 1), int(cols[5] or 1)
+        except ValueError:
+            raise SlurmError(f"unexpected squeue line: {line!r}") from None
+        out.append(PendingJob(job_id, _na(cols[1]), _na(cols[2]), _na(cols[3]), max(1, nodes), max(1, tasks),
+                              cols[6].strip()))
+    return out
+
+
+def _split_gres(text: str) -> list[str]:
+    """'gpu:a100:4(S:0-1),shard:32' -> ['gpu:a100:4(S:0-1)', 'shard:32'] (commas inside () kept)."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_sinfo_gpus(text: str) -> int:
+    """GPUs on the nodes that take jobs, from ``sinfo -h -N -o SINFO_NODE_FORMAT`` (a node in
+    several partitions is listed once per partition and counted once)."""
+    seen: dict[str, int] = {}
+    for line in text.splitlines():
+        cols = line.split("|")
+        if len(cols) < 3 or not cols[0].strip():
+            continue
+        node, gres, state = cols[0].strip(), cols[1], cols[2].strip().lower().rstrip("*~#!%$@^-")
+        if state.startswith(_UNAVAILABLE_NODE_STATES):
+            seen.setdefault(node, 0)
+            continue
+        gpus = 0
+        for entry in _split_gres("" if gres.strip() == "(null)" else gres):
+            fields = entry.split("(", 1)[0].split(":")
+            if fields[0] == "gpu" and len(fields) > 1 and fields[-1].isdigit():
+                gpus += int(fields[-1])
+        seen[node] = gpus
+    return sum(seen.values())
+
+
 class CliSlurm:
     """Slurm through its command-line tools (every call bounded by ``timeout_s``)."""
 
@@ -153,6 +237,12 @@ class CliSlurm:
             argv += ["-E", end]
         return parse_sacct_json(self._run(argv))
 
+    def pending_jobs(self) -> list[PendingJob]:
+        return parse_squeue_pending(self._run(["squeue", "-h", "-a", "-t", "PENDING", "-O", SQUEUE_PENDING_FORMAT]))
+
+    def cluster_gpus(self) -> int:
+        return parse_sinfo_gpus(self._run(["sinfo", "-h", "-N", "-o", SINFO_NODE_FORMAT]))
+
     def set_admin_comment(self, job_id: int, text: str) -> None:
         """Set AdminComment on a running job, or on a finished one through accounting."""
         try:
@@ -165,10 +255,18 @@ class CliSlurm:
 class PyslurmSlurm:
     """Slurm through pyslurm (only where pyslurm's version matches the cluster)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = 5.0) -> None:
         import pyslurm  # noqa: F401  (import error -> caller falls back)
 
         self._pyslurm = pyslurm
+        # The queue snapshot reads squeue/sinfo, which every Slurm version has.
+        self._cli = CliSlurm(timeout_s)
+
+    def pending_jobs(self) -> list[PendingJob]:
+        return self._cli.pending_jobs()
+
+    def cluster_gpus(self) -> int:
+        return self._cli.cluster_gpus()
 
     def job_admin_comment(self, job_id: int) -> str | None:
         try:
@@ -227,7 +325,7 @@ def open_slurm(wanted: SlurmBackend, timeout_s: float) -> SlurmAccess:
     choice = choose_backend(wanted, slurm_version(timeout_s), pv)
     if choice is SlurmBackend.PYSLURM:
         try:
-            return PyslurmSlurm()
+            return PyslurmSlurm(timeout_s)
         except ImportError as exc:
             if wanted is SlurmBackend.PYSLURM:
                 raise SlurmError(f"slurm_backend=pyslurm but pyslurm does not import: {exc}") from None

@@ -22,6 +22,7 @@ from policy_service.core.types import (
     GresKind,
     JobRequest,
     KeyLevel,
+    QueueState,
     Reason,
     ReasonCode,
     Rewrite,
@@ -121,8 +122,23 @@ def _single_gpu(req: JobRequest) -> bool:
     return g.source_field in ("tres_per_node", "tres_per_job")
 
 
+def _queue_gate(queue: QueueState | None, cfg: Config) -> Reason | None:
+    """A reason to keep the GPU whole because nothing waits; None when sharing may go ahead."""
+    threshold = cfg.policy.share_min_queue
+    if threshold <= 0:
+        return None
+    if queue is None or queue.age_s > 3 * cfg.policy.queue_poll_s:
+        return None  # unknown: share as if the queue were long (the caller records why)
+    if queue.pressure >= threshold:
+        return None
+    return Reason(ReasonCode.QUEUE_SHORT,
+                  f"pending GPU jobs ask for {queue.pending_gpus:.2f} of {queue.total_gpus} GPUs "
+                  f"({queue.pressure:.1%} < policy.share_min_queue {threshold:.1%}): the job can start "
+                  "on a whole GPU, where no co-runner slows it down")
+
+
 def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, access: AccessClass,
-           cfg: Config) -> tuple[Action, int, float, int, list[Reason]]:
+           cfg: Config, queue: QueueState | None = None) -> tuple[Action, int, float, int, list[Reason]]:
     g = req.gpu
     if g.kind is GresKind.NONE:
         return Action.PASS_THROUGH, 0, 1.0, 0, [Reason(ReasonCode.NO_GPU, "the job asks for no GPU")]
@@ -139,13 +155,23 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
                                                      "more than one GPU: shards of one GPU cannot serve it")]
     if not cfg.policy.enable_sharing:
         return *whole, [Reason(ReasonCode.SHARING_DISABLED, "sharing is disabled by configuration")]
+    if req.qos and req.qos in cfg.policy.whole_gpu_qos:
+        return *whole, [Reason(ReasonCode.PROTECTED_QOS, f"QoS {req.qos!r} is in policy.whole_gpu_qos: whole GPU")]
     if penalty is not None and penalty.whole_gpu_runs_left > 0:
         return *whole, [Reason(ReasonCode.OOM_PENALTY,
                                f"this job class ran out of memory while shared; whole GPU for "
                                f"{penalty.whole_gpu_runs_left} more run(s)")]
     if not est.known:
         return *whole, [Reason(ReasonCode.NO_HISTORY, "no history: whole GPU until a run is observed")]
-    return _size_shards(est, access, cfg)
+    short = _queue_gate(queue, cfg)
+    if short is not None:
+        return *whole, [short]
+    action, shards, slow, off, reasons = _size_shards(est, access, cfg)
+    if action is not Action.WHOLE_GPU and cfg.policy.share_min_queue > 0 and (
+            queue is None or queue.age_s > 3 * cfg.policy.queue_poll_s):
+        reasons.append(Reason(ReasonCode.QUEUE_UNKNOWN, "the pending GPU jobs are unknown (no recent snapshot from "
+                                                        "Slurm): shared as if GPU work were waiting"))
+    return action, shards, slow, off, reasons
 
 
 def admin_comment(d_id: str, version: str, action: Action, shards: int, est: DemandEstimate, sf: int,
@@ -168,14 +194,14 @@ def parse_admin_comment(text: str) -> dict[str, str]:
 
 def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *, decision_id: str,
            now: float, job_class: str, gres_fields: Mapping[str, str],
-           access: AccessClass | None = None) -> Decision:
+           access: AccessClass | None = None, queue: QueueState | None = None) -> Decision:
     """Decide how a job runs. Pure: same inputs, same decision."""
     access = access or cfg.swap_cost.default_access_class
     est = estimator.estimate(req, stats, cfg.estimator, cfg.gpu)
     class_stats = stats.get(KeyLevel.CLASS)
     # An OOM penalty lives with the class; a class never seen yet inherits its user+name's.
     penalty = class_stats if class_stats is not None else stats.get(KeyLevel.USER_NAME)
-    action, shards, slow, off, route_reasons = _route(req, est, penalty, access, cfg)
+    action, shards, slow, off, route_reasons = _route(req, est, penalty, access, cfg, queue)
     sf, prio_reason = site_factor(class_stats, cfg)
     if action is Action.WHOLE_GPU and _single_gpu(req) and cfg.policy.enable_sharing and cfg.policy.whole_gpu_as_shards:
         shards = cfg.gpu.shards_per_gpu

@@ -66,6 +66,9 @@ class ReasonCode(enum.Enum):
     PRIORITY_DEFAULT = "priority_default"
     ALREADY_SHARDS = "already_shards"
     WHOLE_GPU_AS_SHARDS = "whole_gpu_as_shards"
+    QUEUE_SHORT = "queue_short"
+    QUEUE_UNKNOWN = "queue_unknown"
+    PROTECTED_QOS = "protected_qos"
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,21 @@ class JobRequest:
     time_limit_s: int = 0
     hint_bytes: int | None = None
     hint_text: str = ""  # raw hint when it could not be parsed
+    qos: str = ""  # the QoS the job asked for ("" when it takes its association's default)
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """How much GPU work waits: a snapshot of the pending GPU jobs (the service polls Slurm)."""
+
+    pending_gpus: float  # GPUs the pending GPU jobs ask for (a shard counts 1/shards_per_gpu)
+    total_gpus: int  # GPUs in the cluster's nodes
+    age_s: float = 0.0  # how old the snapshot is
+
+    @property
+    def pressure(self) -> float:
+        """Pending GPU demand as a fraction of the cluster's GPUs."""
+        return self.pending_gpus / self.total_gpus if self.total_gpus > 0 else 0.0
 
 
 @dataclass(frozen=True)

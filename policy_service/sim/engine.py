@@ -35,7 +35,7 @@ from typing import Callable
 
 from policy_service.config import Config, SwapCostConfig
 from policy_service.core import swapcost
-from policy_service.core.types import CoJob, GresKind
+from policy_service.core.types import CoJob, GresKind, QueueState
 from policy_service.sim.config import InterferenceModel, SimConfig
 from policy_service.sim.policies import Admission, OverflowMode, RunOutcome, SimPolicy
 from policy_service.sim.workload import QOS_FACTOR, SimJob, Workload
@@ -156,6 +156,7 @@ class Engine:
         self.heap: list = []
         self.seq = 0
         self.queue: list[tuple[float, int, Attempt]] = []  # sorted by (key, seq)
+        self.pending_gpus = 0.0  # GPUs the queued attempts ask for (a shard: 1 / shards per GPU)
         self.now = 0.0
         self.records = [JobRecord(submit_s=j.submit_s) for j in workload.jobs]
         self.alloc_gpus = 0
@@ -210,7 +211,15 @@ class Engine:
         age = min(1.0, max(0.0, t - a.submit_t) / self.s.max_age_s)
         return self._static_prio(a) + self.s.weight_age * age
 
+    def _gpus_asked(self, a: Attempt) -> float:
+        return a.adm.count if a.adm.kind is GresKind.GPU else a.adm.count / self.spg
+
+    def _queue_state(self) -> QueueState:
+        """What the service's queue snapshot would say now (exact here; the service polls)."""
+        return QueueState(pending_gpus=max(0.0, self.pending_gpus), total_gpus=self.G)
+
     def _enqueue(self, a: Attempt) -> None:
+        self.pending_gpus += self._gpus_asked(a)
         key = -self._static_prio(a) + self.s.weight_age * a.submit_t / self.s.max_age_s
         self.seq += 1
         bisect.insort(self.queue, (key, self.seq, a))
@@ -272,6 +281,7 @@ class Engine:
         job = a.job
         rec = self.records[job.idx]
         rec.wait_s += t - a.submit_t
+        self.pending_gpus -= self._gpus_asked(a)
         a.start_t = a.last_t = t
         a.prio = self._prio_at(a, t)
         a.victim_prio = a.prio - (_VICTIM_BIAS if a.adm.designated_victim else 0.0)
@@ -392,7 +402,7 @@ class Engine:
             rec.slowdown = runtime / job.duration_s if job.duration_s > 0 else 1.0
             self.done += 1
         elif a.no < self.max_attempts:
-            nxt = Attempt(job, a.no + 1, self.policy.admit(job, a.no + 1, t), t)
+            nxt = Attempt(job, a.no + 1, self.policy.admit(job, a.no + 1, t, self._queue_state()), t)
             self._enqueue(nxt)
         else:
             rec.failed, rec.end_s, rec.fail_reason = True, t, "out of memory"
@@ -555,7 +565,7 @@ class Engine:
     # ------------------------------------------------------------------ main loop
 
     def _admit(self, job: SimJob) -> None:
-        a = Attempt(job, 1, self.policy.admit(job, 1, self.now), job.submit_s)
+        a = Attempt(job, 1, self.policy.admit(job, 1, self.now, self._queue_state()), job.submit_s)
         if a.adm.kind is GresKind.GPU and a.adm.count > self.gpn:
             rec = self.records[job.idx]
             rec.failed, rec.end_s, rec.fail_reason = True, self.now, "larger than a node"

@@ -23,8 +23,8 @@ from typing import Mapping
 
 from policy_service.config import Config
 from policy_service.core import estimator, policy, request
-from policy_service.core.types import Action, ClassStats, Decision, GresKind, JobObservation, KeyLevel
-from policy_service.sim.workload import SimJob
+from policy_service.core.types import Action, ClassStats, Decision, GresKind, JobObservation, KeyLevel, QueueState
+from policy_service.sim.workload import QOS_TIERS, SimJob
 
 PARTITION = "gpu"
 
@@ -69,7 +69,7 @@ class SimPolicy(abc.ABC):
         self.cfg = cfg
 
     @abc.abstractmethod
-    def admit(self, job: SimJob, attempt: int, now: float) -> Admission:
+    def admit(self, job: SimJob, attempt: int, now: float, queue: QueueState | None = None) -> Admission:
         """Decide at submit time what the job asks Slurm for."""
 
     def finished(self, job: SimJob, attempt: int, outcome: RunOutcome) -> None:
@@ -82,7 +82,7 @@ class SimPolicy(abc.ABC):
 class Exclusive(SimPolicy):
     name, label = "b0", "B0 exclusive"
 
-    def admit(self, job: SimJob, attempt: int, now: float) -> Admission:
+    def admit(self, job: SimJob, attempt: int, now: float, queue: QueueState | None = None) -> Admission:
         return self._whole(job)
 
 
@@ -93,7 +93,7 @@ class NaiveSharing(SimPolicy):
         super().__init__(cfg)
         self.shards = shards or max(1, cfg.gpu.shards_per_gpu // 2)
 
-    def admit(self, job: SimJob, attempt: int, now: float) -> Admission:
+    def admit(self, job: SimJob, attempt: int, now: float, queue: QueueState | None = None) -> Admission:
         if not job.single_gpu or self.shards >= self.cfg.gpu.shards_per_gpu:
             return self._whole(job)
         return Admission(GresKind.SHARD, self.shards, action="share")
@@ -102,7 +102,7 @@ class NaiveSharing(SimPolicy):
 class DeclaredPacking(SimPolicy):
     name, label = "b2", "B2 declared-memory packing"
 
-    def admit(self, job: SimJob, attempt: int, now: float) -> Admission:
+    def admit(self, job: SimJob, attempt: int, now: float, queue: QueueState | None = None) -> Admission:
         spg = self.cfg.gpu.shards_per_gpu
         k = max(1, math.ceil(job.declared_bytes / self.cfg.gpu.shard_bytes))
         if not job.single_gpu or k >= spg:
@@ -135,7 +135,8 @@ class SwapAware(SimPolicy):
         req, access = request.job_request(
             user=job.user, account=job.account, partition=PARTITION, job_name=job.job_name,
             script_fingerprint=job.script_fp, gres_fields=fields, min_nodes=1,
-            time_limit_min=int(math.ceil(job.time_limit_s / 60.0)), env_mem_hint=hint)
+            time_limit_min=int(math.ceil(job.time_limit_s / 60.0)), env_mem_hint=hint,
+            qos=QOS_TIERS[job.qos_tier])
         ck = (job.class_id, job.num_gpu)
         keys = self._keys.get(ck)
         if keys is None:
@@ -151,15 +152,16 @@ class SwapAware(SimPolicy):
                 out[level] = s
         return out
 
-    def _decide(self, job: SimJob, attempt: int, now: float, stats, req, access, fields, keys, cfg) -> Admission:
+    def _decide(self, job: SimJob, attempt: int, now: float, stats, req, access, fields, keys, cfg,
+                queue: QueueState | None) -> Admission:
         d = policy.decide(req, stats, cfg, decision_id=f"sim-{job.idx}-{attempt}", now=now,
-                          job_class=keys[0][1], gres_fields=fields, access=access)
+                          job_class=keys[0][1], gres_fields=fields, access=access, queue=queue)
         self.decisions[d.action.value] = self.decisions.get(d.action.value, 0) + 1
         return _admission(d, job)
 
-    def admit(self, job: SimJob, attempt: int, now: float) -> Admission:
+    def admit(self, job: SimJob, attempt: int, now: float, queue: QueueState | None = None) -> Admission:
         req, access, fields, keys = self._request(job)
-        return self._decide(job, attempt, now, self._stats_for(keys), req, access, fields, keys, self.cfg)
+        return self._decide(job, attempt, now, self._stats_for(keys), req, access, fields, keys, self.cfg, queue)
 
     def finished(self, job: SimJob, attempt: int, outcome: RunOutcome) -> None:
         obs = JobObservation(runtime_s=outcome.runtime_s, exit_code=1 if outcome.oom else 0,
@@ -182,7 +184,7 @@ class Oracle(SwapAware):
         super().__init__(cfg)
         self.oracle_cfg = replace(cfg, estimator=replace(cfg.estimator, min_margin_frac=0.0))
 
-    def admit(self, job: SimJob, attempt: int, now: float) -> Admission:
+    def admit(self, job: SimJob, attempt: int, now: float, queue: QueueState | None = None) -> Admission:
         req, access, fields, keys = self._request(job, hint=str(job.true_peak_bytes))
         stats = {}
         cls = self.stats[KeyLevel.CLASS].get(keys[0][1])
@@ -192,7 +194,7 @@ class Oracle(SwapAware):
             stats[KeyLevel.CLASS] = replace(cls, samples=0, max_peak_bytes=0, last_peak_bytes=0,
                                             ewma_peak_bytes=0.0, ewma_absdev_bytes=0.0,
                                             whole_gpu_runs_left=0, margin_multiplier=1.0)
-        return self._decide(job, attempt, now, stats, req, access, fields, keys, self.oracle_cfg)
+        return self._decide(job, attempt, now, stats, req, access, fields, keys, self.oracle_cfg, queue)
 
 
 POLICIES: dict[str, type[SimPolicy]] = {

@@ -68,7 +68,9 @@ def _history(pol: SwapAware, jobs: list[SimJob], sc: SeedScenario) -> None:
 def run_seed_scenario(cfg: Config, sim: SimConfig, per_corunner: float,
                       scenario: SeedScenario = SeedScenario()) -> dict:
     gpu = replace(cfg.gpu, memory_bytes=scenario.device_bytes, shards_per_gpu=scenario.shards_per_gpu)
-    scfg = replace(cfg, gpu=gpu)
+    # The scenario is four jobs sharing one GPU: the queue rule (share only while GPU work
+    # waits) is off, so the first job is not kept whole for arriving at an empty cluster.
+    scfg = replace(cfg, gpu=gpu, policy=replace(cfg.policy, share_min_queue=0.0))
     ssim = replace(sim, memory=replace(sim.memory, init_frac=1.0, growth_at_work_frac=0.0),
                    scheduler=replace(sim.scheduler, gpus_per_node=1, max_attempts=1))
     jobs = _jobs(scenario, gpu)

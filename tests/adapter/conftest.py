@@ -1,8 +1,8 @@
 """Adapter fixtures: a real service (real SQLite, real gRPC on loopback port 0, real Unix socket).
 
-Slurm itself is replaced only where the service would read a job's AdminComment: a stateful
-stand-in that holds what slurmctld would have stored (the Lua plugin's admin comment). The
-integration tests use the real Slurm."""
+Slurm itself is replaced only where the service would read a job's AdminComment or the queue: a
+stateful stand-in that holds what slurmctld would have stored (the Lua plugin's admin comment,
+the pending jobs). The integration tests use the real Slurm."""
 from __future__ import annotations
 
 import json
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from policy_service.adapters.slurm import PendingJob, SlurmError
 from policy_service.client import PolicyClient
 from policy_service.config import load_config
 from policy_service.server import start_service
@@ -34,6 +35,20 @@ class SlurmJobs:
     def set_admin_comment(self, job_id: int, text: str) -> None:
         self.comments[job_id] = text
 
+    # The queue as squeue/sinfo would show it; tests set these, None makes the call fail.
+    pending: list[PendingJob] | None = field(default_factory=list)
+    gpus: int = 4
+    queue_reads: int = 0
+
+    def pending_jobs(self) -> list[PendingJob]:
+        self.queue_reads += 1
+        if self.pending is None:
+            raise SlurmError("squeue: error: slurm_load_jobs error: Unable to contact slurm controller")
+        return list(self.pending)
+
+    def cluster_gpus(self) -> int:
+        return self.gpus
+
 
 @pytest.fixture
 def service_env(tmp_path: Path) -> dict[str, str]:
@@ -44,6 +59,8 @@ def service_env(tmp_path: Path) -> dict[str, str]:
         "SWAPAWARE_HOOKS__SPOOL_DIR": str(tmp_path / "spool"),
         "SWAPAWARE_HOOKS__AGENT_SOCKET": str(tmp_path / "no-agent.sock"),
         "SWAPAWARE_HOOKS__DEADLINE_S": "2",
+        # Decisions here are about memory; the queue rule has its own tests (test_queue_rule.py).
+        "SWAPAWARE_POLICY__SHARE_MIN_QUEUE": "0",
     }
 
 

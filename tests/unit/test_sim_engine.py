@@ -193,7 +193,7 @@ def test_victim_mode_charges_the_lowest_priority_job():
         name = "fixed"
         overflow = SwapAware.overflow
 
-        def admit(self, j, attempt, now):
+        def admit(self, j, attempt, now, queue=None):
             return Admission(GresKind.SHARD, 4, site_factor=100 * (2 - j.idx))
 
     jobs = [job(0, 0.0, 100.0, peak_gib=50), job(1, 0.0, 100.0, peak_gib=50)]

@@ -1,0 +1,96 @@
+"""How much GPU work waits: a snapshot of Slurm's pending GPU jobs, refreshed in the background.
+
+The policy shares GPUs only while GPU work waits (``policy.share_min_queue``). Admit must not
+call Slurm on slurmctld's path (job_submit holds its locks), so a thread polls ``squeue`` and
+``sinfo`` every ``policy.queue_poll_s`` and Admit reads the last snapshot. A snapshot older than
+three periods is reported with its age and the policy treats the queue as unknown.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Iterable
+
+from policy_service.adapters.slurm import PendingJob, SlurmAccess
+from policy_service.config import Config
+from policy_service.core.request import RequestError, gpu_request
+from policy_service.core.types import GresKind, QueueState
+
+log = logging.getLogger("swapaware.queue")
+
+# Pending reasons of jobs that wait for resources (the cluster is full or others go first).
+# Held jobs, dependencies, begin times and limits say nothing about free GPUs.
+WAITING_REASONS = frozenset({"Priority", "Resources", "None"})
+
+
+def gpus_asked(job: PendingJob, shards_per_gpu: int) -> float:
+    """GPUs a pending job asks for; a shard counts 1 / shards_per_gpu. 0 for non-GPU jobs."""
+    try:
+        g = gpu_request({"tres_per_node": job.tres_per_node, "tres_per_job": job.tres_per_job,
+                         "tres_per_task": job.tres_per_task})
+    except RequestError:
+        return 0.0
+    if g.kind not in (GresKind.GPU, GresKind.SHARD):
+        return 0.0
+    per = {"tres_per_node": job.nodes, "tres_per_task": job.tasks}.get(g.source_field, 1)
+    count = g.per_node * per
+    return float(count) if g.kind is GresKind.GPU else count / max(1, shards_per_gpu)
+
+
+def queue_state(pending: Iterable[PendingJob], total_gpus: int, shards_per_gpu: int) -> QueueState:
+    waiting = sum(gpus_asked(j, shards_per_gpu) for j in pending if j.reason in WAITING_REASONS)
+    return QueueState(pending_gpus=waiting, total_gpus=total_gpus)
+
+
+class QueueMonitor:
+    """Polls Slurm for the queue snapshot; ``snapshot()`` never blocks on Slurm."""
+
+    def __init__(self, slurm: SlurmAccess, cfg: Config, clock: Callable[[], float] = time.monotonic):
+        self.slurm, self.cfg, self.clock = slurm, cfg, clock
+        self._lock = threading.Lock()
+        self._state: QueueState | None = None
+        self._taken_at = 0.0
+        self._failing = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll_once(self) -> QueueState | None:
+        try:
+            state = queue_state(self.slurm.pending_jobs(), self.slurm.cluster_gpus(), self.cfg.gpu.shards_per_gpu)
+        except Exception as exc:  # noqa: BLE001  (the monitor thread must outlive any Slurm surprise)
+            if not self._failing:  # one line per outage, not one per poll
+                log.warning("cannot read the queue from Slurm (%s); decisions treat it as unknown once the "
+                            "last snapshot is older than %.0f s", exc, 3 * self.cfg.policy.queue_poll_s)
+            self._failing = True
+            return None
+        if self._failing:
+            log.info("queue snapshot from Slurm available again")
+        self._failing = False
+        with self._lock:
+            self._state, self._taken_at = state, self.clock()
+        log.debug("queue: %.2f GPUs pending of %d", state.pending_gpus, state.total_gpus)
+        return state
+
+    def snapshot(self) -> QueueState | None:
+        """The last snapshot with its age; None before the first successful poll."""
+        with self._lock:
+            state, taken = self._state, self._taken_at
+        if state is None:
+            return None
+        return QueueState(state.pending_gpus, state.total_gpus, age_s=max(0.0, self.clock() - taken))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.poll_once()
+            self._stop.wait(self.cfg.policy.queue_poll_s)
+
+    def start(self) -> QueueMonitor:
+        self._thread = threading.Thread(target=self._loop, name="queue-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2 * self.cfg.service.slurm_timeout_s + 1)
