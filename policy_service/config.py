@@ -148,6 +148,13 @@ class PolicyConfig:
     # fraction of the cluster's GPUs, a job that would start at once keeps its whole GPU
     # (sharing then only adds compute interference). 0 shares regardless of the queue.
     share_min_queue: float = 0.05
+    # Charge a shared job at least its learned solo GPU utilisation in shards
+    # (ceil(util x shards_per_gpu)), so the jobs on a GPU ask for no more than its compute.
+    compute_aware: bool = True
+    # ...except while the pending GPU jobs ask for at least this fraction of the cluster's GPUs:
+    # then waiting costs more than co-runners' interference and jobs are sized by memory alone.
+    # 0 never overcommits compute.
+    overcommit_compute_min_queue: float = 1.0
     # QoS names whose jobs always keep whole GPUs (no co-runner can slow them down).
     whole_gpu_qos: tuple[str, ...] = ()
     # How often the service reads the pending GPU jobs from Slurm; a snapshot older than three
@@ -289,6 +296,7 @@ def _validate(cfg: Config) -> None:
         (0 <= cfg.policy.site_factor_max < 2**31 - 2, "policy.site_factor_max must fit Slurm's site factor"),
         (0 <= cfg.policy.share_min_queue <= 100, "policy.share_min_queue must be in [0, 100]"),
         (cfg.policy.queue_poll_s > 0, "policy.queue_poll_s must be > 0"),
+        (cfg.policy.overcommit_compute_min_queue >= 0, "policy.overcommit_compute_min_queue must be >= 0"),
         (cfg.policy.admin_comment_max_chars >= 80, "policy.admin_comment_max_chars must be >= 80"),
         (cfg.hooks.deadline_s > 0, "hooks.deadline_s must be > 0"),
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),

@@ -53,6 +53,14 @@ def gres_fields(job: pb.JobFacts) -> dict[str, str]:
             "tres_per_task": job.tres_per_task, "tres_per_socket": job.tres_per_socket}
 
 
+def gpu_utilisation(req: pb.JobFinishedRequest) -> float | None:
+    """Mean utilisation (0..1) of the job's GPUs as the node agent sampled it; None without
+    telemetry. Device-wide: the estimator uses it only for runs without co-runners."""
+    if not req.gpus or req.telemetry_source in ("", "none"):
+        return None
+    return min(1.0, max(0.0, sum(g.util_mean_pct for g in req.gpus) / len(req.gpus) / 100.0))
+
+
 def decision_to_proto(d: Decision) -> pb.Decision:
     est = d.estimate
     msg = pb.Decision(
@@ -199,7 +207,8 @@ class PolicyHandler:
             exit_code=req.exit_code, peak_bytes=peak, oom=oom, co_runners=len(co), shared=shared,
             telemetry_source=req.telemetry_source or "none", received_at=now)
         core_obs = JobObservation(runtime_s=obs.runtime_s or 0.0, exit_code=obs.exit_code, peak_bytes=peak,
-                                  oom=obs.oom, shared=shared, co_runners=obs.co_runners)
+                                  oom=obs.oom, shared=shared, co_runners=obs.co_runners,
+                                  util_frac=gpu_utilisation(req))
         keys = row.keys if row is not None else {}
         applied = self.store.record_finish(obs, keys, lambda s: estimator.observe(s, core_obs, self.cfg.estimator))
         log.info("observation %s", json.dumps({

@@ -153,4 +153,8 @@ def observe(s: ClassStats, obs: JobObservation, cfg: EstimatorConfig) -> ClassSt
             first = s.solo_runs == 0
             ch.update(solo_runs=s.solo_runs + 1,
                       ewma_solo_runtime_s=obs.runtime_s if first else _ewma(s.ewma_solo_runtime_s, obs.runtime_s, a))
+            if obs.util_frac is not None:
+                u = min(1.0, max(0.0, obs.util_frac))
+                ch.update(util_runs=s.util_runs + 1,
+                          ewma_solo_util=u if s.util_runs == 0 else _ewma(s.ewma_solo_util, u, a))
     return replace(s, **ch)

@@ -62,11 +62,20 @@ def _shards_needed(nbytes: int, shard_bytes: int) -> int:
     return max(1, math.ceil(nbytes / shard_bytes))
 
 
-def _oversubscribe(need_bytes: int, full_shards: int, access: AccessClass, cfg: Config
+def solo_utilisation(stats: Mapping[KeyLevel, ClassStats]) -> tuple[float, KeyLevel] | None:
+    """Learned GPU utilisation of the job's runs alone on a GPU (class first, then user+name)."""
+    for level in (KeyLevel.CLASS, KeyLevel.USER_NAME):
+        s = stats.get(level)
+        if s is not None and s.util_runs > 0:
+            return s.ewma_solo_util, level
+    return None
+
+
+def _oversubscribe(need_bytes: int, full_shards: int, access: AccessClass, cfg: Config, min_shards: int = 1
                    ) -> tuple[int, float, int] | None:
-    """Fewest shards (< full_shards) whose worst-case victim slowdown stays within budget."""
+    """Fewest shards in [min_shards, full_shards) whose worst-case victim slowdown stays within budget."""
     link = cfg.swap_cost.link_bytes_per_s(cfg.gpu.link)
-    for k in range(1, full_shards):
+    for k in range(max(1, min_shards), full_shards):
         offloaded = need_bytes - k * cfg.gpu.shard_bytes
         slow = swapcost.victim_slowdown(need_bytes, offloaded, access, link, cfg.swap_cost)
         if slow <= cfg.policy.max_victim_slowdown:
@@ -74,8 +83,8 @@ def _oversubscribe(need_bytes: int, full_shards: int, access: AccessClass, cfg: 
     return None
 
 
-def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config
-                 ) -> tuple[Action, int, float, int, list[Reason]]:
+def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config,
+                 util: tuple[float, KeyLevel] | None = None) -> tuple[Action, int, float, int, list[Reason]]:
     """(action, shards, slowdown, offloaded bytes, reasons) for a single-GPU job with an estimate."""
     reasons = []
     need = est.sized_bytes
@@ -90,7 +99,22 @@ def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config
                               f"{estimator.fmt_bytes(cfg.gpu.memory_bytes)}: whole GPU"))
         return Action.WHOLE_GPU, 0, 1.0, 0, reasons
     k = _shards_needed(need, shard)
-    over = _oversubscribe(need, min(k, spg), access, cfg) if cfg.policy.allow_oversubscription else None
+    k_compute = 1
+    if util is not None and cfg.policy.compute_aware:
+        u, level = util
+        k_compute = max(1, math.ceil(u * spg - 1e-9))
+        if k_compute >= spg:
+            reasons.append(Reason(ReasonCode.COMPUTE_BOUND,
+                                  f"alone on a GPU it kept it {u:.0%} busy ({level.value} history): it needs the "
+                                  "whole GPU's compute"))
+            return Action.WHOLE_GPU, 0, 1.0, 0, reasons
+        if k_compute > k:
+            reasons.append(Reason(ReasonCode.COMPUTE_SHARDS,
+                                  f"alone on a GPU it kept it {u:.0%} busy ({level.value} history): charged "
+                                  f"{k_compute} of {spg} shards so the jobs on a GPU ask for no more than its compute"))
+            k = k_compute
+    over = (_oversubscribe(need, min(k, spg), access, cfg, k_compute)
+            if cfg.policy.allow_oversubscription else None)
     if over is not None:
         k2, slow, off = over
         reasons.append(Reason(ReasonCode.OVERSUBSCRIBED,
@@ -137,8 +161,21 @@ def _queue_gate(queue: QueueState | None, cfg: Config) -> Reason | None:
                   "on a whole GPU, where no co-runner slows it down")
 
 
+def _compute_overcommit(queue: QueueState | None, cfg: Config) -> Reason | None:
+    """A reason to size by memory alone (several compute-heavy jobs on one GPU): the queue is so
+    long that waiting costs more than the co-runners' interference. None otherwise."""
+    threshold = cfg.policy.overcommit_compute_min_queue
+    if threshold <= 0 or queue is None or queue.age_s > 3 * cfg.policy.queue_poll_s or queue.pressure < threshold:
+        return None
+    return Reason(ReasonCode.COMPUTE_OVERCOMMITTED,
+                  f"pending GPU jobs ask for {queue.pressure:.0%} of the cluster's GPUs (>= "
+                  f"policy.overcommit_compute_min_queue {threshold:.0%}): sized by memory alone, co-runners may "
+                  "slow each other down")
+
+
 def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, access: AccessClass,
-           cfg: Config, queue: QueueState | None = None) -> tuple[Action, int, float, int, list[Reason]]:
+           cfg: Config, queue: QueueState | None = None, util: tuple[float, KeyLevel] | None = None
+           ) -> tuple[Action, int, float, int, list[Reason]]:
     g = req.gpu
     if g.kind is GresKind.NONE:
         return Action.PASS_THROUGH, 0, 1.0, 0, [Reason(ReasonCode.NO_GPU, "the job asks for no GPU")]
@@ -166,7 +203,10 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
     short = _queue_gate(queue, cfg)
     if short is not None:
         return *whole, [short]
-    action, shards, slow, off, reasons = _size_shards(est, access, cfg)
+    long_queue = _compute_overcommit(queue, cfg) if util is not None and cfg.policy.compute_aware else None
+    action, shards, slow, off, reasons = _size_shards(est, access, cfg, None if long_queue else util)
+    if long_queue is not None and action is not Action.WHOLE_GPU:
+        reasons.append(long_queue)
     if action is not Action.WHOLE_GPU and cfg.policy.share_min_queue > 0 and (
             queue is None or queue.age_s > 3 * cfg.policy.queue_poll_s):
         reasons.append(Reason(ReasonCode.QUEUE_UNKNOWN, "the pending GPU jobs are unknown (no recent snapshot from "
@@ -201,7 +241,7 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     class_stats = stats.get(KeyLevel.CLASS)
     # An OOM penalty lives with the class; a class never seen yet inherits its user+name's.
     penalty = class_stats if class_stats is not None else stats.get(KeyLevel.USER_NAME)
-    action, shards, slow, off, route_reasons = _route(req, est, penalty, access, cfg, queue)
+    action, shards, slow, off, route_reasons = _route(req, est, penalty, access, cfg, queue, solo_utilisation(stats))
     sf, prio_reason = site_factor(class_stats, cfg)
     if action is Action.WHOLE_GPU and _single_gpu(req) and cfg.policy.enable_sharing and cfg.policy.whole_gpu_as_shards:
         shards = cfg.gpu.shards_per_gpu

@@ -69,6 +69,9 @@ class ReasonCode(enum.Enum):
     QUEUE_SHORT = "queue_short"
     QUEUE_UNKNOWN = "queue_unknown"
     PROTECTED_QOS = "protected_qos"
+    COMPUTE_SHARDS = "compute_shards"
+    COMPUTE_BOUND = "compute_bound"
+    COMPUTE_OVERCOMMITTED = "compute_overcommitted"
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,8 @@ class ClassStats:
     ewma_solo_runtime_s: float = 0.0
     ewma_shared_runtime_s: float = 0.0
     ewma_corunners: float = 0.0
+    util_runs: int = 0  # runs alone on their GPU(s) with a utilisation figure
+    ewma_solo_util: float = 0.0  # mean GPU utilisation (0..1) of those runs
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,9 @@ class JobObservation:
     oom: bool
     shared: bool  # ran on shards (not a whole GPU)
     co_runners: int  # other jobs on the same GPU during the run
+    # Mean utilisation (0..1) of the job's GPU(s) while it ran (device-wide NVML figure: the
+    # job's own only when it ran alone). None when not measured.
+    util_frac: float | None = None
 
 
 @dataclass(frozen=True)

@@ -387,8 +387,11 @@ class Engine:
                 self._release_gpu(g)
         runtime = t - a.start_t
         co = int(round(a.corun_int / runtime)) if runtime > 0 else a.n_co
+        # The node agent's utilisation figure is device-wide: the job's own compute demand only
+        # for a run that never had a co-runner (the service folds only those).
+        util = a.job.compute_share if a.corun_int == 0 else None
         self.policy.finished(job, a.no, RunOutcome(runtime_s=runtime, peak_bytes=peak,
-                                                   oom=oom, shared=a.shared, co_runners=co))
+                                                   oom=oom, shared=a.shared, co_runners=co, util_frac=util))
         rec.attempts = a.no
         rec.gres, rec.action, rec.sized_bytes = a.adm.gres, a.adm.action, a.adm.sized_bytes
         rec.designated_victim = rec.designated_victim or a.adm.designated_victim

@@ -81,4 +81,16 @@ def summarize(result: EngineResult, workload: Workload, victim_budget: float = 1
         if workload.arrival_window_s > 0 else 0.0,
         "offered_load_exclusive": workload.exclusive_gpu_seconds / (result.gpus * workload.arrival_window_s)
         if workload.arrival_window_s > 0 else 0.0,
+        **lower_bounds(workload),
     }
+
+
+def lower_bounds(workload: Workload) -> dict:
+    """What no policy can beat (a job runs at best at its solo speed, from its submission on):
+    mean JCT >= mean solo duration; makespan >= the latest submission + solo duration."""
+    jobs = workload.jobs
+    if not jobs:
+        return {"jct_mean_lower_bound_s": 0.0, "makespan_lower_bound_s": 0.0}
+    first = min(j.submit_s for j in jobs)
+    return {"jct_mean_lower_bound_s": _mean([j.duration_s for j in jobs]),
+            "makespan_lower_bound_s": max(j.submit_s + j.duration_s for j in jobs) - first}

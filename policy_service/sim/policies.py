@@ -58,6 +58,7 @@ class RunOutcome:
     oom: bool
     shared: bool
     co_runners: int
+    util_frac: float | None = None  # GPU utilisation while it ran (None: not measured)
 
 
 class SimPolicy(abc.ABC):
@@ -166,7 +167,7 @@ class SwapAware(SimPolicy):
     def finished(self, job: SimJob, attempt: int, outcome: RunOutcome) -> None:
         obs = JobObservation(runtime_s=outcome.runtime_s, exit_code=1 if outcome.oom else 0,
                              peak_bytes=outcome.peak_bytes or None, oom=outcome.oom, shared=outcome.shared,
-                             co_runners=outcome.co_runners)
+                             co_runners=outcome.co_runners, util_frac=outcome.util_frac)
         keys = self._keys.get((job.class_id, job.num_gpu))
         if keys is None:
             keys = self._request(job)[3]

@@ -1,0 +1,234 @@
+"""QueueMonitor against the stateful Slurm stand-in, then the queue rule end to end over real gRPC."""
+import logging
+import time
+
+import pytest
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.queue import QueueMonitor
+from policy_service.adapters.slurm import PendingJob
+from policy_service.client import PolicyClient
+from policy_service.config import Config, PolicyConfig, load_config
+from policy_service.core.types import QueueState
+from policy_service.server import start_service
+from tests.waiting import wait_for
+
+from .test_service import GIB, facts, run_job
+
+LOGGER = "swapaware.queue"
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def waiting_gpu_job(job_id=70, gres="gres:gpu:1", reason="Priority"):
+    return PendingJob(job_id, gres, "", "", 1, 1, reason)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def monitor(slurm_jobs, clock):
+    return QueueMonitor(slurm_jobs, Config(policy=PolicyConfig(queue_poll_s=15.0)), clock)
+
+
+def outage_records(caplog):
+    return [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+
+
+def recovery_records(caplog):
+    return [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.INFO
+            and "available again" in r.getMessage()]
+
+
+def test_no_snapshot_before_the_first_poll(monitor, slurm_jobs):
+    assert monitor.snapshot() is None
+    assert slurm_jobs.queue_reads == 0  # snapshot() never calls Slurm
+
+
+def test_poll_reflects_pending_jobs_and_gpus(monitor, slurm_jobs, clock):
+    slurm_jobs.pending = [waiting_gpu_job(70), waiting_gpu_job(71, "gres:shard:4"),
+                          waiting_gpu_job(72, reason="JobHeldUser")]
+    slurm_jobs.gpus = 6
+    assert monitor.poll_once() == QueueState(1.5, 6, 0.0)
+    assert monitor.snapshot() == QueueState(1.5, 6, 0.0)
+    clock.t += 7.0
+    assert monitor.snapshot() == QueueState(1.5, 6, 7.0)
+    slurm_jobs.pending = []
+    slurm_jobs.gpus = 4
+    assert monitor.poll_once() == QueueState(0.0, 4, 0.0)
+    assert monitor.snapshot() == QueueState(0.0, 4, 0.0)
+    assert slurm_jobs.queue_reads == 2
+
+
+def test_failing_squeue_keeps_the_last_snapshot_and_logs_once_per_outage(monitor, slurm_jobs, clock, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    slurm_jobs.pending = [waiting_gpu_job()]
+    monitor.poll_once()
+    assert outage_records(caplog) == [] and recovery_records(caplog) == []
+
+    slurm_jobs.pending = None  # squeue fails
+    for step in range(1, 5):
+        clock.t += 15.0
+        assert monitor.poll_once() is None
+        assert monitor.snapshot() == QueueState(1.0, 4, 15.0 * step)  # kept, and getting older
+    assert slurm_jobs.queue_reads == 5
+    (warning,) = outage_records(caplog)
+    assert "Unable to contact slurm controller" in warning.getMessage()
+    assert "45 s" in warning.getMessage()  # 3 x queue_poll_s
+    assert recovery_records(caplog) == []
+
+    slurm_jobs.pending = []  # back
+    clock.t += 1.0
+    assert monitor.poll_once() == QueueState(0.0, 4, 0.0)
+    assert monitor.snapshot() == QueueState(0.0, 4, 0.0)
+    monitor.poll_once()
+    assert len(recovery_records(caplog)) == 1 and len(outage_records(caplog)) == 1
+
+    slurm_jobs.pending = None  # a second outage: one more warning
+    monitor.poll_once()
+    monitor.poll_once()
+    assert len(outage_records(caplog)) == 2 and len(recovery_records(caplog)) == 1
+
+
+def test_failing_first_poll_leaves_no_snapshot(monitor, slurm_jobs, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    slurm_jobs.pending = None
+    assert monitor.poll_once() is None
+    assert monitor.snapshot() is None
+    assert len(outage_records(caplog)) == 1
+
+
+def test_thread_polls_until_stopped(slurm_jobs):
+    mon = QueueMonitor(slurm_jobs, Config(policy=PolicyConfig(queue_poll_s=0.01))).start()
+    try:
+        wait_for(lambda: slurm_jobs.queue_reads >= 3, 5.0, "three polls")
+        slurm_jobs.pending = [waiting_gpu_job()]
+        wait_for(lambda: (s := mon.snapshot()) is not None and s.pending_gpus == 1.0, 5.0, "the new queue")
+    finally:
+        t0 = time.monotonic()
+        mon.stop()
+        stopped_in = time.monotonic() - t0
+    assert stopped_in < 1.0
+    assert not mon._thread.is_alive()
+    reads = slurm_jobs.queue_reads
+    time.sleep(0.05)
+    assert slurm_jobs.queue_reads == reads  # no poll after stop()
+
+
+def test_stop_does_not_wait_out_a_long_poll_period(slurm_jobs):
+    mon = QueueMonitor(slurm_jobs, Config(policy=PolicyConfig(queue_poll_s=300.0))).start()
+    wait_for(lambda: mon.snapshot() is not None, 5.0, "the first poll")
+    t0 = time.monotonic()
+    mon.stop()
+    assert time.monotonic() - t0 < 1.0
+    assert not mon._thread.is_alive()
+    assert slurm_jobs.queue_reads == 1
+
+
+def test_thread_survives_a_failing_slurm(slurm_jobs, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    slurm_jobs.pending = None
+    mon = QueueMonitor(slurm_jobs, Config(policy=PolicyConfig(queue_poll_s=0.01))).start()
+    try:
+        wait_for(lambda: slurm_jobs.queue_reads >= 5, 5.0, "polls while failing")
+        assert mon._thread.is_alive() and mon.snapshot() is None
+        slurm_jobs.pending = [waiting_gpu_job()]
+        wait_for(lambda: mon.snapshot() is not None, 5.0, "a snapshot after recovery")
+    finally:
+        mon.stop()
+    assert len(outage_records(caplog)) == 1 and len(recovery_records(caplog)) == 1
+
+
+# ----------------------------------------------------------------------------- service wiring
+def test_service_runs_no_monitor_when_the_rule_is_off(service):
+    assert service.queue_monitor is None  # service_env sets share_min_queue = 0
+
+
+def test_service_runs_no_monitor_without_slurm(service_env):
+    env = dict(service_env, SWAPAWARE_POLICY__SHARE_MIN_QUEUE="0.05")
+    svc = start_service(load_config(env=env), slurm=None, use_slurm=False)
+    try:
+        assert svc.queue_monitor is None and svc.handler.queue is None
+    finally:
+        svc.stop(0)
+
+
+@pytest.fixture
+def queue_service(service_env, slurm_jobs):
+    env = dict(service_env, SWAPAWARE_POLICY__SHARE_MIN_QUEUE="0.05", SWAPAWARE_POLICY__QUEUE_POLL_S="0.05")
+    svc = start_service(load_config(env=env), slurm=slurm_jobs)
+    try:
+        yield svc
+    finally:
+        svc.stop(0)
+
+
+def reasons(decision):
+    return {r.code: r.message for r in decision.reasons}
+
+
+def test_end_to_end_share_only_while_gpu_work_waits(queue_service, slurm_jobs):
+    svc = queue_service
+    assert svc.queue_monitor is not None
+    job = facts(name="queued")
+    with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as client:
+        wait_for(lambda: svc.queue_monitor.snapshot() is not None, 5.0, "the monitor's first poll")
+
+        # learn the class: one run peaking at 3 GiB would fit in one 10 GiB shard
+        first, fin = run_job(client, slurm_jobs, 81, job, peak=3 * GIB)
+        assert first.action == pb.ACTION_WHOLE_GPU and "no_history" in reasons(first)
+        assert fin.applied and fin.decision_id == first.decision_id
+
+        # empty queue: the job would start at once, it keeps a whole GPU
+        slurm_jobs.pending = []
+        d = client.admit(job).decision
+        why = reasons(d)
+        assert d.action == pb.ACTION_WHOLE_GPU and d.shards == 8
+        assert d.rewrite.tres_per_node == "gres:shard:8" and d.rewrite.tres_per_job == ""
+        assert "queue_short" in why and "queue_unknown" not in why and "fits_in_shards" not in why
+        assert "0.00 of 4 GPUs" in why["queue_short"]
+        assert d.estimate.peak_bytes == 3 * GIB  # the estimate is known: only the queue kept it whole
+        assert "why=queue_short," in d.rewrite.admin_comment
+
+        # one gres:gpu:1 job waits on Priority: 1 of 4 GPUs = 25 % >= 5 %
+        slurm_jobs.pending = [waiting_gpu_job(90)]
+        wait_for(lambda: (s := svc.queue_monitor.snapshot()) is not None and s.pending_gpus == 1.0, 5.0,
+                 lambda: f"the monitor to see the waiting job (snapshot {svc.queue_monitor.snapshot()})")
+        assert svc.queue_monitor.snapshot().pressure == 0.25
+        d2 = client.admit(job).decision
+        why2 = reasons(d2)
+        assert d2.action == pb.ACTION_SHARE and d2.shards == 1
+        assert d2.rewrite.tres_per_node == "gres:shard:1"
+        assert "fits_in_shards" in why2 and "queue_short" not in why2 and "queue_unknown" not in why2
+
+        # a held job asks for GPUs too but does not wait for them: the queue counts as empty again
+        slurm_jobs.pending = [waiting_gpu_job(91, reason="JobHeldUser")]
+        wait_for(lambda: (s := svc.queue_monitor.snapshot()) is not None and s.pending_gpus == 0.0, 5.0,
+                 "the monitor to drop the waiting job")
+        d3 = client.admit(job).decision
+        assert d3.action == pb.ACTION_WHOLE_GPU and "queue_short" in reasons(d3)
+
+
+def test_end_to_end_squeue_outage_shares_with_queue_unknown(service_env, slurm_jobs):
+    # squeue fails from the start: the service never gets a snapshot, so the queue is unknown
+    env = dict(service_env, SWAPAWARE_POLICY__SHARE_MIN_QUEUE="0.05", SWAPAWARE_POLICY__QUEUE_POLL_S="0.05")
+    slurm_jobs.pending = None  # squeue fails from the start
+    svc = start_service(load_config(env=env), slurm=slurm_jobs)
+    try:
+        with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as client:
+            run_job(client, slurm_jobs, 82, facts(name="blind"), peak=3 * GIB)
+            wait_for(lambda: slurm_jobs.queue_reads >= 2, 5.0, "polls while squeue fails")
+            d = client.admit(facts(name="blind")).decision
+            assert d.action == pb.ACTION_SHARE and d.shards == 1
+            assert "queue_unknown" in reasons(d) and "queue_short" not in reasons(d)
+    finally:
+        svc.stop(0)
