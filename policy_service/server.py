@@ -49,23 +49,24 @@ class RunningService:
 
 
 def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool = True) -> RunningService:
+    token = read_token(cfg.service.token_file)
     store = HistoryStore(cfg.service.db_path)
     if slurm is None and use_slurm:
         slurm = open_slurm(cfg.service.slurm_backend, cfg.service.slurm_timeout_s)
-    monitor = None
-    if slurm is not None and cfg.policy.share_min_queue > 0:
-        monitor = QueueMonitor(slurm, cfg).start()
+    monitor = QueueMonitor(slurm, cfg) if slurm is not None and cfg.policy.share_min_queue > 0 else None
     handler = PolicyHandler(cfg, store, slurm, queue_monitor=monitor)
-    token = read_token(cfg.service.token_file)
-    server, port, health_servicer = start_grpc(handler, cfg.service.grpc_address, cfg.service.max_workers, token)
+    server = None
     try:
+        server, port, health_servicer = start_grpc(handler, cfg.service.grpc_address, cfg.service.max_workers, token)
         sock_server, _ = start_local_socket(handler, cfg.service.socket_path)
-    except OSError:
-        server.stop(0)
-        if monitor is not None:
-            monitor.stop()
+    except BaseException:
+        if server is not None:
+            server.stop(0)
+        handler.close()
         store.close()
         raise
+    if monitor is not None:
+        monitor.start()
     log.info("serving gRPC on %s (port %d), local socket %s, history %s",
              cfg.service.grpc_address, port, cfg.service.socket_path, cfg.service.db_path)
     return RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server)

@@ -119,8 +119,11 @@ class QueueState:
 
     @property
     def pressure(self) -> float:
-        """Pending GPU demand as a fraction of the cluster's GPUs."""
-        return self.pending_gpus / self.total_gpus if self.total_gpus > 0 else 0.0
+        """Pending GPU demand as a fraction of the cluster's GPUs (infinite when GPU work waits
+        and no node takes jobs: every GPU node down or drained)."""
+        if self.total_gpus > 0:
+            return self.pending_gpus / self.total_gpus
+        return float("inf") if self.pending_gpus > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """QueueMonitor against the stateful Slurm stand-in, then the queue rule end to end over real gRPC."""
 import logging
+import threading
 import time
 
 import pytest
@@ -119,9 +120,6 @@ def test_thread_polls_until_stopped(slurm_jobs):
         stopped_in = time.monotonic() - t0
     assert stopped_in < 1.0
     assert not mon._thread.is_alive()
-    reads = slurm_jobs.queue_reads
-    time.sleep(0.05)
-    assert slurm_jobs.queue_reads == reads  # no poll after stop()
 
 
 def test_stop_does_not_wait_out_a_long_poll_period(slurm_jobs):
@@ -160,6 +158,18 @@ def test_service_runs_no_monitor_without_slurm(service_env):
         assert svc.queue_monitor is None and svc.handler.queue is None
     finally:
         svc.stop(0)
+
+
+def test_failed_start_leaves_no_threads_behind(service_env, slurm_jobs, tmp_path):
+    (tmp_path / "a-file").write_text("")  # the socket's directory cannot be created
+    env = dict(service_env, SWAPAWARE_POLICY__SHARE_MIN_QUEUE="0.05",
+               SWAPAWARE_SERVICE__SOCKET_PATH=str(tmp_path / "a-file" / "policy.sock"))
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(OSError):
+        start_service(load_config(env=env), slurm=slurm_jobs)
+    left = {t.name for t in threading.enumerate() if t.is_alive()} - before
+    assert not left & {"queue-monitor", "decision-writer"}, left
+    assert slurm_jobs.queue_reads == 0  # the monitor starts only once the service serves
 
 
 @pytest.fixture

@@ -139,6 +139,15 @@ def test_queue_pressure():
     assert QueueState(1.0, 4).pressure == 0.25
     assert QueueState(6.0, 4).pressure == 1.5
     assert QueueState(0.0, 4).pressure == 0.0
+    # Every GPU node down or drained: waiting GPU work makes the queue long, not short.
+    assert QueueState(1.25, 0).pressure == float("inf")
+    assert QueueState(0.0, 0).pressure == 0.0
+
+
+def test_waiting_work_on_a_drained_cluster_does_not_keep_jobs_whole():
+    d = gated(QueueState(1.25, 0), cfg=replace(NO_OVERSUB, policy=replace(NO_OVERSUB.policy, share_min_queue=0.05)))
+    assert d.action is Action.SHARE
+    assert ReasonCode.QUEUE_SHORT not in {r.code for r in d.reasons}
 
 
 # ----------------------------------------------------------------------------- the policy gate

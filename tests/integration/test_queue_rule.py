@@ -1,0 +1,84 @@
+"""The queue rule on the real cluster: the service reads squeue/sinfo, keeps a learned job whole
+while nothing waits, and shares it once GPU work queues."""
+import dataclasses
+import uuid
+
+import pytest
+
+from policy_service.adapters.queue import queue_state
+from policy_service.adapters.slurm import CliSlurm
+from tests.waiting import wait_for
+
+from .conftest import decision_of, fake_alloc_script, job_field
+from .test_end_to_end import wait_running
+
+pytestmark = pytest.mark.integration
+
+SLEEP = "#!/bin/sh\nsleep 60\n"
+
+
+def _fill_all_gpus(stack, tag: str) -> list[int]:
+    fillers = [stack.sbatch(SLEEP, "--gres=gpu:1", f"--job-name=fill-{tag}") for _ in range(4)]
+    for j in fillers:
+        wait_running(stack, j)
+    return fillers
+
+
+def test_cli_reads_pending_gpu_jobs_and_gpus_from_the_real_cluster(stack):
+    slurm = CliSlurm(env=stack.env)
+    assert slurm.cluster_gpus() == 4
+    tag = uuid.uuid4().hex[:6]
+    fillers = _fill_all_gpus(stack, tag)
+    waiting = stack.sbatch(SLEEP, "--gres=gpu:2", f"--job-name=wait-{tag}")
+    held = stack.sbatch(SLEEP, "--gres=gpu:1", "--hold", f"--job-name=held-{tag}")
+    try:
+        pending = {j.job_id: j for j in slurm.pending_jobs()}
+        assert {waiting, held} <= set(pending)
+        assert pending[waiting].tres_per_node == "gres:gpu:2" and pending[waiting].reason in ("Resources", "Priority",
+                                                                                               "None")
+        assert pending[held].reason == "JobHeldUser"
+        state = queue_state(pending.values(), slurm.cluster_gpus(), 8)
+        assert state.pending_gpus == 2.0 and state.total_gpus == 4  # the held job does not count
+    finally:
+        stack.run("scancel", *(str(j) for j in (*fillers, waiting, held)))
+
+
+def test_learned_job_stays_whole_while_nothing_waits_and_shares_once_gpu_work_queues(stack):
+    name = f"queue-{uuid.uuid4().hex[:6]}"
+    script = fake_alloc_script(stack, gib=3, hold_s=0.5)
+    first = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
+    assert stack.wait_done(first) == "COMPLETED"
+    stack.wait_observation(first)
+
+    ruled = dataclasses.replace(stack, env={**stack.env, "SWAPAWARE_POLICY__SHARE_MIN_QUEUE": "0.05",
+                                            "SWAPAWARE_POLICY__QUEUE_POLL_S": "0.5"})
+    stack.stack("service-stop")
+    ruled.stack("service-start")
+    fillers: list[int] = []
+    try:
+        stack.wait_for_decisions()
+        quiet = stack.sbatch(script, "--gres=gpu:1", "--hold", f"--job-name={name}")
+        d = decision_of(job_field(stack.show_job(quiet), "AdminComment"))
+        stack.run("scancel", str(quiet))
+        assert d["action"] == "whole_gpu" and "queue_short" in d["why"], d
+
+        fillers = _fill_all_gpus(stack, name)
+        fillers.append(stack.sbatch(SLEEP, "--gres=gpu:1", f"--job-name=fill-{name}"))  # waits: 1 of 4 GPUs
+        log = stack.state / "log" / "swapaware.log"
+
+        def shared() -> dict | None:
+            job = stack.sbatch(script, "--gres=gpu:1", "--hold", f"--job-name={name}")
+            info = stack.show_job(job)
+            stack.run("scancel", str(job))
+            got = decision_of(job_field(info, "AdminComment"))
+            return (got, job_field(info, "TresPerNode")) if got.get("action") == "share" else None
+
+        d2, tres = wait_for(shared, 20, lambda: "a shared decision once a job waits; service log:\n"
+                            + log.read_text()[-2000:], 1.0)
+        assert tres == "gres:shard:1" and "queue_short" not in d2["why"]
+    finally:
+        if fillers:
+            stack.run("scancel", *(str(j) for j in fillers))
+        stack.stack("service-stop")
+        stack.stack("service-start")
+        stack.wait_for_decisions()
