@@ -7,10 +7,11 @@ three periods is reported with its age and the policy treats the queue as unknow
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from policy_service.adapters.slurm import PendingJob, SlurmAccess
 from policy_service.config import Config
@@ -22,6 +23,7 @@ log = logging.getLogger("swapaware.queue")
 # Pending reasons of jobs that wait for resources (the cluster is full or others go first).
 # Held jobs, dependencies, begin times and limits say nothing about free GPUs.
 WAITING_REASONS = frozenset({"Priority", "Resources", "None"})
+QOS_REFRESH_POLLS = 40  # QoS priorities change rarely: re-read them every 40 polls (10 min at 15 s)
 
 
 def gpus_asked(job: PendingJob, shards_per_gpu: int) -> float:
@@ -38,9 +40,19 @@ def gpus_asked(job: PendingJob, shards_per_gpu: int) -> float:
     return float(count) if g.kind is GresKind.GPU else count / max(1, shards_per_gpu)
 
 
-def queue_state(pending: Iterable[PendingJob], total_gpus: int, shards_per_gpu: int) -> QueueState:
-    waiting = sum(gpus_asked(j, shards_per_gpu) for j in pending if j.reason in WAITING_REASONS)
-    return QueueState(pending_gpus=waiting, total_gpus=total_gpus)
+def queue_state(pending: Iterable[PendingJob], total_gpus: int, shards_per_gpu: int,
+                qos_priorities: Mapping[str, int] | None = None) -> QueueState:
+    """The snapshot: GPUs asked for by jobs waiting for resources, in all and, with the QoS
+    priorities, ahead of each QoS (pending jobs whose QoS priority is at least its own; a pending
+    job of a QoS not in the table counts ahead of everyone)."""
+    waiting = [(j.qos, gpus_asked(j, shards_per_gpu)) for j in pending if j.reason in WAITING_REASONS]
+    total = sum(g for _, g in waiting)
+    ahead = ()
+    if qos_priorities:
+        top = max(qos_priorities.values())
+        ahead = tuple((name, sum(g for q, g in waiting if qos_priorities.get(q, top) >= prio))
+                      for name, prio in sorted(qos_priorities.items()))
+    return QueueState(pending_gpus=total, total_gpus=total_gpus, ahead_by_qos=ahead)
 
 
 class QueueMonitor:
@@ -52,12 +64,15 @@ class QueueMonitor:
         self._state: QueueState | None = None
         self._taken_at = 0.0
         self._failing = False
+        self._qos: dict[str, int] = {}
+        self._polls = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def poll_once(self) -> QueueState | None:
         try:
-            state = queue_state(self.slurm.pending_jobs(), self.slurm.cluster_gpus(), self.cfg.gpu.shards_per_gpu)
+            state = queue_state(self.slurm.pending_jobs(), self.slurm.cluster_gpus(), self.cfg.gpu.shards_per_gpu,
+                                self._qos_priorities())
         except Exception as exc:  # noqa: BLE001  (the monitor thread must outlive any Slurm surprise)
             if not self._failing:  # one line per outage, not one per poll
                 log.warning("cannot read the queue from Slurm (%s); decisions treat it as unknown once the "
@@ -72,13 +87,25 @@ class QueueMonitor:
         log.debug("queue: %.2f GPUs pending of %d", state.pending_gpus, state.total_gpus)
         return state
 
+    def _qos_priorities(self) -> dict[str, int]:
+        """QoS priorities, re-read every ``QOS_REFRESH_POLLS`` polls; {} (every job sees the whole
+        queue) when accounting cannot be read."""
+        if self._polls % QOS_REFRESH_POLLS == 0 or not self._qos:
+            try:
+                self._qos = self.slurm.qos_priorities()
+            except Exception as exc:  # noqa: BLE001
+                log.debug("QoS priorities unavailable (%s): every job sees the whole queue", exc)
+                self._qos = {}
+        self._polls += 1
+        return self._qos
+
     def snapshot(self) -> QueueState | None:
         """The last snapshot with its age; None before the first successful poll."""
         with self._lock:
             state, taken = self._state, self._taken_at
         if state is None:
             return None
-        return QueueState(state.pending_gpus, state.total_gpus, age_s=max(0.0, self.clock() - taken))
+        return dataclasses.replace(state, age_s=max(0.0, self.clock() - taken))
 
     def _loop(self) -> None:
         while not self._stop.is_set():

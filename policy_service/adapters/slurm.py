@@ -55,6 +55,7 @@ class PendingJob:
     nodes: int
     tasks: int
     reason: str
+    qos: str = ""
 
 
 class SlurmAccess(Protocol):
@@ -63,6 +64,8 @@ class SlurmAccess(Protocol):
     def pending_jobs(self) -> list[PendingJob]: ...
 
     def cluster_gpus(self) -> int: ...
+
+    def qos_priorities(self) -> dict[str, int]: ...
 
     def accounting_jobs(self, job_ids: Sequence[int] = (), start: str = "", end: str = "") -> list[AccountingJob]: ...
 
@@ -131,7 +134,8 @@ def parse_sacct_json(text: str) -> list[AccountingJob]:
 
 
 # ----------------------------------------------------------------------------- CLI
-SQUEUE_PENDING_FORMAT = "JobID:|,tres-per-node:|,tres-per-job:|,tres-per-task:|,NumNodes:|,NumTasks:|,Reason:"
+SQUEUE_PENDING_FORMAT = ("JobID:|,tres-per-node:|,tres-per-job:|,tres-per-task:|,NumNodes:|,NumTasks:|,QOS:|,"
+                         "Reason:")
 SINFO_NODE_FORMAT = "%N|%G|%T"
 # Node states (sinfo %T, lower case, without the "*"/"~"/"#" suffixes) that take no new jobs.
 _UNAVAILABLE_NODE_STATES = ("down", "drain", "fail", "future", "inval", "powered_down", "power_down", "unknown")
@@ -149,8 +153,8 @@ def parse_squeue_pending(text: str) -> list[PendingJob]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        cols = line.split("|", 6)
-        if len(cols) < 7:
+        cols = line.split("|", 7)
+        if len(cols) < 8:
             raise SlurmError(f"unexpected squeue line: {line!r}")
         try:
             job_id = int(cols[0].strip().split("_")[0])
@@ -158,7 +162,21 @@ def parse_squeue_pending(text: str) -> list[PendingJob]:
         except ValueError:
             raise SlurmError(f"unexpected squeue line: {line!r}") from None
         out.append(PendingJob(job_id, _na(cols[1]), _na(cols[2]), _na(cols[3]), max(1, nodes), max(1, tasks),
-                              cols[6].strip()))
+                              cols[7].strip(), _na(cols[6])))
+    return out
+
+
+def parse_qos_priorities(text: str) -> dict[str, int]:
+    """``sacctmgr -n -P show qos format=name,priority`` -> {name: priority}."""
+    out = {}
+    for line in text.splitlines():
+        name, _, prio = line.strip().partition("|")
+        if not name:
+            continue
+        try:
+            out[name] = int(prio or 0)
+        except ValueError:
+            raise SlurmError(f"unexpected sacctmgr qos line: {line!r}") from None
     return out
 
 
@@ -243,6 +261,9 @@ class CliSlurm:
     def cluster_gpus(self) -> int:
         return parse_sinfo_gpus(self._run(["sinfo", "-h", "-N", "-o", SINFO_NODE_FORMAT]))
 
+    def qos_priorities(self) -> dict[str, int]:
+        return parse_qos_priorities(self._run(["sacctmgr", "-n", "-P", "show", "qos", "format=name,priority"]))
+
     def set_admin_comment(self, job_id: int, text: str) -> None:
         """Set AdminComment on a running job, or on a finished one through accounting."""
         try:
@@ -267,6 +288,9 @@ class PyslurmSlurm:
 
     def cluster_gpus(self) -> int:
         return self._cli.cluster_gpus()
+
+    def qos_priorities(self) -> dict[str, int]:
+        return self._cli.qos_priorities()
 
     def job_admin_comment(self, job_id: int) -> str | None:
         try:

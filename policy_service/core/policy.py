@@ -146,29 +146,35 @@ def _single_gpu(req: JobRequest) -> bool:
     return g.source_field in ("tres_per_node", "tres_per_job")
 
 
-def _queue_gate(queue: QueueState | None, cfg: Config) -> Reason | None:
-    """A reason to keep the GPU whole because nothing waits; None when sharing may go ahead."""
+def _fresh(queue: QueueState | None, cfg: Config) -> bool:
+    return queue is not None and queue.age_s <= 3 * cfg.policy.queue_poll_s
+
+
+def _ahead(queue: QueueState, qos: str) -> str:
+    return f"pending GPU jobs at or above QoS {qos!r}" if qos and any(
+        name == qos for name, _ in queue.ahead_by_qos) else "pending GPU jobs"
+
+
+def _queue_gate(queue: QueueState | None, qos: str, cfg: Config) -> Reason | None:
+    """A reason to keep the GPU whole because nothing waits ahead of the job; None when sharing
+    may go ahead (also when the queue is unknown: the caller records why)."""
     threshold = cfg.policy.share_min_queue
-    if threshold <= 0:
-        return None
-    if queue is None or queue.age_s > 3 * cfg.policy.queue_poll_s:
-        return None  # unknown: share as if the queue were long (the caller records why)
-    if queue.pressure >= threshold:
+    if threshold <= 0 or not _fresh(queue, cfg) or queue.pressure_for(qos) >= threshold:
         return None
     return Reason(ReasonCode.QUEUE_SHORT,
-                  f"pending GPU jobs ask for {queue.pending_gpus:.2f} of {queue.total_gpus} GPUs "
-                  f"({queue.pressure:.1%} < policy.share_min_queue {threshold:.1%}): the job can start "
+                  f"{_ahead(queue, qos)} ask for {queue.pending_for(qos):.2f} of {queue.total_gpus} GPUs "
+                  f"({queue.pressure_for(qos):.1%} < policy.share_min_queue {threshold:.1%}): the job can start "
                   "on a whole GPU, where no co-runner slows it down")
 
 
-def _compute_overcommit(queue: QueueState | None, cfg: Config) -> Reason | None:
-    """A reason to size by memory alone (several compute-heavy jobs on one GPU): the queue is so
-    long that waiting costs more than the co-runners' interference. None otherwise."""
+def _compute_overcommit(queue: QueueState | None, qos: str, cfg: Config) -> Reason | None:
+    """A reason to size by memory alone (several compute-heavy jobs on one GPU): the queue ahead
+    of the job is so long that waiting costs more than the co-runners' interference."""
     threshold = cfg.policy.overcommit_compute_min_queue
-    if threshold <= 0 or queue is None or queue.age_s > 3 * cfg.policy.queue_poll_s or queue.pressure < threshold:
+    if threshold <= 0 or not _fresh(queue, cfg) or queue.pressure_for(qos) < threshold:
         return None
     return Reason(ReasonCode.COMPUTE_OVERCOMMITTED,
-                  f"pending GPU jobs ask for {queue.pressure:.0%} of the cluster's GPUs (>= "
+                  f"{_ahead(queue, qos)} ask for {queue.pressure_for(qos):.0%} of the cluster's GPUs (>= "
                   f"policy.overcommit_compute_min_queue {threshold:.0%}): sized by memory alone, co-runners may "
                   "slow each other down")
 
@@ -200,15 +206,14 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
                                f"{penalty.whole_gpu_runs_left} more run(s)")]
     if not est.known:
         return *whole, [Reason(ReasonCode.NO_HISTORY, "no history: whole GPU until a run is observed")]
-    short = _queue_gate(queue, cfg)
+    short = _queue_gate(queue, req.qos, cfg)
     if short is not None:
         return *whole, [short]
-    long_queue = _compute_overcommit(queue, cfg) if util is not None and cfg.policy.compute_aware else None
+    long_queue = _compute_overcommit(queue, req.qos, cfg) if util is not None and cfg.policy.compute_aware else None
     action, shards, slow, off, reasons = _size_shards(est, access, cfg, None if long_queue else util)
     if long_queue is not None and action is not Action.WHOLE_GPU:
         reasons.append(long_queue)
-    if action is not Action.WHOLE_GPU and cfg.policy.share_min_queue > 0 and (
-            queue is None or queue.age_s > 3 * cfg.policy.queue_poll_s):
+    if action is not Action.WHOLE_GPU and cfg.policy.share_min_queue > 0 and not _fresh(queue, cfg):
         reasons.append(Reason(ReasonCode.QUEUE_UNKNOWN, "the pending GPU jobs are unknown (no recent snapshot from "
                                                         "Slurm): shared as if GPU work were waiting"))
     return action, shards, slow, off, reasons

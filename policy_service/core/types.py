@@ -116,14 +116,31 @@ class QueueState:
     pending_gpus: float  # GPUs the pending GPU jobs ask for (a shard counts 1/shards_per_gpu)
     total_gpus: int  # GPUs in the cluster's nodes
     age_s: float = 0.0  # how old the snapshot is
+    # Per QoS name: GPUs asked for by the pending jobs whose QoS priority is at least that QoS's
+    # (the queue ahead of a new job of that QoS). A QoS not listed sees the whole queue.
+    ahead_by_qos: tuple[tuple[str, float], ...] = ()
+
+    def pending_for(self, qos: str) -> float:
+        """GPUs pending ahead of a new job of ``qos`` (the whole queue when unknown)."""
+        for name, gpus in self.ahead_by_qos:
+            if name == qos:
+                return gpus
+        return self.pending_gpus
+
+    def pressure_for(self, qos: str) -> float:
+        return _pressure(self.pending_for(qos), self.total_gpus)
 
     @property
     def pressure(self) -> float:
         """Pending GPU demand as a fraction of the cluster's GPUs (infinite when GPU work waits
         and no node takes jobs: every GPU node down or drained)."""
-        if self.total_gpus > 0:
-            return self.pending_gpus / self.total_gpus
-        return float("inf") if self.pending_gpus > 0 else 0.0
+        return _pressure(self.pending_gpus, self.total_gpus)
+
+
+def _pressure(pending_gpus: float, total_gpus: int) -> float:
+    if total_gpus > 0:
+        return pending_gpus / total_gpus
+    return float("inf") if pending_gpus > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from policy_service.core import swapcost
 from policy_service.core.types import CoJob, GresKind, QueueState
 from policy_service.sim.config import InterferenceModel, SimConfig
 from policy_service.sim.policies import Admission, OverflowMode, RunOutcome, SimPolicy
-from policy_service.sim.workload import QOS_FACTOR, SimJob, Workload
+from policy_service.sim.workload import QOS_FACTOR, QOS_TIERS, SimJob, Workload
 
 FREE, WHOLE, SHARED = 0, 1, 2
 EV_FINISH, EV_GROW, EV_BACKFILL = 0, 1, 3
@@ -157,6 +157,7 @@ class Engine:
         self.seq = 0
         self.queue: list[tuple[float, int, Attempt]] = []  # sorted by (key, seq)
         self.pending_gpus = 0.0  # GPUs the queued attempts ask for (a shard: 1 / shards per GPU)
+        self.pending_tier = [0.0] * len(QOS_TIERS)  # the same, per QoS tier (0 = highest)
         self.now = 0.0
         self.records = [JobRecord(submit_s=j.submit_s) for j in workload.jobs]
         self.alloc_gpus = 0
@@ -216,10 +217,15 @@ class Engine:
 
     def _queue_state(self) -> QueueState:
         """What the service's queue snapshot would say now (exact here; the service polls)."""
-        return QueueState(pending_gpus=max(0.0, self.pending_gpus), total_gpus=self.G)
+        ahead, acc = [], 0.0
+        for tier, name in enumerate(QOS_TIERS):  # QoS dominates priority: tiers at or above
+            acc += self.pending_tier[tier]
+            ahead.append((name, max(0.0, acc)))
+        return QueueState(pending_gpus=max(0.0, self.pending_gpus), total_gpus=self.G, ahead_by_qos=tuple(ahead))
 
     def _enqueue(self, a: Attempt) -> None:
         self.pending_gpus += self._gpus_asked(a)
+        self.pending_tier[a.job.qos_tier] += self._gpus_asked(a)
         key = -self._static_prio(a) + self.s.weight_age * a.submit_t / self.s.max_age_s
         self.seq += 1
         bisect.insort(self.queue, (key, self.seq, a))
@@ -282,6 +288,7 @@ class Engine:
         rec = self.records[job.idx]
         rec.wait_s += t - a.submit_t
         self.pending_gpus -= self._gpus_asked(a)
+        self.pending_tier[a.job.qos_tier] -= self._gpus_asked(a)
         a.start_t = a.last_t = t
         a.prio = self._prio_at(a, t)
         a.victim_prio = a.prio - (_VICTIM_BIAS if a.adm.designated_victim else 0.0)

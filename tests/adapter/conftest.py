@@ -49,6 +49,11 @@ class SlurmJobs:
     def cluster_gpus(self) -> int:
         return self.gpus
 
+    qos_table: dict[str, int] = field(default_factory=dict)  # {}: no per-QoS view
+
+    def qos_priorities(self) -> dict[str, int]:
+        return dict(self.qos_table)
+
 
 @pytest.fixture
 def service_env(tmp_path: Path) -> dict[str, str]:

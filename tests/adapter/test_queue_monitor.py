@@ -70,6 +70,15 @@ def test_poll_reflects_pending_jobs_and_gpus(monitor, slurm_jobs, clock):
     assert slurm_jobs.queue_reads == 2
 
 
+def test_snapshot_carries_the_queue_ahead_of_each_qos(monitor, slurm_jobs):
+    slurm_jobs.qos_table = {"normal": 0, "high": 100}
+    slurm_jobs.pending = [PendingJob(1, "gres:gpu:1", "", "", 1, 1, "Priority", "normal"),
+                          PendingJob(2, "gres:shard:4", "", "", 1, 1, "Resources", "high")]
+    monitor.poll_once()
+    snap = monitor.snapshot()
+    assert snap.pending_gpus == 1.5 and dict(snap.ahead_by_qos) == {"high": 0.5, "normal": 1.5}
+
+
 def test_failing_squeue_keeps_the_last_snapshot_and_logs_once_per_outage(monitor, slurm_jobs, clock, caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     slurm_jobs.pending = [waiting_gpu_job()]

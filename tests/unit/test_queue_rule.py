@@ -4,7 +4,8 @@ from dataclasses import replace
 import pytest
 
 from policy_service.adapters.queue import WAITING_REASONS, gpus_asked, queue_state
-from policy_service.adapters.slurm import PendingJob, SlurmError, parse_sinfo_gpus, parse_squeue_pending
+from policy_service.adapters.slurm import (PendingJob, SlurmError, parse_qos_priorities, parse_sinfo_gpus,
+                                          parse_squeue_pending)
 from policy_service.config import ConfigError, load_config
 from policy_service.core import policy
 from policy_service.core.request import history_keys, job_request
@@ -13,14 +14,16 @@ from policy_service.core.types import Action, KeyLevel, QueueState, ReasonCode
 from .test_policy import NO_OVERSUB, history, make
 
 # Captured on the dev cluster's Slurm 22.05:
-#   squeue -h -a -t PENDING -O "JobID:|,tres-per-node:|,tres-per-job:|,tres-per-task:|,NumNodes:|,NumTasks:|,Reason:"
+#   squeue -h -a -t PENDING -O "JobID:|,tres-per-node:|,tres-per-job:|,tres-per-task:|,NumNodes:|,NumTasks:|,QOS:|,Reason:"
+# (jobs 5 and 6 verbatim; the others from a capture without the QOS column, with their QoS, normal, put back)
 SQUEUE_CAPTURED = """\
-7|gres:shard:8|N/A|N/A|1|1|Priority
-6|gres:shard:2|N/A|N/A|1|1|Priority
-5|gres:shard:8|N/A|N/A|1|1|Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions
-1|gres:shard:8|N/A|N/A|1|1|launch failed requeued held
-9|N/A|N/A|gres:gpu:1|1|2|launch failed requeued held
-8|gres:shard:8|N/A|N/A|1|1|JobHeldUser
+5|gres:shard:8|N/A|N/A|1|1|normal|Resources
+6|gres:shard:8|N/A|N/A|1|1|high|Priority
+7|gres:shard:8|N/A|N/A|1|1|normal|Priority
+3|gres:shard:8|N/A|N/A|1|1|normal|Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions
+1|gres:shard:8|N/A|N/A|1|1|normal|launch failed requeued held
+9|N/A|N/A|gres:gpu:1|1|2|normal|launch failed requeued held
+8|gres:shard:8|N/A|N/A|1|1|normal|JobHeldUser
 """
 #   sinfo -h -N -o "%N|%G|%T"
 SINFO_CAPTURED = "vm|gpu:4,shard:32|drained\n"
@@ -28,44 +31,46 @@ SINFO_CAPTURED = "vm|gpu:4,shard:32|drained\n"
 QUEUE_CODES = {ReasonCode.QUEUE_SHORT, ReasonCode.QUEUE_UNKNOWN}
 
 
-def pj(job_id=1, node="", job="", task="", nodes=1, tasks=1, reason="Priority"):
-    return PendingJob(job_id, node, job, task, nodes, tasks, reason)
+def pj(job_id=1, node="", job="", task="", nodes=1, tasks=1, reason="Priority", qos=""):
+    return PendingJob(job_id, node, job, task, nodes, tasks, reason, qos)
 
 
 # ----------------------------------------------------------------------------- squeue
 def test_squeue_captured_output():
     assert parse_squeue_pending(SQUEUE_CAPTURED) == [
-        PendingJob(7, "gres:shard:8", "", "", 1, 1, "Priority"),
-        PendingJob(6, "gres:shard:2", "", "", 1, 1, "Priority"),
-        PendingJob(5, "gres:shard:8", "", "", 1, 1,
-                   "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions"),
-        PendingJob(1, "gres:shard:8", "", "", 1, 1, "launch failed requeued held"),
-        PendingJob(9, "", "", "gres:gpu:1", 1, 2, "launch failed requeued held"),
-        PendingJob(8, "gres:shard:8", "", "", 1, 1, "JobHeldUser"),
+        PendingJob(5, "gres:shard:8", "", "", 1, 1, "Resources", "normal"),
+        PendingJob(6, "gres:shard:8", "", "", 1, 1, "Priority", "high"),
+        PendingJob(7, "gres:shard:8", "", "", 1, 1, "Priority", "normal"),
+        PendingJob(3, "gres:shard:8", "", "", 1, 1,
+                   "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions",
+                   "normal"),
+        PendingJob(1, "gres:shard:8", "", "", 1, 1, "launch failed requeued held", "normal"),
+        PendingJob(9, "", "", "gres:gpu:1", 1, 2, "launch failed requeued held", "normal"),
+        PendingJob(8, "gres:shard:8", "", "", 1, 1, "JobHeldUser", "normal"),
     ]
 
 
 @pytest.mark.parametrize("line,expected", [
     ("", []),
     ("\n\n", []),
-    ("12_3|(null)|gres:gpu:2|(null)|2|4|Resources", [PendingJob(12, "", "gres:gpu:2", "", 2, 4, "Resources")]),
-    ("13|gres:gpu:1|N/A|N/A|0|0|None", [PendingJob(13, "gres:gpu:1", "", "", 1, 1, "None")]),
-    ("14|N/A|N/A|N/A|1|1|odd|reason", [PendingJob(14, "", "", "", 1, 1, "odd|reason")]),
+    ("12_3|(null)|gres:gpu:2|(null)|2|4|normal|Resources", [PendingJob(12, "", "gres:gpu:2", "", 2, 4, "Resources", "normal")]),
+    ("13|gres:gpu:1|N/A|N/A|0|0|(null)|None", [PendingJob(13, "gres:gpu:1", "", "", 1, 1, "None", "")]),
+    ("14|N/A|N/A|N/A|1|1|low|odd|reason", [PendingJob(14, "", "", "", 1, 1, "odd|reason", "low")]),
 ], ids=["empty", "blank-lines", "array-null", "zero-counts", "pipe-in-reason"])
 def test_squeue_rows(line, expected):
     assert parse_squeue_pending(line) == expected
 
 
 @pytest.mark.parametrize("line", [
-    "7|gres:shard:8|N/A|N/A|1|1",  # a column short
+    "7|gres:shard:8|N/A|N/A|1|1|Priority",  # a column short (no QOS)
     "7|gres:gpu:1",
-    "x7|gres:gpu:1|N/A|N/A|1|1|Priority",  # job id not a number
-    "7|gres:gpu:1|N/A|N/A|one|1|Priority",  # node count not a number
-    "7|gres:gpu:1|N/A|N/A|1|two|Priority",  # task count not a number
-], ids=["six-columns", "two-columns", "bad-id", "bad-nodes", "bad-tasks"])
+    "x7|gres:gpu:1|N/A|N/A|1|1|normal|Priority",  # job id not a number
+    "7|gres:gpu:1|N/A|N/A|one|1|normal|Priority",  # node count not a number
+    "7|gres:gpu:1|N/A|N/A|1|two|normal|Priority",  # task count not a number
+], ids=["seven-columns", "two-columns", "bad-id", "bad-nodes", "bad-tasks"])
 def test_squeue_malformed_line_raises(line):
     with pytest.raises(SlurmError, match="unexpected squeue line"):
-        parse_squeue_pending("6|gres:shard:2|N/A|N/A|1|1|Priority\n" + line + "\n")
+        parse_squeue_pending("6|gres:shard:2|N/A|N/A|1|1|normal|Priority\n" + line + "\n")
 
 
 # ----------------------------------------------------------------------------- sinfo
@@ -117,11 +122,39 @@ def test_gpus_asked(job, spg, gpus):
 def test_queue_state_of_captured_queue_counts_only_jobs_waiting_for_resources():
     jobs = parse_squeue_pending(SQUEUE_CAPTURED)
     q = queue_state(jobs, total_gpus=4, shards_per_gpu=8)
-    # jobs 7 (8 shards = 1 GPU) and 6 (2 shards = 0.25 GPU) wait on Priority; 5 waits on drained
+    # jobs 5 (Resources), 6 and 7 (Priority) wait, 8 shards = 1 GPU each; 3 waits on drained
     # nodes, 1, 9 and 8 are held
-    assert q == QueueState(pending_gpus=1.25, total_gpus=4, age_s=0.0)
-    assert q.pressure == pytest.approx(0.3125)
+    assert q == QueueState(pending_gpus=3.0, total_gpus=4, age_s=0.0)
+    assert q.pressure == pytest.approx(0.75)
     assert queue_state(jobs, total_gpus=parse_sinfo_gpus(SINFO_CAPTURED), shards_per_gpu=8).total_gpus == 0
+
+
+def test_queue_ahead_of_each_qos_counts_pending_jobs_of_equal_or_higher_qos_priority():
+    jobs = parse_squeue_pending(SQUEUE_CAPTURED)  # waiting: 5 normal, 6 high, 7 normal
+    q = queue_state(jobs, total_gpus=4, shards_per_gpu=8, qos_priorities={"normal": 0, "high": 100, "low": -1})
+    assert dict(q.ahead_by_qos) == {"high": 1.0, "normal": 3.0, "low": 3.0}
+    assert q.pending_for("high") == 1.0 and q.pressure_for("high") == 0.25
+    assert q.pending_for("") == 3.0 and q.pending_for("unlisted") == 3.0  # unknown QoS: the whole queue
+    # a pending job whose QoS the table lacks counts ahead of everyone
+    odd = [pj(reason="Priority", node="gres:gpu:2", qos="gone")]
+    assert dict(queue_state(odd, 4, 8, {"normal": 0, "high": 100}).ahead_by_qos) == {"high": 2.0, "normal": 2.0}
+    assert queue_state(jobs, 4, 8, {}).ahead_by_qos == ()  # accounting unreadable: no per-QoS view
+
+
+def test_qos_priorities_parser():
+    assert parse_qos_priorities("normal|0\nhigh|100\n\n") == {"normal": 0, "high": 100}
+    with pytest.raises(SlurmError):
+        parse_qos_priorities("normal|zero\n")
+
+
+def test_long_queue_of_lower_qos_does_not_make_a_high_qos_job_share():
+    cfg = replace(NO_OVERSUB, policy=replace(NO_OVERSUB.policy, share_min_queue=0.05))
+    q = QueueState(3.0, 4, ahead_by_qos=(("high", 0.0), ("normal", 3.0)))
+    high = gated(q, cfg=cfg, qos="high")
+    assert high.action is Action.WHOLE_GPU and ReasonCode.QUEUE_SHORT in {r.code for r in high.reasons}
+    assert "at or above QoS 'high'" in next(r.message for r in high.reasons if r.code is ReasonCode.QUEUE_SHORT)
+    assert gated(q, cfg=cfg, qos="normal").action is Action.SHARE
+    assert gated(q, cfg=cfg, qos="").action is Action.SHARE  # no --qos: the whole queue
 
 
 @pytest.mark.parametrize("reason,counted", [
