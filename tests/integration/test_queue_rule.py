@@ -50,6 +50,9 @@ def test_learned_job_stays_whole_while_nothing_waits_and_shares_once_gpu_work_qu
     assert stack.wait_done(first) == "COMPLETED"
     stack.wait_observation(first)
 
+    # a QoS above normal: the queue ahead of its jobs holds only jobs of that QoS
+    stack.run("sacctmgr", "-i", "add", "qos", "high", "priority=100", check=False)
+    assert "high|100" in stack.run("sacctmgr", "-n", "-P", "show", "qos", "format=name,priority").stdout
     ruled = dataclasses.replace(stack, env={**stack.env, "SWAPAWARE_POLICY__SHARE_MIN_QUEUE": "0.05",
                                             "SWAPAWARE_POLICY__QUEUE_POLL_S": "0.5"})
     stack.stack("service-stop")
@@ -76,6 +79,14 @@ def test_learned_job_stays_whole_while_nothing_waits_and_shares_once_gpu_work_qu
         d2, tres = wait_for(shared, 20, lambda: "a shared decision once a job waits; service log:\n"
                             + log.read_text()[-2000:], 1.0)
         assert tres == "gres:shard:1" and "queue_short" not in d2["why"]
+
+        # the waiting filler is normal QoS: nothing waits ahead of a job of QoS high
+        high = stack.sbatch(script, "--gres=gpu:1", "--hold", "--qos=high", f"--job-name={name}")
+        d3 = decision_of(job_field(stack.show_job(high), "AdminComment"))
+        explained = stack.swapaware("explain", str(high)).stdout
+        stack.run("scancel", str(high))
+        assert d3["action"] == "whole_gpu" and "queue_short" in d3["why"], d3
+        assert "at or above QoS 'high' ask for 0.00 of 4 GPUs" in explained, explained
     finally:
         if fillers:
             stack.run("scancel", *(str(j) for j in fillers))
