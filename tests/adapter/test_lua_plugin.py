@@ -72,6 +72,14 @@ def test_unknown_job_gets_record_and_a_whole_gpu(service, tmp_path):
     row = service.store.decision(d_id)
     assert json.loads(row.facts_json)["scriptFingerprint"] == script_fingerprint(SCRIPT.encode())
     assert "script" not in json.loads(row.facts_json)  # the script's text never leaves slurmctld
+    assert json.loads(row.facts_json).get("qos", "") == ""  # no --qos: the association's default
+
+
+def test_the_jobs_qos_reaches_the_service(service, tmp_path):
+    out = run_lua(tmp_path, [gpu_job(qos="high")], service.socket_path)
+    d_id = out["results"][0]["job"]["admin_comment"].split()[1].removeprefix("id=")
+    service.handler.flush()
+    assert json.loads(service.store.decision(d_id).facts_json)["qos"] == "high"
 
 
 def test_known_job_is_rewritten_to_shards(service, client, slurm_jobs, tmp_path):
