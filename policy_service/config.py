@@ -148,6 +148,10 @@ class PolicyConfig:
     # fraction of the cluster's GPUs, a job that would start at once keeps its whole GPU
     # (sharing then only adds compute interference). 0 shares regardless of the queue.
     share_min_queue: float = 0.05
+    # Count only the pending jobs ahead of a job of a given --qos (QoS priority at least its
+    # own; Slurm starts those first). false: every job sees the whole queue (more sharing of
+    # high-QoS jobs, more throughput when the cluster is overloaded).
+    queue_per_qos: bool = True
     # Charge a shared job at least its learned solo GPU utilisation in shards
     # (ceil(util x shards_per_gpu)), so the jobs on a GPU ask for no more than its compute.
     compute_aware: bool = True

@@ -206,10 +206,11 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
                                f"{penalty.whole_gpu_runs_left} more run(s)")]
     if not est.known:
         return *whole, [Reason(ReasonCode.NO_HISTORY, "no history: whole GPU until a run is observed")]
-    short = _queue_gate(queue, req.qos, cfg)
+    view = req.qos if cfg.policy.queue_per_qos else ""  # "": the whole queue
+    short = _queue_gate(queue, view, cfg)
     if short is not None:
         return *whole, [short]
-    long_queue = _compute_overcommit(queue, req.qos, cfg) if util is not None and cfg.policy.compute_aware else None
+    long_queue = _compute_overcommit(queue, view, cfg) if util is not None and cfg.policy.compute_aware else None
     action, shards, slow, off, reasons = _size_shards(est, access, cfg, None if long_queue else util)
     if long_queue is not None and action is not Action.WHOLE_GPU:
         reasons.append(long_queue)

@@ -155,6 +155,8 @@ def test_long_queue_of_lower_qos_does_not_make_a_high_qos_job_share():
     assert "at or above QoS 'high'" in next(r.message for r in high.reasons if r.code is ReasonCode.QUEUE_SHORT)
     assert gated(q, cfg=cfg, qos="normal").action is Action.SHARE
     assert gated(q, cfg=cfg, qos="").action is Action.SHARE  # no --qos: the whole queue
+    whole_queue = replace(cfg, policy=replace(cfg.policy, queue_per_qos=False))
+    assert gated(q, cfg=whole_queue, qos="high").action is Action.SHARE
 
 
 @pytest.mark.parametrize("reason,counted", [
