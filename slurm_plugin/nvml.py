@@ -5,19 +5,22 @@ tree that behaves like a device driver, for tests and for the dev cluster withou
 
     <root>/gpu<N>/total_bytes     device capacity (decimal bytes)
     <root>/gpu<N>/procs/<pid>     bytes that process holds on the device
-    <root>/gpu<N>/util_pct        utilisation in percent (optional; absent -> None)
+    <root>/gpu<N>/busy/<pid>      percent of the device that process keeps busy (optional)
+    <root>/gpu<N>/util_pct        utilisation in percent when no process says (optional)
     <root>/gpu<N>/name, uuid      optional identity
 
 The fake is stateful and honest: ``fake_alloc`` refuses (``FakeOutOfMemory``, nothing written)
 when the device's used + requested bytes exceed its capacity, as ``cudaMalloc`` does; memory of
 dead processes (no ``/proc/<pid>``, or a zombie) does not count and is not listed, as the driver
 releases it when a process exits. Stale files of dead pids are removed by the next alloc.
+Utilisation is device-wide, as NVML reports it: the sum of the live processes' busy percentages,
+capped at 100 (``util_pct`` when no live process declared one; None when neither exists).
 Not modelled: the driver's reserved memory, CUDA contexts, pid reuse between two allocs.
 
 CLI for job scripts (``python -m slurm_plugin.nvml``)::
 
     fake-create --root R --count 4 --total-bytes 85899345920
-    fake-alloc  --root R --gpu N --bytes B [--pid P] [--hold-seconds S]
+    fake-alloc  --root R --gpu N --bytes B [--pid P] [--hold-seconds S] [--busy-pct U]
     fake-free   --root R --gpu N [--pid P] [--bytes B]
 
 ``fake-alloc`` exits 2 with "CUDA out of memory (fake)" on stderr when refused. Without
@@ -220,11 +223,13 @@ class FakeNvmlTelemetry:
         return _live_procs(_gpu_dir(self.root, index), self._proc_root)
 
     def utilization_pct(self, index: int) -> float | None:
-        path = _gpu_dir(self.root, index) / "util_pct"
-        try:
-            return float(path.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
+        gpu_dir = _gpu_dir(self.root, index)
+        live = {p.pid for p in _live_procs(gpu_dir, self._proc_root)}
+        busy = [_read_float(gpu_dir / "busy" / str(pid)) for pid in sorted(live)]
+        busy = [b for b in busy if b is not None]
+        if busy:
+            return min(100.0, sum(busy))
+        return _read_float(gpu_dir / "util_pct")
 
     def name(self, index: int) -> str:
         return self._ident(index, "name", "Fake GPU")
@@ -255,7 +260,15 @@ def create_fake_gpus(root: Path, count: int, total_bytes: int, name: str = "Fake
         _write_atomic(gpu_dir / "uuid", f"GPU-fake-{gpu:04d}\n")
 
 
-def fake_alloc(root: Path, gpu: int, pid: int, nbytes: int, proc_root: Path = PROC_ROOT) -> int:
+def _read_float(path: Path) -> float | None:
+    try:
+        return float(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def fake_alloc(root: Path, gpu: int, pid: int, nbytes: int, proc_root: Path = PROC_ROOT,
+               busy_pct: float | None = None) -> int:
     """Add ``nbytes`` to what ``pid`` holds on fake ``gpu``; returns the pid's new total.
 
     Raises ``FakeOutOfMemory`` (writing nothing) when used + nbytes > total, and
@@ -279,6 +292,9 @@ def fake_alloc(root: Path, gpu: int, pid: int, nbytes: int, proc_root: Path = PR
         held_bytes = next((p.used_bytes or 0 for p in live if p.pid == pid), 0) + nbytes
         (gpu_dir / "procs").mkdir(exist_ok=True)
         _write_atomic(gpu_dir / "procs" / str(pid), f"{held_bytes}\n")
+        if busy_pct is not None:
+            (gpu_dir / "busy").mkdir(exist_ok=True)
+            _write_atomic(gpu_dir / "busy" / str(pid), f"{min(100.0, max(0.0, busy_pct))}\n")
         return held_bytes
 
 
@@ -292,16 +308,18 @@ def fake_free(root: Path, gpu: int, pid: int, nbytes: int | None = None) -> int:
         remaining_bytes = 0 if nbytes is None else max(0, _read_int(path) - nbytes)
         if remaining_bytes == 0:
             path.unlink(missing_ok=True)
+            (gpu_dir / "busy" / str(pid)).unlink(missing_ok=True)
         else:
             _write_atomic(path, f"{remaining_bytes}\n")
         return remaining_bytes
 
 
 def _collect_dead(gpu_dir: Path, proc_root: Path) -> None:
-    procs_dir = gpu_dir / "procs"
-    for entry in procs_dir.iterdir() if procs_dir.is_dir() else []:
-        if entry.name.isdigit() and not pid_alive(int(entry.name), proc_root):
-            entry.unlink(missing_ok=True)
+    for sub in ("procs", "busy"):
+        d = gpu_dir / sub
+        for entry in d.iterdir() if d.is_dir() else []:
+            if entry.name.isdigit() and not pid_alive(int(entry.name), proc_root):
+                entry.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- selection
@@ -355,6 +373,7 @@ def _parser() -> argparse.ArgumentParser:
     alloc.add_argument("--bytes", dest="nbytes", type=int, required=True)
     alloc.add_argument("--pid", type=int, default=None)
     alloc.add_argument("--hold-seconds", type=float, default=None)
+    alloc.add_argument("--busy-pct", type=float, default=None, help="percent of the GPU this process keeps busy")
     free = sub.add_parser("fake-free", help="free fake GPU memory")
     free.add_argument("--root", type=Path, required=True)
     free.add_argument("--gpu", type=int, required=True)
@@ -383,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "fake-alloc":
             holding = args.hold_seconds is not None
             pid = args.pid if args.pid is not None else (os.getpid() if holding else os.getppid())
-            fake_alloc(args.root, args.gpu, pid, args.nbytes)
+            fake_alloc(args.root, args.gpu, pid, args.nbytes, busy_pct=args.busy_pct)
             sys.stdout.write(f"allocated {args.nbytes} bytes on fake GPU {args.gpu} for pid {pid}\n")
             sys.stdout.flush()
             if holding:

@@ -126,13 +126,15 @@ def job_field(oneliner: str, key: str) -> str:
     return scontrol_field(oneliner, key) or ""
 
 
-def fake_alloc_script(stack: Stack, gib: float, hold_s: float = 1.5, extra: str = "") -> str:
+def fake_alloc_script(stack: Stack, gib: float, hold_s: float = 1.5, extra: str = "", busy_pct: float | None = None
+                      ) -> str:
     py = Path(sys.executable)
+    busy = "" if busy_pct is None else f" --busy-pct {busy_pct}"
     return f"""#!/bin/bash
 env | grep -E '^(CUDA_VISIBLE_DEVICES|SLURM_JOB_GPUS|SLURM_SHARDS_ON_NODE|SLURM_GPUS_ON_NODE|SWAPAWARE_GPU_MEM_LIMIT_BYTES)=' | sort
 {extra}
 exec {py} -m slurm_plugin.nvml fake-alloc --root {stack.state}/fake-nvml --gpu "${{CUDA_VISIBLE_DEVICES%%,*}}" \\
-    --bytes {int(gib * GIB)} --hold-seconds {hold_s}
+    --bytes {int(gib * GIB)} --hold-seconds {hold_s}{busy}
 """
 
 

@@ -39,6 +39,22 @@ def test_class_moves_from_whole_gpu_to_shards_after_an_observed_run(stack):
     assert "action: share -> gres:shard:1" in explained
 
 
+def test_a_class_that_keeps_a_gpu_busy_is_charged_shards_for_its_compute(stack):
+    """The agent samples the (fake) device's utilisation; the epilog reports it; the next
+    submission is sized by compute (62 % of 8 shards -> 5), not by its 3 GiB of memory (1)."""
+    name = f"busy-{uuid.uuid4().hex[:6]}"
+    script = fake_alloc_script(stack, gib=3, busy_pct=62)
+    first = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
+    assert stack.wait_done(first) == "COMPLETED"
+    stack.wait_observation(first)
+    second = stack.sbatch(script, "--gres=gpu:1", "--hold", f"--job-name={name}")
+    info = stack.show_job(second)
+    stack.run("scancel", str(second))
+    assert job_field(info, "TresPerNode") == "gres:shard:5", info
+    d = decision_of(job_field(info, "AdminComment"))
+    assert d["action"] == "share" and "compute_shards" in d["why"], d
+
+
 def test_job_without_gpu_is_left_alone(stack):
     job = stack.sbatch("#!/bin/sh\ntrue\n")
     info = stack.show_job(job)

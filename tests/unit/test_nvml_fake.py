@@ -166,6 +166,41 @@ def test_util_and_zombie_detection(root: Path, tmp_path: Path) -> None:
     assert not pid_alive(10, proc) and pid_alive(11, proc) and not pid_alive(12, proc)
 
 
+def test_utilisation_is_the_sum_of_live_processes_busy_shares(root: Path, tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    for pid, state in ((21, "S"), (22, "S"), (23, "S")):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (python) {state} 1 1 1")
+    fake = FakeNvmlTelemetry(root, proc_root=proc)
+    (root / "gpu0" / "util_pct").write_text("5\n")  # used only while no process declares its share
+    fake_alloc(root, 0, 21, 100_000, proc_root=proc, busy_pct=40.0)
+    assert fake.utilization_pct(0) == 40.0
+    fake_alloc(root, 0, 22, 100_000, proc_root=proc, busy_pct=35.5)
+    assert fake.utilization_pct(0) == 75.5
+    fake_alloc(root, 0, 23, 100_000, proc_root=proc, busy_pct=90.0)
+    assert fake.utilization_pct(0) == 100.0  # a device is at most fully busy
+    assert fake.utilization_pct(1) is None
+    fake_free(root, 0, 23)
+    (proc / "22" / "stat").write_text("22 (python) Z 1 1 1")  # exited: its share no longer counts
+    assert fake.utilization_pct(0) == 40.0
+    fake_free(root, 0, 21)
+    assert fake.utilization_pct(0) == 5.0
+    fake_alloc(root, 0, 21, 1, proc_root=proc)  # the next alloc collects the dead pid's files
+    assert not (root / "gpu0" / "busy" / "22").exists() and not (root / "gpu0" / "procs" / "22").exists()
+
+
+def test_cli_alloc_declares_its_busy_share(root: Path) -> None:
+    holder = _cli("fake-alloc", "--root", str(root), "--gpu", "1", "--bytes", "1000", "--hold-seconds", "30",
+                  "--busy-pct", "62")
+    try:
+        assert "allocated 1000 bytes" in holder.stdout.readline()
+        assert FakeNvmlTelemetry(root).utilization_pct(1) == 62.0
+    finally:
+        holder.terminate()
+        holder.wait(10)
+    assert FakeNvmlTelemetry(root).utilization_pct(1) is None
+
+
 def test_open_telemetry_fake_and_none(tmp_path: Path) -> None:
     log = logging.getLogger("test.nvml")
     fake = open_telemetry(AgentConfig(nvml_backend=NvmlBackend.FAKE, fake_nvml_dir=tmp_path), log)
