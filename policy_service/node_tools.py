@@ -236,6 +236,29 @@ def _slurm_param_checks(conf: SlurmConf, cfg: Config) -> list[Check]:
     return checks
 
 
+def queue_check(slurm, cfg: Config) -> Check:
+    """Can this user read what the queue rule needs (``squeue``, ``sinfo``, QoS priorities)?"""
+    from policy_service.adapters.queue import queue_state
+
+    fix = ("run doctor as the service's user: the service reads the queue with squeue/sinfo (and QoS "
+           "priorities with sacctmgr) every policy.queue_poll_s; or set policy.share_min_queue = 0")
+    try:
+        pending, gpus = slurm.pending_jobs(), slurm.cluster_gpus()
+    except Exception as exc:  # noqa: BLE001 - any failure is the finding
+        return _check("queue", False, f"cannot read the queue: {exc}", fix)
+    try:
+        qos = slurm.qos_priorities()
+    except Exception as exc:  # noqa: BLE001
+        qos, qos_note = {}, f"; QoS priorities unreadable ({exc}): every job sees the whole queue"
+    else:
+        qos_note = f"; QoS priorities: {', '.join(f'{k}={v}' for k, v in sorted(qos.items())) or 'none'}"
+    state = queue_state(pending, gpus, cfg.gpu.shards_per_gpu, qos)
+    detail = (f"{state.pending_gpus:.2f} GPU(s) pending of {gpus} on nodes taking jobs (pressure "
+              f"{state.pressure:.1%}, shares at >= {cfg.policy.share_min_queue:.1%}){qos_note}")
+    return _check("queue", gpus > 0, detail, "no node with GPUs takes jobs (sinfo -N): while that lasts, waiting "
+                                             "GPU work counts as a long queue")
+
+
 def _node_checks(conf: SlurmConf, gres: GresConf, shards_per_gpu: int) -> list[Check]:
     gpu_nodes = [n for n in conf.nodes if n.gres.get("gpu", 0) > 0]
     if not gpu_nodes:
@@ -393,6 +416,10 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
         agent = status(cfg.hooks) is not None
     checks = missing + opened + doctor_checks(slurm_text or "", gres_text or "", cfg, telemetry, service,
                                      agent_reachable=agent, hostname=socket.gethostname().split(".")[0])
+    if not no_probes and cfg.policy.share_min_queue > 0:
+        from policy_service.adapters.slurm import CliSlurm
+
+        checks.append(queue_check(CliSlurm(cfg.service.slurm_timeout_s), cfg))
     _print_checks(checks)
     if not all(c.ok for c in checks):
         sys.exit(1)

@@ -251,3 +251,20 @@ def test_end_to_end_squeue_outage_shares_with_queue_unknown(service_env, slurm_j
             assert "queue_unknown" in reasons(d) and "queue_short" not in reasons(d)
     finally:
         svc.stop(0)
+
+
+# ----------------------------------------------------------------------------- doctor
+def test_doctor_queue_check_reports_what_the_rule_will_see(slurm_jobs):
+    from policy_service.node_tools import queue_check
+
+    slurm_jobs.qos_table = {"normal": 0, "high": 100}
+    slurm_jobs.pending = [PendingJob(1, "gres:gpu:1", "", "", 1, 1, "Priority", "normal")]
+    c = queue_check(slurm_jobs, Config())
+    assert c.ok and c.detail.startswith("1.00 GPU(s) pending of 4 on nodes taking jobs (pressure 25.0%")
+    assert "QoS priorities: high=100, normal=0" in c.detail
+    slurm_jobs.gpus = 0
+    assert not queue_check(slurm_jobs, Config()).ok
+    slurm_jobs.gpus, slurm_jobs.pending = 4, None
+    failed = queue_check(slurm_jobs, Config())
+    assert not failed.ok and "cannot read the queue: squeue: error" in failed.detail
+    assert "policy.share_min_queue = 0" in failed.fix
