@@ -56,9 +56,10 @@ def gres_fields(job: pb.JobFacts) -> dict[str, str]:
 def gpu_utilisation(req: pb.JobFinishedRequest) -> float | None:
     """Mean utilisation (0..1) of the job's GPUs as the node agent sampled it; None without
     telemetry. Device-wide: the estimator uses it only for runs without co-runners."""
-    if not req.gpus or req.telemetry_source in ("", "none"):
+    measured = [g.util_mean_pct for g in req.gpus if g.HasField("util_mean_pct")]
+    if not measured or req.telemetry_source in ("", "none"):
         return None
-    return min(1.0, max(0.0, sum(g.util_mean_pct for g in req.gpus) / len(req.gpus) / 100.0))
+    return min(1.0, max(0.0, sum(measured) / len(measured) / 100.0))
 
 
 def decision_to_proto(d: Decision) -> pb.Decision:

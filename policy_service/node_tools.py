@@ -416,7 +416,9 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
         agent = status(cfg.hooks) is not None
     checks = missing + opened + doctor_checks(slurm_text or "", gres_text or "", cfg, telemetry, service,
                                      agent_reachable=agent, hostname=socket.gethostname().split(".")[0])
-    if not no_probes and cfg.policy.share_min_queue > 0:
+    from policy_service.adapters.queue import reads_queue
+
+    if not no_probes and reads_queue(cfg):
         from policy_service.adapters.slurm import CliSlurm
 
         checks.append(queue_check(CliSlurm(cfg.service.slurm_timeout_s), cfg))

@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2
 from policy_service.adapters.grpc_server import start_grpc
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.local_socket import start_local_socket
-from policy_service.adapters.queue import QueueMonitor
+from policy_service.adapters.queue import QueueMonitor, reads_queue
 from policy_service.adapters.slurm import SlurmAccess, open_slurm
 from policy_service.config import Config, read_token
 from policy_service.handler import PolicyHandler
@@ -53,7 +53,7 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     store = HistoryStore(cfg.service.db_path)
     if slurm is None and use_slurm:
         slurm = open_slurm(cfg.service.slurm_backend, cfg.service.slurm_timeout_s)
-    monitor = QueueMonitor(slurm, cfg) if slurm is not None and cfg.policy.share_min_queue > 0 else None
+    monitor = QueueMonitor(slurm, cfg) if slurm is not None and reads_queue(cfg) else None
     handler = PolicyHandler(cfg, store, slurm, queue_monitor=monitor)
     server = None
     try:

@@ -100,9 +100,10 @@ def apply_telemetry(req: pb.JobFinishedRequest, t: dict) -> None:
     if t.get("peak_bytes") is not None and req.telemetry_source != "none":
         req.peak_gpu_bytes = int(t["peak_bytes"])
     for g in t.get("gpus", []) or []:
-        req.gpus.add(gpu_index=int(g.get("index", 0)), peak_bytes=int(g.get("peak_bytes", 0)),
-                     mean_bytes=int(g.get("mean_bytes", 0)), util_mean_pct=float(g.get("util_mean_pct") or 0.0),
-                     total_bytes=int(g.get("total_bytes", 0)))
+        usage = req.gpus.add(gpu_index=int(g.get("index", 0)), peak_bytes=int(g.get("peak_bytes", 0)),
+                             mean_bytes=int(g.get("mean_bytes", 0)), total_bytes=int(g.get("total_bytes", 0)))
+        if g.get("util_mean_pct") is not None:  # absent: NVML had no utilisation reading (not 0 % busy)
+            usage.util_mean_pct = float(g["util_mean_pct"])
     if t.get("oom_suspected"):
         # Memory at the device's limit is only an OOM if the job also failed: a job that
         # filled the GPU and exited 0 did not run out of memory.

@@ -26,6 +26,11 @@ WAITING_REASONS = frozenset({"Priority", "Resources", "None"})
 QOS_REFRESH_POLLS = 40  # QoS priorities change rarely: re-read them every 40 polls (10 min at 15 s)
 
 
+def reads_queue(cfg: Config) -> bool:
+    """Whether a policy rule uses the queue (the service then polls Slurm for it)."""
+    return cfg.policy.share_min_queue > 0 or (cfg.policy.compute_aware and cfg.policy.overcommit_compute_min_queue > 0)
+
+
 def gpus_asked(job: PendingJob, shards_per_gpu: int) -> float:
     """GPUs a pending job asks for; a shard counts 1 / shards_per_gpu. 0 for non-GPU jobs."""
     try:

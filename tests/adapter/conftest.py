@@ -64,8 +64,10 @@ def service_env(tmp_path: Path) -> dict[str, str]:
         "SWAPAWARE_HOOKS__SPOOL_DIR": str(tmp_path / "spool"),
         "SWAPAWARE_HOOKS__AGENT_SOCKET": str(tmp_path / "no-agent.sock"),
         "SWAPAWARE_HOOKS__DEADLINE_S": "2",
-        # Decisions here are about memory; the queue rule has its own tests (test_queue_rule.py).
+        # Decisions here are about memory; the queue rules have their own tests
+        # (test_queue_monitor.py, test_compute_aware_service.py).
         "SWAPAWARE_POLICY__SHARE_MIN_QUEUE": "0",
+        "SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE": "0",
     }
 
 
