@@ -210,10 +210,13 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
     short = _queue_gate(queue, view, cfg)
     if short is not None:
         return *whole, [short]
+    action, shards, slow, off, reasons = _size_shards(est, access, cfg, util)
     long_queue = _compute_overcommit(queue, view, cfg) if util is not None and cfg.policy.compute_aware else None
-    action, shards, slow, off, reasons = _size_shards(est, access, cfg, None if long_queue else util)
-    if long_queue is not None and action is not Action.WHOLE_GPU:
-        reasons.append(long_queue)
+    if long_queue is not None:
+        by_memory = _size_shards(est, access, cfg, None)
+        if by_memory[:2] != (action, shards):  # the compute floor binds: the long queue lifts it
+            action, shards, slow, off, reasons = by_memory
+            reasons.append(long_queue)
     if action is not Action.WHOLE_GPU and cfg.policy.share_min_queue > 0 and not _fresh(queue, cfg):
         reasons.append(Reason(ReasonCode.QUEUE_UNKNOWN, "the pending GPU jobs are unknown (no recent snapshot from "
                                                         "Slurm): shared as if GPU work were waiting"))

@@ -292,6 +292,13 @@ def test_long_queue_does_not_mark_a_job_that_stays_whole_for_its_memory():
     assert ReasonCode.TOO_LARGE_TO_SHARE in codes(d) and not codes(d) & COMPUTE_CODES
 
 
+def test_long_queue_does_not_mark_a_job_whose_compute_floor_does_not_bind():
+    # util 0.05 -> floor 1 shard, memory needs 1 shard: the long queue changes nothing
+    d = gated(QueueState(8.0, 4), stats=with_util(0.05, 3), cfg=CFG)
+    assert (d.action, d.shards) == (Action.SHARE, 1)
+    assert not codes(d) & COMPUTE_CODES
+
+
 def test_overcommit_keeps_the_memory_oversubscription_search_open():
     # 50 GiB of a compute-bound access class, util 0.62: floor 5 without a queue, memory's 1 with one
     quiet = gated(None, stats=with_util(0.62, 40), cfg=CFG, comment=COMPUTE_BOUND_ACCESS)
