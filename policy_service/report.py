@@ -12,6 +12,7 @@ the end. Every definition is written down in docs/reporting.md.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import enum
@@ -93,6 +94,7 @@ class HistoryDecision:
     margin_bytes: int
     asked_kind: GresKind | None  # what the job asked for at submit (from the recorded facts)
     asked_gpus: int  # whole GPUs the request adds up to (per node x nodes, per task x tasks); 0 if none
+    whole_because: str = ""  # for a whole-GPU decision: the reason code that kept it whole
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ class JobReport:
     decision_id: str
     action: str
     decided_shards: int | None
+    whole_because: str  # the reason code of a whole-GPU decision ("" otherwise or unknown)
     in_history: bool
     status: RecordStatus
     override_reason: OverrideReason | None
@@ -168,6 +171,8 @@ class GroupSummary:
     abs_pct_error_median: float | None
     under_predicted: int
     ooms: int
+    # Whole-GPU decisions by the reason that kept them whole, e.g. "no_history=3;queue_short=12"
+    whole_because: str = ""
 
 
 @dataclass(frozen=True)
@@ -231,13 +236,27 @@ def _int(value: Any) -> int:
         return 0
 
 
+# Reason codes that keep a single job whole, in the order the policy checks them.
+WHOLE_BECAUSE = ("no_gpu", "unsupported_request", "multi_node", "multi_gpu", "sharing_disabled", "protected_qos",
+                 "oom_penalty", "no_history", "queue_short", "too_large_to_share", "compute_bound")
+
+
+def whole_because(action: str, reason_codes: Sequence[str]) -> str:
+    """The reason code that kept a whole-GPU decision whole; "" for other actions."""
+    if action != "whole_gpu":
+        return ""
+    return next((c for c in reason_codes if c in WHOLE_BECAUSE), "")
+
+
 def decision_from_row(decision_id: str, action: str, shards: int, facts_json: str,
                       decision_json: str) -> HistoryDecision:
     """A ``decisions`` row (facts and decision are proto3 JSON: camelCase, uint64 as strings)."""
     try:
-        est = (json.loads(decision_json or "{}") or {}).get("estimate") or {}
-    except json.JSONDecodeError:
-        est = {}
+        decision = json.loads(decision_json or "{}") or {}
+        est = decision.get("estimate") or {}
+        codes = [str(r.get("code", "")) for r in decision.get("reasons") or [] if isinstance(r, dict)]
+    except (json.JSONDecodeError, AttributeError):
+        est, codes = {}, []
     asked_kind: GresKind | None = None
     asked_gpus = 0
     try:
@@ -255,7 +274,7 @@ def decision_from_row(decision_id: str, action: str, shards: int, facts_json: st
     return HistoryDecision(decision_id=decision_id, action=action, shards=int(shards),
                            peak_bytes=_int(est.get("peakBytes", est.get("peak_bytes"))),
                            margin_bytes=_int(est.get("marginBytes", est.get("margin_bytes"))),
-                           asked_kind=asked_kind, asked_gpus=asked_gpus)
+                           asked_kind=asked_kind, asked_gpus=asked_gpus, whole_because=whole_because(action, codes))
 
 
 def _camel(name: str) -> str:
@@ -392,7 +411,8 @@ def join_job(job: AccountingJob, hist: HistorySnapshot, *, shards_per_gpu: int, 
         job_id=job.job_id, user=job.user, account=job.account, partition=job.partition, job_name=job.job_name,
         state=job.state, started=started, elapsed_s=elapsed, wait_s=wait, gpus=gpus, shards=shards,
         shared=shared, whole_gpu=whole,
-        decision_id=decision_id, action=action, decided_shards=decided_k, in_history=d is not None,
+        decision_id=decision_id, action=action, decided_shards=decided_k,
+        whole_because=d.whole_because if d is not None else "", in_history=d is not None,
         status=status, override_reason=why, gpu_hours_used=used_h, gpu_hours_saved=saved_h,
         predicted_peak_bytes=predicted, margin_bytes=margin, observed_peak_bytes=observed,
         oom=None if o is None else o.oom, abs_pct_error=err, under_predicted=under)
@@ -420,7 +440,9 @@ def summarize(key: str, jobs: Sequence[JobReport]) -> GroupSummary:
         wait_max_s=max(waits) if waits else None,
         observed_jobs=len(observed), observed_peak_max_bytes=max(observed) if observed else None,
         predicted_jobs=len(errors), abs_pct_error_median=_median(errors),
-        under_predicted=sum(bool(j.under_predicted) for j in jobs), ooms=sum(bool(j.oom) for j in jobs))
+        under_predicted=sum(bool(j.under_predicted) for j in jobs), ooms=sum(bool(j.oom) for j in jobs),
+        whole_because=";".join(f"{code}={n}" for code, n in sorted(
+            collections.Counter(j.whole_because for j in jobs if j.whole_because).items())))
 
 
 def build_report(accounting: Iterable[AccountingJob], hist: HistorySnapshot, *, by: str, shards_per_gpu: int,
@@ -628,6 +650,9 @@ def format_table(rep: Report, *, with_jobs: bool = False) -> str:
               "overr: allocation or AdminComment disagrees with the decision; gpu_h/saved_h: GPU-hours used/saved;",
               "wait: submit to start; err50: median |predicted-observed|/observed peak; under: observed > predicted",
               "+ margin / jobs compared; oom: OOMs observed. Definitions: swapaware report --help, docs/reporting.md"]
+    if rep.total.whole_because:
+        lines.append("whole-GPU decisions by reason: " + ", ".join(
+            item.replace("=", " ") for item in rep.total.whole_because.split(";")))
     if rep.history_error:
         lines.append(f"WARNING: history not read ({rep.history_error}): accounting columns only")
     if with_jobs and rep.jobs:
@@ -788,6 +813,9 @@ Definitions (docs/reporting.md has the details and the caveats):
                 after the decision
   norec         GPU job without a swapaware decision (service down: failed open; plugin
                 disabled; submitted before swapaware)
+  whole_because whole-GPU decisions by the reason code that kept them whole (no_history,
+                queue_short, compute_bound, protected_qos, oom_penalty, too_large_to_share,
+                ...): the line under the table, and a column in JSON/CSV
   not judged    slurmdbd stores AdminComment only when a job ends: for running and
                 pending jobs it is read from slurmctld (--live-lookups); a job that never
                 started is not compared with an allocation

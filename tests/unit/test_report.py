@@ -267,6 +267,26 @@ def test_decision_row_reads_proto3_json_written_by_the_service(world):
     assert hd.peak_bytes == d2.estimate.peak_bytes == 3 * GIB and hd.margin_bytes == d2.estimate.margin_bytes
     assert hd.asked_kind is GresKind.GPU and hd.asked_gpus == 1
     assert d.action == pb.ACTION_WHOLE_GPU
+    assert hd.whole_because == ""  # shared
+    with ReadOnlyHistory(world.db) as h:
+        r1 = h.decisions_by_id([d.decision_id])[d.decision_id]
+    assert R.decision_from_row(r1.decision_id, r1.action, r1.shards, r1.facts_json,
+                               r1.decision_json).whole_because == "no_history"
+
+
+@pytest.mark.parametrize("action,codes,expected", [
+    ("whole_gpu", ["no_history", "whole_gpu_as_shards", "priority_default"], "no_history"),
+    ("whole_gpu", ["queue_short", "estimate_from_history", "whole_gpu_as_shards"], "queue_short"),
+    ("whole_gpu", ["raised_to_observed_max", "too_large_to_share", "estimate_from_history"], "too_large_to_share"),
+    ("whole_gpu", ["compute_bound", "estimate_from_history"], "compute_bound"),
+    ("whole_gpu", ["protected_qos"], "protected_qos"),
+    ("whole_gpu", ["priority_default"], ""),
+    ("share", ["fits_in_shards", "queue_unknown"], ""),
+])
+def test_whole_because_is_the_reason_that_kept_the_gpu_whole(action, codes, expected):
+    assert R.whole_because(action, codes) == expected
+    decision = json.dumps({"reasons": [{"code": c, "message": "m"} for c in codes]})
+    assert R.decision_from_row("d", action, 0, "{}", decision).whole_because == expected
 
 
 # ----------------------------------------------------------------------------- judging
@@ -457,6 +477,11 @@ def test_report_joins_accounting_with_history(world):
     assert bob.predicted_jobs == 0 and bob.abs_pct_error_median is None and bob.wait_median_s == 0
     total = rep.total
     assert total.jobs == 7 and total.shared_jobs == 2 and total.overridden == 2 and total.no_record == 1
+    assert jobs[101].whole_because == "no_history" and jobs[102].whole_because == ""
+    # 101: nothing known yet; 108: after 103's OOM while shared (104 was decided share)
+    assert jobs[108].whole_because == "oom_penalty"
+    assert alice.whole_because == total.whole_because == "no_history=1;oom_penalty=1"
+    assert "whole-GPU decisions by reason: no_history 1, oom_penalty 1" in R.format_table(rep)
     assert total.gpu_hours_saved == pytest.approx(alice.gpu_hours_saved)
 
 
