@@ -159,6 +159,13 @@ class PolicyConfig:
     # then waiting costs more than co-runners' interference and jobs are sized by memory alone.
     # 0 never overcommits compute.
     overcommit_compute_min_queue: float = 1.0
+    # Re-decide pending jobs that were kept whole (nothing known yet, short queue, ...) once
+    # what the policy knows, or the queue, changed, and rewrite them to shards while they still
+    # wait (scontrol update TresPerNode + AdminComment). Off by default: it helps bursty queues
+    # and costs a little when the queue is short (docs/simulation.md). At most
+    # redecide_max_per_poll jobs per queue poll (one scontrol show + update each).
+    redecide_pending: bool = False
+    redecide_max_per_poll: int = 20
     # QoS names whose jobs always keep whole GPUs (no co-runner can slow them down).
     whole_gpu_qos: tuple[str, ...] = ()
     # How often the service reads the pending GPU jobs from Slurm; a snapshot older than three
@@ -301,6 +308,7 @@ def _validate(cfg: Config) -> None:
         (0 <= cfg.policy.share_min_queue <= 100, "policy.share_min_queue must be in [0, 100]"),
         (cfg.policy.queue_poll_s > 0, "policy.queue_poll_s must be > 0"),
         (cfg.policy.overcommit_compute_min_queue >= 0, "policy.overcommit_compute_min_queue must be >= 0"),
+        (cfg.policy.redecide_max_per_poll >= 1, "policy.redecide_max_per_poll must be >= 1"),
         (cfg.policy.admin_comment_max_chars >= 80, "policy.admin_comment_max_chars must be >= 80"),
         (cfg.hooks.deadline_s > 0, "hooks.deadline_s must be > 0"),
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),

@@ -83,6 +83,15 @@ def rewrite_to_proto(rewrite) -> pb.JobRewrite:
                             if getattr(rewrite, f.name) is not None})
 
 
+@dataclasses.dataclass(frozen=True)
+class PendingRedecision:
+    decision: Decision
+    request: object  # core JobRequest
+    keys: dict
+    facts: pb.JobFacts
+    replaces: str
+
+
 class PolicyHandler:
     """Admit / JobStarted / JobFinished / Explain over core + store."""
 
@@ -91,6 +100,7 @@ class PolicyHandler:
                  queue_monitor: QueueMonitor | None = None):
         self.cfg, self.store, self.slurm = cfg, store, slurm
         self.queue = queue_monitor
+        self.learn_epoch = 0  # observations folded into the model by this process
         self.clock, self.new_id = clock, new_id
         # Decisions are recorded by a writer thread, off the reply's path: slurmctld waits
         # for Admit while holding its locks. Readers of decisions call flush() first.
@@ -135,6 +145,15 @@ class PolicyHandler:
     # ------------------------------------------------------------------ Admit
     def admit(self, req: pb.AdmitRequest) -> pb.AdmitResponse:
         job = req.job
+        d, jr, keys = self._decide(job)
+        if not req.dry_run:
+            self._writes.put((d, jr, keys, job))
+        if req.brief:  # the full message is built by the writer, off this path
+            return pb.AdmitResponse(decision=pb.Decision(decision_id=d.decision_id, action=_ACTION[d.action],
+                                                         shards=d.shards, rewrite=rewrite_to_proto(d.rewrite)))
+        return pb.AdmitResponse(decision=decision_to_proto(d))
+
+    def _decide(self, job: pb.JobFacts, replaces: str = ""):
         fields = gres_fields(job)
         try:
             jr, access = job_request(
@@ -148,13 +167,32 @@ class PolicyHandler:
         stats = self.store.stats(keys)
         d = policy.decide(jr, stats, self.cfg, decision_id=self.new_id(), now=self.clock(),
                           job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
-                          queue=self.queue.snapshot() if self.queue is not None else None)
-        if not req.dry_run:
-            self._writes.put((d, jr, keys, job))
-        if req.brief:  # the full message is built by the writer, off this path
-            return pb.AdmitResponse(decision=pb.Decision(decision_id=d.decision_id, action=_ACTION[d.action],
-                                                         shards=d.shards, rewrite=rewrite_to_proto(d.rewrite)))
-        return pb.AdmitResponse(decision=decision_to_proto(d))
+                          queue=self.queue.snapshot() if self.queue is not None else None, replaces=replaces)
+        return d, jr, keys
+
+    # ------------------------------------------------------------------ pending jobs
+    def redecide(self, admin_comment: str) -> PendingRedecision | None:
+        """A new decision for a pending job whose record (its AdminComment) is a whole-GPU
+        decision that would now share; None otherwise. Nothing is recorded until ``adopt``."""
+        d_id = policy.parse_admin_comment(admin_comment).get("id", "")
+        if not d_id:
+            return None
+        self.flush()
+        row = self.store.decision(d_id)
+        if row is None or row.action != Action.WHOLE_GPU.value:
+            return None
+        facts = row.facts
+        try:
+            d, jr, keys = self._decide(facts, replaces=d_id)
+        except HandlerError:
+            return None
+        if not policy.replaces_pending(row.action, d):
+            return None
+        return PendingRedecision(d, jr, keys, facts, d_id)
+
+    def adopt(self, r: PendingRedecision) -> None:
+        """Record a re-decision once Slurm holds it."""
+        self._writes.put((r.decision, r.request, r.keys, r.facts))
 
     # ------------------------------------------------------------------ correlation
     def _decision_id_for_job(self, job_id: int) -> str:
@@ -212,6 +250,8 @@ class PolicyHandler:
                                   util_frac=gpu_utilisation(req))
         keys = row.keys if row is not None else {}
         applied = self.store.record_finish(obs, keys, lambda s: estimator.observe(s, core_obs, self.cfg.estimator))
+        if applied and keys:
+            self.learn_epoch += 1  # pending jobs kept whole may share now
         log.info("observation %s", json.dumps({
             "job_id": req.job_id, "decision_id": d_id, "applied": applied, "runtime_s": obs.runtime_s,
             "peak_bytes": peak, "oom": obs.oom, "oom_evidence": evidence or req.oom_evidence,

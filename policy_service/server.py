@@ -15,6 +15,7 @@ from policy_service.adapters.grpc_server import start_grpc
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.local_socket import start_local_socket
 from policy_service.adapters.queue import QueueMonitor, reads_queue
+from policy_service.adapters.redecide import PendingRedecider
 from policy_service.adapters.slurm import SlurmAccess, open_slurm
 from policy_service.config import Config, read_token
 from policy_service.handler import PolicyHandler
@@ -55,6 +56,8 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         slurm = open_slurm(cfg.service.slurm_backend, cfg.service.slurm_timeout_s)
     monitor = QueueMonitor(slurm, cfg) if slurm is not None and reads_queue(cfg) else None
     handler = PolicyHandler(cfg, store, slurm, queue_monitor=monitor)
+    if monitor is not None and cfg.policy.redecide_pending:
+        monitor.on_poll = PendingRedecider(handler, slurm, cfg)
     server = None
     try:
         server, port, health_servicer = start_grpc(handler, cfg.service.grpc_address, cfg.service.max_workers, token)

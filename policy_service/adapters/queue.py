@@ -28,7 +28,8 @@ QOS_REFRESH_POLLS = 40  # QoS priorities change rarely: re-read them every 40 po
 
 def reads_queue(cfg: Config) -> bool:
     """Whether a policy rule uses the queue (the service then polls Slurm for it)."""
-    return cfg.policy.share_min_queue > 0 or (cfg.policy.compute_aware and cfg.policy.overcommit_compute_min_queue > 0)
+    return (cfg.policy.share_min_queue > 0 or cfg.policy.redecide_pending
+            or (cfg.policy.compute_aware and cfg.policy.overcommit_compute_min_queue > 0))
 
 
 def gpus_asked(job: PendingJob, shards_per_gpu: int) -> float:
@@ -63,8 +64,9 @@ def queue_state(pending: Iterable[PendingJob], total_gpus: int, shards_per_gpu: 
 class QueueMonitor:
     """Polls Slurm for the queue snapshot; ``snapshot()`` never blocks on Slurm."""
 
-    def __init__(self, slurm: SlurmAccess, cfg: Config, clock: Callable[[], float] = time.monotonic):
-        self.slurm, self.cfg, self.clock = slurm, cfg, clock
+    def __init__(self, slurm: SlurmAccess, cfg: Config, clock: Callable[[], float] = time.monotonic,
+                 on_poll: Callable[[list[PendingJob], QueueState], None] | None = None):
+        self.slurm, self.cfg, self.clock, self.on_poll = slurm, cfg, clock, on_poll
         self._lock = threading.Lock()
         self._state: QueueState | None = None
         self._taken_at = 0.0
@@ -76,7 +78,8 @@ class QueueMonitor:
 
     def poll_once(self) -> QueueState | None:
         try:
-            state = queue_state(self.slurm.pending_jobs(), self.slurm.cluster_gpus(), self.cfg.gpu.shards_per_gpu,
+            pending = self.slurm.pending_jobs()
+            state = queue_state(pending, self.slurm.cluster_gpus(), self.cfg.gpu.shards_per_gpu,
                                 self._qos_priorities())
         except Exception as exc:  # noqa: BLE001  (the monitor thread must outlive any Slurm surprise)
             if not self._failing:  # one line per outage, not one per poll
@@ -90,6 +93,11 @@ class QueueMonitor:
         with self._lock:
             self._state, self._taken_at = state, self.clock()
         log.debug("queue: %.2f GPUs pending of %d", state.pending_gpus, state.total_gpus)
+        if self.on_poll is not None:
+            try:
+                self.on_poll(pending, state)
+            except Exception:  # noqa: BLE001 - the poll loop must go on
+                log.exception("after the queue poll")
         return state
 
     def _qos_priorities(self) -> dict[str, int]:

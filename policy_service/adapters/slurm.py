@@ -67,6 +67,8 @@ class SlurmAccess(Protocol):
 
     def qos_priorities(self) -> dict[str, int]: ...
 
+    def update_pending_job(self, job_id: int, tres_per_node: str, admin_comment: str) -> None: ...
+
     def accounting_jobs(self, job_ids: Sequence[int] = (), start: str = "", end: str = "") -> list[AccountingJob]: ...
 
     def set_admin_comment(self, job_id: int, text: str) -> None: ...
@@ -264,6 +266,12 @@ class CliSlurm:
     def qos_priorities(self) -> dict[str, int]:
         return parse_qos_priorities(self._run(["sacctmgr", "-n", "-P", "show", "qos", "format=name,priority"]))
 
+    def update_pending_job(self, job_id: int, tres_per_node: str, admin_comment: str) -> None:
+        """Rewrite a pending job's GPU request and decision record (root / SlurmUser only).
+        Slurm refuses once the job has started; that surfaces as ``SlurmError``."""
+        self._run(["scontrol", "update", f"JobId={job_id}", f"TresPerNode={tres_per_node}",
+                   f"AdminComment={admin_comment}"])
+
     def set_admin_comment(self, job_id: int, text: str) -> None:
         """Set AdminComment on a running job, or on a finished one through accounting."""
         try:
@@ -291,6 +299,9 @@ class PyslurmSlurm:
 
     def qos_priorities(self) -> dict[str, int]:
         return self._cli.qos_priorities()
+
+    def update_pending_job(self, job_id: int, tres_per_node: str, admin_comment: str) -> None:
+        self._cli.update_pending_job(job_id, tres_per_node, admin_comment)
 
     def job_admin_comment(self, job_id: int) -> str | None:
         try:

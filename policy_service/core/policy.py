@@ -223,6 +223,12 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
     return action, shards, slow, off, reasons
 
 
+def replaces_pending(prev_action: str, new: Decision) -> bool:
+    """Whether a re-decision replaces a pending job's decision: only a whole GPU turned into
+    shards (a waiting job is never made to ask for more)."""
+    return prev_action == Action.WHOLE_GPU.value and new.action in (Action.SHARE, Action.SHARE_OVERSUBSCRIBED)
+
+
 def admin_comment(d_id: str, version: str, action: Action, shards: int, est: DemandEstimate, sf: int,
                   reasons: tuple[Reason, ...], max_chars: int) -> str:
     """The decision record sacct shows (AdminComment). Stable, greppable key=value text."""
@@ -243,8 +249,9 @@ def parse_admin_comment(text: str) -> dict[str, str]:
 
 def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *, decision_id: str,
            now: float, job_class: str, gres_fields: Mapping[str, str],
-           access: AccessClass | None = None, queue: QueueState | None = None) -> Decision:
-    """Decide how a job runs. Pure: same inputs, same decision."""
+           access: AccessClass | None = None, queue: QueueState | None = None, replaces: str = "") -> Decision:
+    """Decide how a job runs. Pure: same inputs, same decision. ``replaces``: the id of the
+    decision a still-pending job had (a re-decision)."""
     access = access or cfg.swap_cost.default_access_class
     est = estimator.estimate(req, stats, cfg.estimator, cfg.gpu)
     class_stats = stats.get(KeyLevel.CLASS)
@@ -257,6 +264,9 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
         route_reasons.append(Reason(ReasonCode.WHOLE_GPU_AS_SHARDS,
                                     f"held as all {shards} shards of one GPU: on Slurm 22.05 a gpu job can land on a "
                                     "GPU whose shards are in use, all of its shards cannot"))
+    if replaces:
+        route_reasons.insert(0, Reason(ReasonCode.REDECIDED, f"re-decided while the job was pending: replaces "
+                                                             f"decision {replaces}"))
     route_codes = {r.code for r in route_reasons}
     reasons = (*route_reasons, *(r for r in est.reasons if r.code not in route_codes), prio_reason)
     version = model_version(cfg)

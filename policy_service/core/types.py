@@ -72,6 +72,7 @@ class ReasonCode(enum.Enum):
     COMPUTE_SHARDS = "compute_shards"
     COMPUTE_BOUND = "compute_bound"
     COMPUTE_OVERCOMMITTED = "compute_overcommitted"
+    REDECIDED = "redecided"
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ class Attempt:
 
     __slots__ = ("job", "no", "adm", "gpus", "submit_t", "start_t", "remaining", "slowdown", "last_t", "version",
                  "alloc", "grown", "charge", "prio", "victim_prio", "swapped", "n_co", "corun_int",
-                 "shared", "max_slowdown", "offloaded", "max_swap_extra")
+                 "shared", "max_slowdown", "offloaded", "max_swap_extra", "checked")
 
     def __init__(self, job: SimJob, no: int, adm: Admission, submit_t: float):
         self.job, self.no, self.adm, self.submit_t = job, no, adm, submit_t
@@ -76,6 +76,7 @@ class Attempt:
         self.max_slowdown = 1.0
         self.offloaded = 0
         self.max_swap_extra = 0.0
+        self.checked: tuple = ()  # what the policy knew when it last re-decided this pending attempt
 
 
 @dataclass(slots=True)
@@ -117,6 +118,7 @@ class EngineResult:
     events: int
     oom_events: int
     neighbour_oom_events: int
+    redecided: int = 0  # pending jobs rewritten from a whole GPU to shards (policy.redecide_pending)
     extra: dict = field(default_factory=dict)
 
 
@@ -158,6 +160,8 @@ class Engine:
         self.queue: list[tuple[float, int, Attempt]] = []  # sorted by (key, seq)
         self.pending_gpus = 0.0  # GPUs the queued attempts ask for (a shard: 1 / shards per GPU)
         self.pending_tier = [0.0] * len(QOS_TIERS)  # the same, per QoS tier (0 = highest)
+        self.redecide = cfg.policy.redecide_pending
+        self.redecided = 0  # pending attempts rewritten from a whole GPU to shards
         self.now = 0.0
         self.records = [JobRecord(submit_s=j.submit_s) for j in workload.jobs]
         self.alloc_gpus = 0
@@ -601,6 +605,8 @@ class Engine:
                 self._tick(t)
                 if kind == EV_BACKFILL:
                     self.bf_pending = False
+                    if self.queue and self.redecide:
+                        self._redecide_pending(t)
                     if self.queue:
                         if self.bf_dirty:
                             self._backfill()
@@ -630,7 +636,36 @@ class Engine:
         return EngineResult(policy=self.policy.name, records=self.records, makespan_s=makespan, first_submit_s=first,
                             gpu_busy_integral=self.busy_int, mem_used_integral=self.mem_int, gpus=self.G,
                             device_bytes=self.device, timeline=self.timeline, events=self.events,
-                            oom_events=self.oom_events, neighbour_oom_events=self.neighbour_ooms)
+                            oom_events=self.oom_events, neighbour_oom_events=self.neighbour_ooms,
+                            redecided=self.redecided)
+
+    def _redecide_pending(self, t: float) -> None:
+        """The service's re-decision of pending jobs kept whole (adapters/redecide.py), at each
+        backfill pass: in queue order, at most ``policy.redecide_max_per_poll`` not checked since
+        what the policy knows, or the queue's side of share_min_queue, changed."""
+        state = self._queue_state()
+        known = (self.policy.epoch, state.pressure >= self.cfg.policy.share_min_queue)
+        budget = self.cfg.policy.redecide_max_per_poll
+        for _, _, a in list(self.queue):
+            if budget <= 0:
+                break
+            if a.adm.kind is not GresKind.GPU or a.adm.action != "whole_gpu" or not a.job.single_gpu \
+                    or a.checked == known:
+                continue
+            budget -= 1
+            a.checked = known
+            adm = self.policy.redecide(a.job, a.no, t, state)
+            if adm is None:
+                continue
+            self.pending_gpus -= self._gpus_asked(a)
+            self.pending_tier[a.job.qos_tier] -= self._gpus_asked(a)
+            a.adm = replace(adm, site_factor=a.adm.site_factor)  # scontrol update leaves the priority alone
+            a.shared = True
+            self.pending_gpus += self._gpus_asked(a)
+            self.pending_tier[a.job.qos_tier] += self._gpus_asked(a)
+            self.redecided += 1
+            self.sched_dirty = self.bf_dirty = True
+            state = self._queue_state()
 
     def _grow(self, a: Attempt) -> None:
         a.grown = True

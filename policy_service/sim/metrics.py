@@ -71,6 +71,7 @@ def summarize(result: EngineResult, workload: Workload, victim_budget: float = 1
                                                  and r.max_swap_extra > victim_budget - 1.0 + 1e-9),
         "high_prio_swapped": sum(1 for i, j in enumerate(jobs) if j.qos_tier == 0 and recs[i].swapped),
         "shared_jobs": sum(1 for r in recs if r.shared),
+        "redecided_jobs": result.redecided,
         "swapped_jobs": sum(1 for r in recs if r.swapped),
         "designated_victim_jobs": sum(1 for r in recs if r.designated_victim),
         "requests": dict(gres),

@@ -76,6 +76,14 @@ class SimPolicy(abc.ABC):
     def finished(self, job: SimJob, attempt: int, outcome: RunOutcome) -> None:
         """A run ended (completed or failed); learning policies fold it into their history."""
 
+    # Runs folded into what the policy knows (the service's learn_epoch).
+    epoch: int = 0
+
+    def redecide(self, job: SimJob, attempt: int, now: float, queue: QueueState | None) -> Admission | None:
+        """A pending job kept whole (policy.redecide_pending): its new admission when it would now
+        share, else None."""
+        return None
+
     def _whole(self, job: SimJob, action: str = "whole_gpu") -> Admission:
         return Admission(GresKind.GPU, job.num_gpu, action=action)
 
@@ -164,7 +172,13 @@ class SwapAware(SimPolicy):
         req, access, fields, keys = self._request(job)
         return self._decide(job, attempt, now, self._stats_for(keys), req, access, fields, keys, self.cfg, queue)
 
+    def redecide(self, job: SimJob, attempt: int, now: float, queue: QueueState | None) -> Admission | None:
+        adm = self.admit(job, attempt, now, queue)
+        # policy.replaces_pending: the pending job was kept whole; only a share replaces that
+        return adm if adm.kind is GresKind.SHARD else None
+
     def finished(self, job: SimJob, attempt: int, outcome: RunOutcome) -> None:
+        self.epoch += 1
         obs = JobObservation(runtime_s=outcome.runtime_s, exit_code=1 if outcome.oom else 0,
                              peak_bytes=outcome.peak_bytes or None, oom=outcome.oom, shared=outcome.shared,
                              co_runners=outcome.co_runners, util_frac=outcome.util_frac)

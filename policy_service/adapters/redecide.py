@@ -1,0 +1,76 @@
+"""Re-decide pending jobs that were kept whole, after each queue poll (``policy.redecide_pending``).
+
+A job submitted before its class was ever observed, or while nothing waited, was kept on a
+whole GPU; while it still waits the model may have learned its class, or a queue may have built.
+After each poll the service takes the pending jobs held as a whole GPU (``gres:shard:<all>``,
+waiting for resources), oldest first, at most ``policy.redecide_max_per_poll`` of them that it
+has not checked since what it knows changed, reads each one's decision record (AdminComment,
+``scontrol show job``: squeue does not show it), decides again from the recorded facts, and,
+when the job would now share, rewrites it in Slurm (``scontrol update TresPerNode AdminComment``)
+and records the new decision (reason ``redecided``, naming the one it replaces). A job that
+starts in between is left alone (Slurm refuses the update).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+from policy_service.adapters.queue import WAITING_REASONS
+from policy_service.adapters.slurm import PendingJob, SlurmAccess, SlurmError
+from policy_service.config import Config
+from policy_service.core.types import QueueState
+
+log = logging.getLogger("swapaware.decisions")
+
+
+def candidates(pending: Iterable[PendingJob], shards_per_gpu: int) -> list[PendingJob]:
+    """Pending jobs held as one whole GPU (how swapaware holds a whole-GPU decision) that wait
+    for resources, oldest first."""
+    whole = f"gres:shard:{shards_per_gpu}"
+    return sorted((j for j in pending if j.reason in WAITING_REASONS and j.tres_per_node == whole
+                   and not j.tres_per_job and not j.tres_per_task and j.nodes == 1),
+                  key=lambda j: j.job_id)
+
+
+class PendingRedecider:
+    """Called after each queue poll with the pending jobs and the new snapshot."""
+
+    def __init__(self, handler, slurm: SlurmAccess, cfg: Config):
+        self.handler, self.slurm, self.cfg = handler, slurm, cfg
+        self._checked: dict[int, tuple] = {}  # job id -> what was known when it was last checked
+        self.rewritten = 0
+
+    def __call__(self, pending: list[PendingJob], state: QueueState) -> None:
+        todo = candidates(pending, self.cfg.gpu.shards_per_gpu)
+        live = {j.job_id for j in todo}
+        self._checked = {k: v for k, v in self._checked.items() if k in live}
+        known = (self.handler.learn_epoch, state.pressure >= self.cfg.policy.share_min_queue)
+        budget = self.cfg.policy.redecide_max_per_poll
+        for job in todo:
+            if budget <= 0:
+                break
+            if self._checked.get(job.job_id) == known:
+                continue
+            budget -= 1
+            self._checked[job.job_id] = known
+            self._one(job.job_id)
+
+    def _one(self, job_id: int) -> None:
+        try:
+            comment = self.slurm.job_admin_comment(job_id) or ""
+        except SlurmError as exc:
+            log.info("pending job %s: cannot read its decision record (%s); left as it is", job_id, exc)
+            return
+        r = self.handler.redecide(comment)
+        if r is None:
+            return
+        rewrite = r.decision.rewrite
+        try:
+            self.slurm.update_pending_job(job_id, rewrite.tres_per_node or "", rewrite.admin_comment or "")
+        except SlurmError as exc:  # it started, or was cancelled or changed, meanwhile
+            log.info("pending job %s: not rewritten (%s)", job_id, exc)
+            return
+        self.handler.adopt(r)
+        self.rewritten += 1
+        log.info("pending job %s re-decided: whole GPU -> %s (decision %s replaces %s)", job_id,
+                 rewrite.tres_per_node, r.decision.decision_id, r.replaces)
