@@ -54,6 +54,16 @@ class SlurmJobs:
     def qos_priorities(self) -> dict[str, int]:
         return dict(self.qos_table)
 
+    # scontrol update of a pending job: refused (like Slurm for a job that started) when listed
+    started: set[int] = field(default_factory=set)
+    tres: dict[int, str] = field(default_factory=dict)
+
+    def update_pending_job(self, job_id: int, tres_per_node: str, admin_comment: str) -> None:
+        if job_id in self.started:
+            raise SlurmError(f"scontrol update JobId={job_id} exited 1: Job is no longer pending execution")
+        self.tres[job_id] = tres_per_node
+        self.comments[job_id] = admin_comment
+
 
 @pytest.fixture
 def service_env(tmp_path: Path) -> dict[str, str]:

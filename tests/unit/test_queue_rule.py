@@ -342,3 +342,29 @@ def test_queue_config_validation(tmp_path, toml, env, match):
     f.write_text(toml)
     with pytest.raises(ConfigError, match=match):
         load_config(f, env=env)
+
+
+# ----------------------------------------------------------------------------- re-decisions
+def test_a_redecision_names_the_decision_it_replaces_first():
+    r, fields, access = make()
+
+    def decide(**kw):
+        return policy.decide(r, history(3), NO_OVERSUB, decision_id="r1", now=1.0,
+                             job_class=history_keys(r)[KeyLevel.CLASS], gres_fields=fields, access=access, **kw)
+
+    d = decide(replaces="abc123")
+    assert d.reasons[0].code is ReasonCode.REDECIDED and d.reasons[0].message.endswith("replaces decision abc123")
+    assert policy.parse_admin_comment(d.rewrite.admin_comment)["why"].startswith("redecided,")
+    plain = decide()
+    assert ReasonCode.REDECIDED not in {x.code for x in plain.reasons}
+    assert (plain.action, plain.shards) == (d.action, d.shards) == (Action.SHARE, 1)
+
+
+@pytest.mark.parametrize("prev,action,replaces", [
+    ("whole_gpu", Action.SHARE, True), ("whole_gpu", Action.SHARE_OVERSUBSCRIBED, True),
+    ("whole_gpu", Action.WHOLE_GPU, False), ("share", Action.SHARE, False), ("share", Action.WHOLE_GPU, False),
+    ("pass_through", Action.SHARE, False),
+])
+def test_only_a_share_replaces_a_pending_whole_gpu_decision(prev, action, replaces):
+    d = gated(None)
+    assert policy.replaces_pending(prev, replace(d, action=action)) is replaces

@@ -218,3 +218,21 @@ def test_offered_load_matches_the_request():
     w = synthetic(n=400, gpus=16, load=0.7)
     assert w.declared_gpu_seconds / (w.gpus * w.arrival_window_s) == pytest.approx(0.7)
     assert w.exclusive_gpu_seconds >= w.declared_gpu_seconds
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_pending_job_kept_whole_is_redecided_once_its_class_is_learned(on):
+    """7 long fillers keep 7 of the 8 GPUs; A, B, C (one class) queue for the eighth. When A ends
+    B takes the GPU; C, still pending, is re-decided (policy.redecide_pending) to shards."""
+    cfg = replace(CFG, policy=replace(CFG.policy, redecide_pending=on))
+    jobs = [job(i, 0.0, 1000.0, cls=100 + i) for i in range(7)]
+    jobs += [job(7, 0.5, 100.0, cls=1, milli=250), job(8, 1.0, 100.0, cls=1, milli=250),
+             job(9, 2.0, 100.0, cls=1, milli=250)]
+    engine = Engine(workload(jobs, 8), SwapAware(cfg), cfg, SIM, per_corunner=0.47, check=True)
+    res = engine.run()
+    a, b, c = res.records[7], res.records[8], res.records[9]
+    assert not a.shared and not b.shared  # A: nothing known; B started the moment A ended
+    assert c.shared is on and res.redecided == (1 if on else 0)
+    if on:
+        assert c.gres == "gres:shard:2"  # 10 GiB + cold margin -> 2 shards; its 25 % compute -> 2
+    assert c.end_s == pytest.approx(300.0, abs=1.0)  # after B either way (B holds the GPU whole)
