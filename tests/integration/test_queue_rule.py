@@ -93,3 +93,48 @@ def test_learned_job_stays_whole_while_nothing_waits_and_shares_once_gpu_work_qu
         stack.stack("service-stop")
         stack.stack("service-start")
         stack.wait_for_decisions()
+
+
+def test_pending_job_kept_whole_is_rewritten_to_shards_once_its_class_is_learned(stack):
+    """policy.redecide_pending: B was submitted while A, the first run of its class, still ran
+    (so B was kept whole); once A's observation arrives, the service rewrites the still-pending B
+    to gres:shard:1 with scontrol update, and records the new decision."""
+    name = f"redecide-{uuid.uuid4().hex[:6]}"
+    script = fake_alloc_script(stack, gib=3, hold_s=4)
+    redeciding = dataclasses.replace(stack, env={**stack.env, "SWAPAWARE_POLICY__REDECIDE_PENDING": "true",
+                                                 "SWAPAWARE_POLICY__QUEUE_POLL_S": "0.5"})
+    stack.stack("service-stop")
+    redeciding.stack("service-start")
+    jobs: list[int] = []
+    try:
+        stack.wait_for_decisions()
+        jobs += [stack.sbatch(SLEEP, "--gres=gpu:1", f"--job-name=fill-{name}") for _ in range(3)]
+        for j in jobs:
+            wait_running(stack, j)
+        a = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
+        jobs.append(a)
+        wait_running(stack, a)
+        jobs.append(stack.sbatch(SLEEP, "--gres=gpu:1", f"--job-name=fill-{name}"))  # takes A's GPU when A ends
+        b = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
+        jobs.append(b)
+        first = decision_of(job_field(stack.show_job(b), "AdminComment"))
+        assert first["action"] == "whole_gpu" and "no_history" in first["why"], first
+        assert stack.wait_done(a) == "COMPLETED"
+
+        def rewritten() -> tuple | None:
+            info = stack.show_job(b)
+            d = decision_of(job_field(info, "AdminComment"))
+            return (d, info) if d.get("action") == "share" else None
+
+        d, info = wait_for(rewritten, 30, lambda: f"job {b} to be re-decided: {stack.show_job(b)}\n"
+                           + (stack.state / "log" / "swapaware.log").read_text()[-2000:], 0.5)
+        assert job_field(info, "JobState") == "PENDING" and job_field(info, "TresPerNode") == "gres:shard:1"
+        assert d["why"].startswith("redecided,") and d["id"] != first["id"]
+        explained = stack.swapaware("explain", "--decision", d["id"]).stdout
+        assert f"replaces decision {first['id']}" in explained, explained
+    finally:
+        if jobs:
+            stack.run("scancel", *(str(j) for j in jobs))
+        stack.stack("service-stop")
+        stack.stack("service-start")
+        stack.wait_for_decisions()
