@@ -161,10 +161,10 @@ class PolicyConfig:
     overcommit_compute_min_queue: float = 1.0
     # Re-decide pending jobs that were kept whole (nothing known yet, short queue, ...) once
     # what the policy knows, or the queue, changed, and rewrite them to shards while they still
-    # wait (scontrol update TresPerNode + AdminComment). Off by default: it helps bursty queues
-    # and costs a little when the queue is short (docs/simulation.md). At most
+    # wait (scontrol update TresPerNode + AdminComment). It helps most when bursts of new jobs
+    # queue, and costs a little when the queue is short (docs/simulation.md). At most
     # redecide_max_per_poll jobs per queue poll (one scontrol show + update each).
-    redecide_pending: bool = False
+    redecide_pending: bool = True
     redecide_max_per_poll: int = 20
     # QoS names whose jobs always keep whole GPUs (no co-runner can slow them down).
     whole_gpu_qos: tuple[str, ...] = ()

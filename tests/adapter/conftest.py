@@ -78,6 +78,7 @@ def service_env(tmp_path: Path) -> dict[str, str]:
         # (test_queue_monitor.py, test_compute_aware_service.py).
         "SWAPAWARE_POLICY__SHARE_MIN_QUEUE": "0",
         "SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE": "0",
+        "SWAPAWARE_POLICY__REDECIDE_PENDING": "false",
     }
 
 

@@ -123,9 +123,16 @@ def test_shared_or_foreign_records_and_jobs_that_still_need_a_gpu_are_left_alone
     assert slurm_jobs.tres == {}
 
 
-def test_off_by_default(service_env, slurm_jobs):
-    cfg = load_config(env=dict(service_env, SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE="1.0"))
-    assert cfg.policy.redecide_pending is False
+def test_on_by_default_and_off_on_request(service_env, slurm_jobs):
+    env = {k: v for k, v in service_env.items() if k != "SWAPAWARE_POLICY__REDECIDE_PENDING"}
+    assert load_config(env=env).policy.redecide_pending is True
+    s = start_service(load_config(env=env), slurm=slurm_jobs)
+    try:
+        assert isinstance(s.queue_monitor.on_poll, PendingRedecider)
+    finally:
+        s.stop(0)
+    cfg = load_config(env=dict(env, SWAPAWARE_POLICY__REDECIDE_PENDING="false",
+                               SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE="1.0"))
     s = start_service(cfg, slurm=slurm_jobs)
     try:
         assert s.queue_monitor is not None and s.queue_monitor.on_poll is None
