@@ -5,6 +5,7 @@ store. Errors are raised as ``HandlerError`` with a gRPC status code; the transp
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import json
@@ -100,7 +101,7 @@ class PolicyHandler:
                  queue_monitor: QueueMonitor | None = None):
         self.cfg, self.store, self.slurm = cfg, store, slurm
         self.queue = queue_monitor
-        self.learn_epoch = 0  # observations folded into the model by this process
+        self.learned: collections.Counter = collections.Counter()  # history key -> observations folded
         self.clock, self.new_id = clock, new_id
         # Decisions are recorded by a writer thread, off the reply's path: slurmctld waits
         # for Admit while holding its locks. Readers of decisions call flush() first.
@@ -171,13 +172,26 @@ class PolicyHandler:
         return d, jr, keys
 
     # ------------------------------------------------------------------ pending jobs
-    def redecide(self, admin_comment: str) -> PendingRedecision | None:
-        """A new decision for a pending job whose record (its AdminComment) is a whole-GPU
-        decision that would now share; None otherwise. Nothing is recorded until ``adopt``."""
+    def whole_decision_keys(self, admin_comment: str) -> tuple[str, dict] | None:
+        """(decision id, history keys) when a job's record (its AdminComment) is a whole-GPU
+        decision of this service; None otherwise."""
         d_id = policy.parse_admin_comment(admin_comment).get("id", "")
         if not d_id:
             return None
         self.flush()
+        row = self.store.decision(d_id)
+        if row is None or row.action != Action.WHOLE_GPU.value:
+            return None
+        return d_id, row.keys
+
+    def knowledge(self, keys: dict) -> int:
+        """Observations this process has learned under a job's ``policy.REDECIDE_KEYS``: when it
+        changes, a re-decision may differ."""
+        return sum(self.learned[keys[level]] for level in policy.REDECIDE_KEYS if level in keys)
+
+    def redecide(self, d_id: str) -> PendingRedecision | None:
+        """A new decision for a pending job kept whole by decision ``d_id``, when it would now
+        share; None otherwise. Nothing is recorded until ``adopt``."""
         row = self.store.decision(d_id)
         if row is None or row.action != Action.WHOLE_GPU.value:
             return None
@@ -251,7 +265,7 @@ class PolicyHandler:
         keys = row.keys if row is not None else {}
         applied = self.store.record_finish(obs, keys, lambda s: estimator.observe(s, core_obs, self.cfg.estimator))
         if applied and keys:
-            self.learn_epoch += 1  # pending jobs kept whole may share now
+            self.learned.update(keys.values())  # pending jobs of these keys may share now
         log.info("observation %s", json.dumps({
             "job_id": req.job_id, "decision_id": d_id, "applied": applied, "runtime_s": obs.runtime_s,
             "peak_bytes": peak, "oom": obs.oom, "oom_evidence": evidence or req.oom_evidence,

@@ -3,12 +3,13 @@
 A job submitted before its class was ever observed, or while nothing waited, was kept on a
 whole GPU; while it still waits the model may have learned its class, or a queue may have built.
 After each poll the service takes the pending jobs held as a whole GPU (``gres:shard:<all>``,
-waiting for resources), oldest first, at most ``policy.redecide_max_per_poll`` of them that it
-has not checked since what it knows changed, reads each one's decision record (AdminComment,
-``scontrol show job``: squeue does not show it), decides again from the recorded facts, and,
-when the job would now share, rewrites it in Slurm (``scontrol update TresPerNode AdminComment``)
-and records the new decision (reason ``redecided``, naming the one it replaces). A job that
-starts in between is left alone (Slurm refuses the update).
+waiting for resources), oldest first. It reads each one's decision record once (AdminComment,
+``scontrol show job``: squeue does not show it); it decides again, from the facts recorded with
+that decision, only when something was learned under the job's history keys or the queue crossed
+``policy.share_min_queue`` since the last time; at most ``policy.redecide_max_per_poll`` reads
+and decisions per poll. When the job would now share, it is rewritten in Slurm (``scontrol update
+TresPerNode AdminComment``) and the new decision recorded (reason ``redecided``, naming the one it
+replaces). A job that starts in between is left alone (Slurm refuses the update).
 """
 from __future__ import annotations
 
@@ -37,31 +38,45 @@ class PendingRedecider:
 
     def __init__(self, handler, slurm: SlurmAccess, cfg: Config):
         self.handler, self.slurm, self.cfg = handler, slurm, cfg
-        self._checked: dict[int, tuple] = {}  # job id -> what was known when it was last checked
+        # job id -> (decision id, history keys) of a whole-GPU decision, or None: not ours / not whole
+        self._records: dict[int, tuple[str, dict] | None] = {}
+        self._checked: dict[int, tuple] = {}  # job id -> what was known when it was last re-decided
         self.rewritten = 0
 
     def __call__(self, pending: list[PendingJob], state: QueueState) -> None:
         todo = candidates(pending, self.cfg.gpu.shards_per_gpu)
         live = {j.job_id for j in todo}
+        self._records = {k: v for k, v in self._records.items() if k in live}
         self._checked = {k: v for k, v in self._checked.items() if k in live}
-        known = (self.handler.learn_epoch, state.pressure >= self.cfg.policy.share_min_queue)
-        budget = self.cfg.policy.redecide_max_per_poll
+        queue_side = state.pressure >= self.cfg.policy.share_min_queue
+        budget = self.cfg.policy.redecide_max_per_poll  # Slurm reads and decisions per poll
         for job in todo:
             if budget <= 0:
                 break
+            if job.job_id not in self._records:
+                budget -= 1
+                self._records[job.job_id] = self._read_record(job.job_id)
+            record = self._records[job.job_id]
+            if record is None:
+                continue
+            d_id, keys = record
+            known = (self.handler.knowledge(keys), queue_side)
             if self._checked.get(job.job_id) == known:
                 continue
             budget -= 1
             self._checked[job.job_id] = known
-            self._one(job.job_id)
+            self._one(job.job_id, d_id)
 
-    def _one(self, job_id: int) -> None:
+    def _read_record(self, job_id: int) -> tuple[str, dict] | None:
         try:
             comment = self.slurm.job_admin_comment(job_id) or ""
         except SlurmError as exc:
             log.info("pending job %s: cannot read its decision record (%s); left as it is", job_id, exc)
-            return
-        r = self.handler.redecide(comment)
+            return None
+        return self.handler.whole_decision_keys(comment)
+
+    def _one(self, job_id: int, d_id: str) -> None:
+        r = self.handler.redecide(d_id)
         if r is None:
             return
         rewrite = r.decision.rewrite

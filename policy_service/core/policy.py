@@ -223,6 +223,11 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
     return action, shards, slow, off, reasons
 
 
+# The history keys whose learning can change a pending job's decision (class, user+name); the
+# wide keys (account, partition) change with every job and rarely decide alone.
+REDECIDE_KEYS = (KeyLevel.CLASS, KeyLevel.USER_NAME)
+
+
 def replaces_pending(prev_action: str, new: Decision) -> bool:
     """Whether a re-decision replaces a pending job's decision: only a whole GPU turned into
     shards (a waiting job is never made to ask for more)."""

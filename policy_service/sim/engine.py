@@ -162,6 +162,7 @@ class Engine:
         self.pending_tier = [0.0] * len(QOS_TIERS)  # the same, per QoS tier (0 = highest)
         self.redecide = cfg.policy.redecide_pending
         self.redecided = 0  # pending attempts rewritten from a whole GPU to shards
+        self.rd_dirty, self.rd_side = True, False  # something to re-check; the queue side last pass
         self.now = 0.0
         self.records = [JobRecord(submit_s=j.submit_s) for j in workload.jobs]
         self.alloc_gpus = 0
@@ -229,6 +230,7 @@ class Engine:
 
     def _enqueue(self, a: Attempt) -> None:
         self.pending_gpus += self._gpus_asked(a)
+        self.rd_dirty = True
         self.pending_tier[a.job.qos_tier] += self._gpus_asked(a)
         key = -self._static_prio(a) + self.s.weight_age * a.submit_t / self.s.max_age_s
         self.seq += 1
@@ -401,6 +403,7 @@ class Engine:
         # The node agent's utilisation figure is device-wide: the job's own compute demand only
         # for a run that never had a co-runner (the service folds only those).
         util = a.job.compute_share if a.corun_int == 0 else None
+        self.rd_dirty = True  # the policy learns from this run
         self.policy.finished(job, a.no, RunOutcome(runtime_s=runtime, peak_bytes=peak,
                                                    oom=oom, shared=a.shared, co_runners=co, util_frac=util))
         rec.attempts = a.no
@@ -641,16 +644,23 @@ class Engine:
 
     def _redecide_pending(self, t: float) -> None:
         """The service's re-decision of pending jobs kept whole (adapters/redecide.py), at each
-        backfill pass: in queue order, at most ``policy.redecide_max_per_poll`` not checked since
-        what the policy knows, or the queue's side of share_min_queue, changed."""
+        backfill pass: in queue order, those whose history keys learned something, or whose
+        queue side of share_min_queue changed, since they were last decided; at most
+        ``policy.redecide_max_per_poll`` decisions per pass."""
         state = self._queue_state()
-        known = (self.policy.epoch, state.pressure >= self.cfg.policy.share_min_queue)
+        side = state.pressure >= self.cfg.policy.share_min_queue
+        if not self.rd_dirty and side == self.rd_side:
+            return  # nothing learned, queued or crossed since the last pass: every check would repeat
+        self.rd_dirty, self.rd_side = False, side
         budget = self.cfg.policy.redecide_max_per_poll
-        for _, _, a in list(self.queue):
+        for _, _, a in self.queue:
             if budget <= 0:
+                self.rd_dirty = True  # the rest next pass
                 break
-            if a.adm.kind is not GresKind.GPU or a.adm.action != "whole_gpu" or not a.job.single_gpu \
-                    or a.checked == known:
+            if a.adm.kind is not GresKind.GPU or a.adm.action != "whole_gpu" or not a.job.single_gpu:
+                continue
+            known = (self.policy.knowledge(a.job), side)
+            if a.checked == known:
                 continue
             budget -= 1
             a.checked = known
@@ -666,6 +676,7 @@ class Engine:
             self.redecided += 1
             self.sched_dirty = self.bf_dirty = True
             state = self._queue_state()
+            side = state.pressure >= self.cfg.policy.share_min_queue
 
     def _grow(self, a: Attempt) -> None:
         a.grown = True

@@ -76,8 +76,9 @@ class SimPolicy(abc.ABC):
     def finished(self, job: SimJob, attempt: int, outcome: RunOutcome) -> None:
         """A run ended (completed or failed); learning policies fold it into their history."""
 
-    # Runs folded into what the policy knows (the service's learn_epoch).
-    epoch: int = 0
+    def knowledge(self, job: SimJob) -> int:
+        """Runs learned under the job's history keys (the service's ``handler.knowledge``)."""
+        return 0
 
     def redecide(self, job: SimJob, attempt: int, now: float, queue: QueueState | None) -> Admission | None:
         """A pending job kept whole (policy.redecide_pending): its new admission when it would now
@@ -137,6 +138,7 @@ class SwapAware(SimPolicy):
         super().__init__(cfg)
         self.stats: dict[KeyLevel, dict[str, ClassStats]] = {lv: {} for lv in KeyLevel}
         self._keys: dict[tuple, tuple] = {}
+        self._learned: dict[str, int] = {}  # history key -> runs folded
         self.decisions: dict[str, int] = {}
 
     def _request(self, job: SimJob, hint: str = ""):
@@ -177,8 +179,14 @@ class SwapAware(SimPolicy):
         # policy.replaces_pending: the pending job was kept whole; only a share replaces that
         return adm if adm.kind is GresKind.SHARD else None
 
+    def knowledge(self, job: SimJob) -> int:
+        keys = self._keys.get((job.class_id, job.num_gpu))
+        if keys is None:
+            return 0
+        learned = self._learned
+        return sum(learned.get(key, 0) for level, key in keys if level in policy.REDECIDE_KEYS)
+
     def finished(self, job: SimJob, attempt: int, outcome: RunOutcome) -> None:
-        self.epoch += 1
         obs = JobObservation(runtime_s=outcome.runtime_s, exit_code=1 if outcome.oom else 0,
                              peak_bytes=outcome.peak_bytes or None, oom=outcome.oom, shared=outcome.shared,
                              co_runners=outcome.co_runners, util_frac=outcome.util_frac)
@@ -188,6 +196,7 @@ class SwapAware(SimPolicy):
         for level, key in keys:
             table = self.stats[level]
             table[key] = estimator.observe(table.get(key, ClassStats()), obs, self.cfg.estimator)
+            self._learned[key] = self._learned.get(key, 0) + 1  # as the service's handler.learned
 
 
 class Oracle(SwapAware):

@@ -82,23 +82,30 @@ def test_pending_job_kept_whole_is_rewritten_to_shards_once_its_class_is_learned
     assert redecide.rewritten == 1
 
 
-def test_each_job_is_checked_once_per_change_and_at_most_n_per_poll(svc, slurm_jobs):
+def test_records_are_read_once_jobs_redecided_only_when_their_keys_learn_and_n_per_poll(svc, slurm_jobs):
     s, client = svc
     redecide = s.queue_monitor.on_poll
     job = facts(name="many")
     for j in (21, 22, 23):
         submit(client, slurm_jobs, j, job)
-    lookups = slurm_jobs.lookups
-    redecide([pending(j) for j in (21, 22, 23)], NO_QUEUE)
-    assert slurm_jobs.lookups - lookups == 2  # redecide_max_per_poll = 2: 21 and 22
-    redecide([pending(j) for j in (21, 22, 23)], NO_QUEUE)
-    assert slurm_jobs.lookups - lookups == 3  # 23 now; 21 and 22 not again: nothing changed
-    redecide([pending(j) for j in (21, 22, 23)], NO_QUEUE)
-    assert slurm_jobs.lookups - lookups == 3
-    run_job(client, slurm_jobs, 20, job, peak=2 * GIB)  # learned: every one is checked again
-    redecide([pending(j) for j in (21, 22, 23)], NO_QUEUE)
-    redecide([pending(j) for j in (21, 22, 23)], NO_QUEUE)
+    waiting = [pending(j) for j in (21, 22, 23)]
+    base = slurm_jobs.lookups
+    reads = []
+    for _ in range(4):  # redecide_max_per_poll = 2 reads + decisions per poll
+        redecide(waiting, NO_QUEUE)
+        reads.append(slurm_jobs.lookups - base)
+    assert reads == [1, 2, 3, 3]  # one record per poll (read + decide); then nothing changed
+    other = facts(name="unrelated")
+    run_job(client, slurm_jobs, 19, other, peak=2 * GIB)  # learned, but not under these jobs' keys
+    redecide(waiting, NO_QUEUE)
+    assert slurm_jobs.tres == {}
+    run_job(client, slurm_jobs, 20, job, peak=2 * GIB)  # learned under their keys: each is decided again
+    base = slurm_jobs.lookups
+    redecide(waiting, NO_QUEUE)
+    assert slurm_jobs.tres == {21: "gres:shard:1", 22: "gres:shard:1"}
+    redecide(waiting, NO_QUEUE)
     assert slurm_jobs.tres == {21: "gres:shard:1", 22: "gres:shard:1", 23: "gres:shard:1"}
+    assert slurm_jobs.lookups == base  # records are not read again
 
 
 def test_a_job_that_started_meanwhile_is_left_alone(svc, slurm_jobs):
