@@ -111,7 +111,8 @@ def test_whole_gpu_decision_never_shares_a_gpu_with_shard_jobs(stack):
 
 def test_site_factor_reaches_slurm_priority(stack):
     """sprio's SITE column shows exactly the decision's site factor (no offset, no wrap)."""
-    fillers = [stack.sbatch("#!/bin/sh\nsleep 30\n", "--gres=gpu:1", f"--job-name=fill{i}") for i in range(4)]
+    # all shards of each GPU: whole GPUs whatever the account's history suggests for gpu:1 jobs
+    fillers = [stack.sbatch("#!/bin/sh\nsleep 30\n", "--gres=shard:8", f"--job-name=fill{i}") for i in range(4)]
     waiting = stack.sbatch("#!/bin/sh\ntrue\n", "--gres=gpu:1", f"--job-name=wait-{uuid.uuid4().hex[:6]}")
     try:
         sf = int(decision_of(job_field(stack.show_job(waiting), "AdminComment"))["sf"])

@@ -15,10 +15,13 @@ from .test_end_to_end import wait_running
 pytestmark = pytest.mark.integration
 
 SLEEP = "#!/bin/sh\nsleep 60\n"
+# A whole GPU whatever the history says (jobs of an account with history get wide-key estimates):
+# a shard request passes the plugin unchanged, and all shards of a GPU are the whole GPU.
+WHOLE = "--gres=shard:8"
 
 
 def _fill_all_gpus(stack, tag: str) -> list[int]:
-    fillers = [stack.sbatch(SLEEP, "--gres=gpu:1", f"--job-name=fill-{tag}") for _ in range(4)]
+    fillers = [stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{tag}") for _ in range(4)]
     for j in fillers:
         wait_running(stack, j)
     return fillers
@@ -66,7 +69,7 @@ def test_learned_job_stays_whole_while_nothing_waits_and_shares_once_gpu_work_qu
         assert d["action"] == "whole_gpu" and "queue_short" in d["why"], d
 
         fillers = _fill_all_gpus(stack, name)
-        fillers.append(stack.sbatch(SLEEP, "--gres=gpu:1", f"--job-name=fill-{name}"))  # waits: 1 of 4 GPUs
+        fillers.append(stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}"))  # waits: 1 of 4 GPUs
         log = stack.state / "log" / "swapaware.log"
 
         def shared() -> dict | None:
@@ -101,20 +104,22 @@ def test_pending_job_kept_whole_is_rewritten_to_shards_once_its_class_is_learned
     to gres:shard:1 with scontrol update, and records the new decision."""
     name = f"redecide-{uuid.uuid4().hex[:6]}"
     script = fake_alloc_script(stack, gib=3, hold_s=4)
+    # Wide keys off: B's first decision must not come from the account's history of other tests.
     redeciding = dataclasses.replace(stack, env={**stack.env, "SWAPAWARE_POLICY__REDECIDE_PENDING": "true",
-                                                 "SWAPAWARE_POLICY__QUEUE_POLL_S": "0.5"})
+                                                 "SWAPAWARE_POLICY__QUEUE_POLL_S": "0.5",
+                                                 "SWAPAWARE_ESTIMATOR__WIDE_KEY_MIN_SAMPLES": "1000000"})
     stack.stack("service-stop")
     redeciding.stack("service-start")
     jobs: list[int] = []
     try:
         stack.wait_for_decisions()
-        jobs += [stack.sbatch(SLEEP, "--gres=gpu:1", f"--job-name=fill-{name}") for _ in range(3)]
+        jobs += [stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}") for _ in range(3)]
         for j in jobs:
             wait_running(stack, j)
         a = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
         jobs.append(a)
         wait_running(stack, a)
-        jobs.append(stack.sbatch(SLEEP, "--gres=gpu:1", f"--job-name=fill-{name}"))  # takes A's GPU when A ends
+        jobs.append(stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}"))  # takes A's GPU when A ends
         b = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
         jobs.append(b)
         first = decision_of(job_field(stack.show_job(b), "AdminComment"))
