@@ -158,8 +158,8 @@ class Engine:
         self.heap: list = []
         self.seq = 0
         self.queue: list[tuple[float, int, Attempt]] = []  # sorted by (key, seq)
-        self.pending_gpus = 0.0  # GPUs the queued attempts ask for (a shard: 1 / shards per GPU)
-        self.pending_tier = [0.0] * len(QOS_TIERS)  # the same, per QoS tier (0 = highest)
+        # GPUs the queued attempts ask for (a shard: 1 / shards per GPU), per QoS tier (0 = highest)
+        self.pending_tier = [0.0] * len(QOS_TIERS)
         self.redecide = cfg.policy.redecide_pending
         self.redecided = 0  # pending attempts rewritten from a whole GPU to shards
         self.rd_dirty, self.rd_side = True, False  # something to re-check; the queue side last pass
@@ -226,12 +226,14 @@ class Engine:
         for tier, name in enumerate(QOS_TIERS):  # QoS dominates priority: tiers at or above
             acc += self.pending_tier[tier]
             ahead.append((name, max(0.0, acc)))
-        return QueueState(pending_gpus=max(0.0, self.pending_gpus), total_gpus=self.G, ahead_by_qos=tuple(ahead))
+        return QueueState(pending_gpus=max(0.0, acc), total_gpus=self.G, ahead_by_qos=tuple(ahead))
+
+    def _count_pending(self, a: Attempt, sign: int) -> None:
+        self.pending_tier[a.job.qos_tier] += sign * self._gpus_asked(a)
 
     def _enqueue(self, a: Attempt) -> None:
-        self.pending_gpus += self._gpus_asked(a)
+        self._count_pending(a, +1)
         self.rd_dirty = True
-        self.pending_tier[a.job.qos_tier] += self._gpus_asked(a)
         key = -self._static_prio(a) + self.s.weight_age * a.submit_t / self.s.max_age_s
         self.seq += 1
         bisect.insort(self.queue, (key, self.seq, a))
@@ -293,8 +295,7 @@ class Engine:
         job = a.job
         rec = self.records[job.idx]
         rec.wait_s += t - a.submit_t
-        self.pending_gpus -= self._gpus_asked(a)
-        self.pending_tier[a.job.qos_tier] -= self._gpus_asked(a)
+        self._count_pending(a, -1)
         a.start_t = a.last_t = t
         a.prio = self._prio_at(a, t)
         a.victim_prio = a.prio - (_VICTIM_BIAS if a.adm.designated_victim else 0.0)
@@ -667,12 +668,10 @@ class Engine:
             adm = self.policy.redecide(a.job, a.no, t, state)
             if adm is None:
                 continue
-            self.pending_gpus -= self._gpus_asked(a)
-            self.pending_tier[a.job.qos_tier] -= self._gpus_asked(a)
+            self._count_pending(a, -1)
             a.adm = replace(adm, site_factor=a.adm.site_factor)  # scontrol update leaves the priority alone
             a.shared = True
-            self.pending_gpus += self._gpus_asked(a)
-            self.pending_tier[a.job.qos_tier] += self._gpus_asked(a)
+            self._count_pending(a, +1)
             self.redecided += 1
             self.sched_dirty = self.bf_dirty = True
             state = self._queue_state()
