@@ -114,6 +114,15 @@ def write_plots(out_dir: Path, result: MatrixResult) -> list[Path]:
                                                                      "interference", "model_version", "config",
                                                                      "sim_config")}, default=str),
                "Software": "swapaware simulate"}
+
+    def save(fig, name: str, bottom: float) -> None:
+        fig.subplots_adjust(bottom=bottom)
+        fig.text(0.01, 0.005, note, fontsize=5)
+        p = out_dir / name
+        fig.savefig(p, dpi=120, metadata=pngmeta)
+        plt.close(fig)
+        written.append(p)
+
     loads = sorted({r["load"] for r in result.rows if r["block"] == "load"})
     for load in loads:
         rows = [r for r in result.rows if r["block"] == "load" and r["load"] == load]
@@ -130,12 +139,7 @@ def write_plots(out_dir: Path, result: MatrixResult) -> list[Path]:
         ax.set_title(f"JCT CDF, offered load {load:.0%}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.subplots_adjust(bottom=0.15)
-        fig.text(0.01, 0.005, note, fontsize=5)
-        p = out_dir / f"jct_cdf_load{int(round(load * 100))}.png"
-        fig.savefig(p, dpi=120, metadata=pngmeta)
-        plt.close(fig)
-        written.append(p)
+        save(fig, f"jct_cdf_load{int(round(load * 100))}.png", 0.15)
         fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
         for r in rows:
             tl = result.curves[(r["policy"], r["load"], r["noise"])]["timeline"]
@@ -152,12 +156,7 @@ def write_plots(out_dir: Path, result: MatrixResult) -> list[Path]:
             ax.set_ylim(0, 1.05)
             ax.grid(alpha=0.3)
         ax1.legend(fontsize=8)
-        fig.subplots_adjust(bottom=0.12)
-        fig.text(0.01, 0.005, note, fontsize=5)
-        p = out_dir / f"utilisation_load{int(round(load * 100))}.png"
-        fig.savefig(p, dpi=120, metadata=pngmeta)
-        plt.close(fig)
-        written.append(p)
+        save(fig, f"utilisation_load{int(round(load * 100))}.png", 0.12)
     return written
 
 
