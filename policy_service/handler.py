@@ -25,7 +25,7 @@ from policy_service.adapters.slurm import SlurmAccess, SlurmError
 from policy_service.config import Config
 from policy_service.core import estimator, policy
 from policy_service.core.request import RequestError, history_keys, job_request
-from policy_service.core.types import Action, Decision, JobObservation, KeyLevel
+from policy_service.core.types import Action, Decision, JobObservation, JobRequest, KeyLevel
 
 log = logging.getLogger("swapaware.decisions")
 
@@ -87,10 +87,10 @@ def rewrite_to_proto(rewrite) -> pb.JobRewrite:
 @dataclasses.dataclass(frozen=True)
 class PendingRedecision:
     decision: Decision
-    request: object  # core JobRequest
-    keys: dict
+    request: JobRequest
+    keys: dict[KeyLevel, str]
     facts: pb.JobFacts
-    replaces: str
+    replaces: str  # the id of the pending job's previous decision
 
 
 class PolicyHandler:

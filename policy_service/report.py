@@ -32,7 +32,7 @@ from policy_service.adapters.slurm import AccountingJob, SlurmAccess, SlurmError
 from policy_service.config import Config, ConfigError, load_config
 from policy_service.core.policy import parse_admin_comment
 from policy_service.core.request import RequestError, gpu_request
-from policy_service.core.types import Action, GresKind
+from policy_service.core.types import Action, GresKind, ReasonCode
 
 GIB = 1024**3
 HOUR_S = 3600.0
@@ -237,8 +237,10 @@ def _int(value: Any) -> int:
 
 
 # Reason codes that keep a single job whole, in the order the policy checks them.
-WHOLE_BECAUSE = ("no_gpu", "unsupported_request", "multi_node", "multi_gpu", "sharing_disabled", "protected_qos",
-                 "oom_penalty", "no_history", "queue_short", "too_large_to_share", "compute_bound")
+WHOLE_BECAUSE = tuple(c.value for c in (
+    ReasonCode.NO_GPU, ReasonCode.UNSUPPORTED_REQUEST, ReasonCode.MULTI_NODE, ReasonCode.MULTI_GPU,
+    ReasonCode.SHARING_DISABLED, ReasonCode.PROTECTED_QOS, ReasonCode.OOM_PENALTY, ReasonCode.NO_HISTORY,
+    ReasonCode.QUEUE_SHORT, ReasonCode.TOO_LARGE_TO_SHARE, ReasonCode.COMPUTE_BOUND))
 
 
 def whole_because(action: str, reason_codes: Sequence[str]) -> str:
