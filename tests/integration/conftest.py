@@ -3,6 +3,8 @@ slurmd) on fake GPUs, wired to swapaware, started by contrib/dev-stack.sh for th
 with its own state directory and ports, and stopped at the end."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
+from typing import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,12 +91,33 @@ class Stack:
         """After a service outage job_submit.lua's circuit breaker lets GPU jobs pass undecided
         for 10 s or more: submit held probes until one carries a decision again (each cancelled)."""
         def decided() -> bool:
-            probe = self.sbatch("#!/bin/sh\ntrue\n", "--hold", "--gres=gpu:1", "--job-name=probe", *sbatch_args)
-            comment = job_field(self.show_job(probe), "AdminComment")
-            self.run("scancel", str(probe))
-            return bool(decision_of(comment))
+            probe = self.held("#!/bin/sh\ntrue\n", "--gres=gpu:1", "--job-name=probe", *sbatch_args)
+            return bool(decision_of(job_field(probe, "AdminComment")))
 
         wait_for(decided, timeout_s, "job_submit.lua to reach the service again", 2.0)
+
+    def held(self, script: str, *sbatch_args: str) -> str:
+        """Submit ``script`` held and cancel it; its ``scontrol show job -o`` line (the decision
+        is made at submit)."""
+        job = self.sbatch(script, "--hold", *sbatch_args)
+        try:
+            return self.show_job(job)
+        finally:
+            self.run("scancel", str(job))
+
+    @contextlib.contextmanager
+    def service_with(self, **env: str) -> Iterator[None]:
+        """The policy service restarted with extra environment (``SWAPAWARE_<SECTION>__<KEY>``)
+        for the block, then restarted as configured."""
+        self.stack("service-stop")
+        dataclasses.replace(self, env={**self.env, **env}).stack("service-start")
+        try:
+            self.wait_for_decisions()
+            yield
+        finally:
+            self.stack("service-stop")
+            self.stack("service-start")
+            self.wait_for_decisions()
 
     def swapaware(self, *args: str) -> subprocess.CompletedProcess:
         return self.run(str(Path(sys.executable).parent / "swapaware"), *args)

@@ -47,9 +47,7 @@ def test_a_class_that_keeps_a_gpu_busy_is_charged_shards_for_its_compute(stack):
     first = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
     assert stack.wait_done(first) == "COMPLETED"
     stack.wait_observation(first)
-    second = stack.sbatch(script, "--gres=gpu:1", "--hold", f"--job-name={name}")
-    info = stack.show_job(second)
-    stack.run("scancel", str(second))
+    info = stack.held(script, "--gres=gpu:1", f"--job-name={name}")
     assert job_field(info, "TresPerNode") == "gres:shard:5", info
     d = decision_of(job_field(info, "AdminComment"))
     assert d["action"] == "share" and "compute_shards" in d["why"], d

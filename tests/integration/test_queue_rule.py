@@ -1,6 +1,5 @@
 """The queue rule on the real cluster: the service reads squeue/sinfo, keeps a learned job whole
 while nothing waits, and shares it once GPU work queues."""
-import dataclasses
 import uuid
 
 import pytest
@@ -56,46 +55,34 @@ def test_learned_job_stays_whole_while_nothing_waits_and_shares_once_gpu_work_qu
     # a QoS above normal: the queue ahead of its jobs holds only jobs of that QoS
     stack.run("sacctmgr", "-i", "add", "qos", "high", "priority=100", check=False)
     assert "high|100" in stack.run("sacctmgr", "-n", "-P", "show", "qos", "format=name,priority").stdout
-    ruled = dataclasses.replace(stack, env={**stack.env, "SWAPAWARE_POLICY__SHARE_MIN_QUEUE": "0.05",
-                                            "SWAPAWARE_POLICY__QUEUE_POLL_S": "0.5"})
-    stack.stack("service-stop")
-    ruled.stack("service-start")
     fillers: list[int] = []
-    try:
-        stack.wait_for_decisions()
-        quiet = stack.sbatch(script, "--gres=gpu:1", "--hold", f"--job-name={name}")
-        d = decision_of(job_field(stack.show_job(quiet), "AdminComment"))
-        stack.run("scancel", str(quiet))
-        assert d["action"] == "whole_gpu" and "queue_short" in d["why"], d
+    with stack.service_with(SWAPAWARE_POLICY__SHARE_MIN_QUEUE="0.05", SWAPAWARE_POLICY__QUEUE_POLL_S="0.5"):
+        try:
+            d = decision_of(job_field(stack.held(script, "--gres=gpu:1", f"--job-name={name}"), "AdminComment"))
+            assert d["action"] == "whole_gpu" and "queue_short" in d["why"], d
 
-        fillers = _fill_all_gpus(stack, name)
-        fillers.append(stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}"))  # waits: 1 of 4 GPUs
-        log = stack.state / "log" / "swapaware.log"
+            fillers = _fill_all_gpus(stack, name)
+            fillers.append(stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}"))  # waits: 1 of 4 GPUs
+            log = stack.state / "log" / "swapaware.log"
 
-        def shared() -> dict | None:
-            job = stack.sbatch(script, "--gres=gpu:1", "--hold", f"--job-name={name}")
-            info = stack.show_job(job)
-            stack.run("scancel", str(job))
-            got = decision_of(job_field(info, "AdminComment"))
-            return (got, job_field(info, "TresPerNode")) if got.get("action") == "share" else None
+            def shared() -> tuple | None:
+                info = stack.held(script, "--gres=gpu:1", f"--job-name={name}")
+                got = decision_of(job_field(info, "AdminComment"))
+                return (got, job_field(info, "TresPerNode")) if got.get("action") == "share" else None
 
-        d2, tres = wait_for(shared, 20, lambda: "a shared decision once a job waits; service log:\n"
-                            + log.read_text()[-2000:], 1.0)
-        assert tres == "gres:shard:1" and "queue_short" not in d2["why"]
+            d2, tres = wait_for(shared, 20, lambda: "a shared decision once a job waits; service log:\n"
+                                + log.read_text()[-2000:], 1.0)
+            assert tres == "gres:shard:1" and "queue_short" not in d2["why"]
 
-        # the waiting filler is normal QoS: nothing waits ahead of a job of QoS high
-        high = stack.sbatch(script, "--gres=gpu:1", "--hold", "--qos=high", f"--job-name={name}")
-        d3 = decision_of(job_field(stack.show_job(high), "AdminComment"))
-        explained = stack.swapaware("explain", str(high)).stdout
-        stack.run("scancel", str(high))
-        assert d3["action"] == "whole_gpu" and "queue_short" in d3["why"], d3
-        assert "at or above QoS 'high' ask for 0.00 of 4 GPUs" in explained, explained
-    finally:
-        if fillers:
-            stack.run("scancel", *(str(j) for j in fillers))
-        stack.stack("service-stop")
-        stack.stack("service-start")
-        stack.wait_for_decisions()
+            # the waiting filler is normal QoS: nothing waits ahead of a job of QoS high
+            d3 = decision_of(job_field(stack.held(script, "--gres=gpu:1", "--qos=high", f"--job-name={name}"),
+                                       "AdminComment"))
+            assert d3["action"] == "whole_gpu" and "queue_short" in d3["why"], d3
+            explained = stack.swapaware("explain", "--decision", d3["id"]).stdout
+            assert "at or above QoS 'high' ask for 0.00 of 4 GPUs" in explained, explained
+        finally:
+            if fillers:
+                stack.run("scancel", *(str(j) for j in fillers))
 
 
 def test_pending_job_kept_whole_is_rewritten_to_shards_once_its_class_is_learned(stack):
@@ -104,42 +91,35 @@ def test_pending_job_kept_whole_is_rewritten_to_shards_once_its_class_is_learned
     to gres:shard:1 with scontrol update, and records the new decision."""
     name = f"redecide-{uuid.uuid4().hex[:6]}"
     script = fake_alloc_script(stack, gib=3, hold_s=4)
-    # Wide keys off: B's first decision must not come from the account's history of other tests.
-    redeciding = dataclasses.replace(stack, env={**stack.env, "SWAPAWARE_POLICY__REDECIDE_PENDING": "true",
-                                                 "SWAPAWARE_POLICY__QUEUE_POLL_S": "0.5",
-                                                 "SWAPAWARE_ESTIMATOR__WIDE_KEY_MIN_SAMPLES": "1000000"})
-    stack.stack("service-stop")
-    redeciding.stack("service-start")
     jobs: list[int] = []
-    try:
-        stack.wait_for_decisions()
-        jobs += [stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}") for _ in range(3)]
-        for j in jobs:
-            wait_running(stack, j)
-        a = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
-        jobs.append(a)
-        wait_running(stack, a)
-        jobs.append(stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}"))  # takes A's GPU when A ends
-        b = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
-        jobs.append(b)
-        first = decision_of(job_field(stack.show_job(b), "AdminComment"))
-        assert first["action"] == "whole_gpu" and "no_history" in first["why"], first
-        assert stack.wait_done(a) == "COMPLETED"
+    # Wide keys off: B's first decision must not come from the account's history of other tests.
+    with stack.service_with(SWAPAWARE_POLICY__REDECIDE_PENDING="true", SWAPAWARE_POLICY__QUEUE_POLL_S="0.5",
+                            SWAPAWARE_ESTIMATOR__WIDE_KEY_MIN_SAMPLES="1000000"):
+        try:
+            jobs += [stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}") for _ in range(3)]
+            for j in jobs:
+                wait_running(stack, j)
+            a = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
+            jobs.append(a)
+            wait_running(stack, a)
+            jobs.append(stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}"))  # takes A's GPU when A ends
+            b = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
+            jobs.append(b)
+            first = decision_of(job_field(stack.show_job(b), "AdminComment"))
+            assert first["action"] == "whole_gpu" and "no_history" in first["why"], first
+            assert stack.wait_done(a) == "COMPLETED"
 
-        def rewritten() -> tuple | None:
-            info = stack.show_job(b)
-            d = decision_of(job_field(info, "AdminComment"))
-            return (d, info) if d.get("action") == "share" else None
+            def rewritten() -> tuple | None:
+                info = stack.show_job(b)
+                d = decision_of(job_field(info, "AdminComment"))
+                return (d, info) if d.get("action") == "share" else None
 
-        d, info = wait_for(rewritten, 30, lambda: f"job {b} to be re-decided: {stack.show_job(b)}\n"
-                           + (stack.state / "log" / "swapaware.log").read_text()[-2000:], 0.5)
-        assert job_field(info, "JobState") == "PENDING" and job_field(info, "TresPerNode") == "gres:shard:1"
-        assert d["why"].startswith("redecided,") and d["id"] != first["id"]
-        explained = stack.swapaware("explain", "--decision", d["id"]).stdout
-        assert f"replaces decision {first['id']}" in explained, explained
-    finally:
-        if jobs:
-            stack.run("scancel", *(str(j) for j in jobs))
-        stack.stack("service-stop")
-        stack.stack("service-start")
-        stack.wait_for_decisions()
+            d, info = wait_for(rewritten, 30, lambda: f"job {b} to be re-decided: {stack.show_job(b)}\n"
+                               + (stack.state / "log" / "swapaware.log").read_text()[-2000:], 0.5)
+            assert job_field(info, "JobState") == "PENDING" and job_field(info, "TresPerNode") == "gres:shard:1"
+            assert d["why"].startswith("redecided,") and d["id"] != first["id"]
+            explained = stack.swapaware("explain", "--decision", d["id"]).stdout
+            assert f"replaces decision {first['id']}" in explained, explained
+        finally:
+            if jobs:
+                stack.run("scancel", *(str(j) for j in jobs))
