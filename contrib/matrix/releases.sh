@@ -1,0 +1,37 @@
+# Sourced by contrib/matrix/*.sh: the supported Slurm releases and the Debian suite that ships each.
+# shellcheck shell=bash
+# release -> Debian suite whose slurmctld package is that release
+declare -A SUITE_OF=([22.05]=bookworm [24.11]=trixie [26.05]=sid)
+RELEASES=(22.05 24.11 26.05)
+MATRIX_CACHE=${SWAPAWARE_MATRIX_CACHE:-/var/cache/swapaware-matrix}
+MATRIX_STATE=${SWAPAWARE_MATRIX_STATE:-/var/tmp/swapaware-matrix}
+DEBIAN_MIRROR=${SWAPAWARE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# Everything the tests need inside a release's root (its own Slurm, MariaDB, munge, Lua, Python).
+ROOT_PACKAGES=(munge slurm-client slurmctld slurmd slurmdbd mariadb-server mariadb-client
+               lua5.1 lua-socket lua-cjson python3 python3-venv python3-pip procps iproute2
+               hostname util-linux ca-certificates perl)
+
+mlog() { printf '[matrix] %s\n' "$*" >&2; }
+mdie() { printf '[matrix] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# host_suite: the Debian suite of this machine (bookworm, trixie, ...), from /etc/os-release.
+host_suite() {
+    local v
+    v=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+    [[ -n $v ]] || v=$(sed -n 's/^\([a-z]*\)\/sid$/\1/p' /etc/debian_version)
+    echo "${v:-unknown}"
+}
+
+# host_release: the supported release the host's own packages give (empty when none).
+host_release() {
+    local suite r
+    suite=$(host_suite)
+    for r in "${RELEASES[@]}"; do
+        [[ ${SUITE_OF[$r]} == "$suite" ]] && { echo "$r"; return 0; }
+    done
+    echo ""
+}
+
+release_ok() { [[ -n ${SUITE_OF[$1]:-} ]]; }
+root_dir() { echo "$MATRIX_CACHE/roots/${SUITE_OF[$1]}"; }
+ns_name() { echo "swa-${1//./}"; }

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Run a command against one Slurm release, in a network namespace of its own (Slurm's ports,
+# 127.0.0.1 and the daemons belong to that namespace). The release the host's own packages give
+# runs on the host's files; another runs inside that release's Debian root (contrib/matrix/
+# root.sh), with a copy of this checkout in the root and a Python venv built there.
+#
+#   run.sh RELEASE [COMMAND...]      default COMMAND: bash contrib/run-tests.sh --integration-only
+#   run.sh RELEASE --cleanup         remove the namespace and the mounts of RELEASE
+#
+# Everything it starts lives under the root's /var/tmp and the namespace; the command's own
+# cleanup (the tests stop their daemons by pid file) runs inside, and --cleanup runs at the end.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+# shellcheck source=releases.sh
+source "$HERE/releases.sh"
+
+REL=${1:?usage: run.sh RELEASE [COMMAND...]}
+shift
+release_ok "$REL" || mdie "unknown release $REL (supported: ${RELEASES[*]})"
+ROOT=$(root_dir "$REL")
+NS=$(ns_name "$REL")
+ON_HOST=0
+[[ $REL == "$(host_release)" ]] && ON_HOST=1
+SRC=/opt/swapaware/src      # inside the root
+VENV=/opt/swapaware/venv    # inside the root
+
+mount_root() {
+    mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc"
+    mountpoint -q "$ROOT/sys" || mount -t sysfs sysfs "$ROOT/sys"
+    if ! mountpoint -q "$ROOT/dev"; then
+        mount --rbind /dev "$ROOT/dev"
+        mount --make-rslave "$ROOT/dev"
+    fi
+}
+
+umount_root() {
+    local m
+    for m in dev sys proc; do
+        if mountpoint -q "$ROOT/$m"; then umount -R "$ROOT/$m" 2>/dev/null || umount -lR "$ROOT/$m"; fi
+    done
+}
+
+# Slurm >= 23 resolves its listen address with AI_ADDRCONFIG and dies when the namespace has
+# only loopback: a veth pair with a link-local address that routes nowhere gives it one.
+netns_up() {
+    if ! ip netns list | grep -qw "$NS"; then
+        ip netns add "$NS"
+    fi
+    ip -n "$NS" link set lo up
+    if ! ip -n "$NS" link show v0 >/dev/null 2>&1; then
+        ip -n "$NS" link add v0 type veth peer name v1
+        ip -n "$NS" addr add 169.254.77.1/32 dev v0
+        ip -n "$NS" link set v0 up
+        ip -n "$NS" link set v1 up
+    fi
+}
+
+netns_down() {
+    ip netns list | grep -qw "$NS" || return 0
+    # Anything still running in the namespace belongs to this run: end it first.
+    local pids
+    pids=$(ip netns pids "$NS" 2>/dev/null || true)
+    if [[ -n $pids ]]; then
+        mlog "ending processes left in $NS: $(echo $pids)"
+        # shellcheck disable=SC2086
+        kill -TERM $pids 2>/dev/null || true
+        local i
+        for i in $(seq 1 50); do
+            [[ -z $(ip netns pids "$NS" 2>/dev/null) ]] && break
+            sleep 0.1
+        done
+        pids=$(ip netns pids "$NS" 2>/dev/null || true)
+        # shellcheck disable=SC2086
+        [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
+    fi
+    ip netns delete "$NS"
+}
+
+cleanup() {
+    netns_down || true
+    ((ON_HOST)) || umount_root || true
+}
+
+in_root() {  # COMMAND...: in the root with the host's network (package registries)
+    chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"
+}
+
+# A fresh copy of this checkout (tracked and untracked-not-ignored files), then the venv: built
+# once (kept while pyproject/setup.py/protos are unchanged), the package reinstalled each time
+# (the stubs are generated at install).
+sync_source() {
+    rm -rf "${ROOT:?}$SRC"
+    mkdir -p "$ROOT$SRC"
+    (cd "$REPO" && git ls-files -z -co --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$ROOT$SRC"
+    in_root env SWAPAWARE_VENV=$VENV bash "$SRC/contrib/dev-stack.sh" venv
+    if [[ -f $ROOT$VENV/.swapaware-stamp && ! -d $ROOT$SRC/policy_service/_generated ]]; then
+        in_root $VENV/bin/python -m pip install -q --no-deps -e "$SRC" >/dev/null
+    fi
+}
+
+if [[ ${1:-} == --cleanup ]]; then
+    cleanup
+    exit 0
+fi
+[[ $(id -u) -eq 0 ]] || mdie "must run as root"
+(($#)) || set -- bash contrib/run-tests.sh --integration-only
+trap cleanup EXIT
+if ((ON_HOST)); then
+    netns_up
+    mlog "Slurm $REL: $(dpkg-query -W -f='${Version}' slurmctld 2>/dev/null || echo 'not installed') on the host, namespace $NS"
+    # nsenter: only the network namespace (ip netns exec would also remount /sys, hiding cgroups)
+    nsenter --net="/run/netns/$NS" env CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$REPO" "$@"
+    exit $?
+fi
+[[ -f $ROOT/.swapaware-root ]] || mdie "no root for $REL: run contrib/matrix/root.sh build $REL"
+mount_root
+sync_source
+netns_up
+mlog "Slurm $REL: $(chroot "$ROOT" dpkg-query -W -f='${Version}' slurmctld) in $ROOT, namespace $NS"
+nsenter --net="/run/netns/$NS" chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+    SWAPAWARE_VENV=$VENV CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$SRC" "$@"
