@@ -60,16 +60,18 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         monitor.on_poll = PendingRedecider(handler, slurm, cfg)
     server = None
     try:
+        if monitor is not None:  # the first Admit must see the queue, not "unknown": poll before serving
+            monitor.start().wait_first_poll()
         server, port, health_servicer = start_grpc(handler, cfg.service.grpc_address, cfg.service.max_workers, token)
         sock_server, _ = start_local_socket(handler, cfg.service.socket_path)
     except BaseException:
         if server is not None:
             server.stop(0)
+        if monitor is not None:
+            monitor.stop()
         handler.close()
         store.close()
         raise
-    if monitor is not None:
-        monitor.start()
     log.info("serving gRPC on %s (port %d), local socket %s, history %s",
              cfg.service.grpc_address, port, cfg.service.socket_path, cfg.service.db_path)
     return RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server)

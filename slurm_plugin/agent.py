@@ -4,7 +4,7 @@ Slurm kills whatever a prolog leaves running, so sampling lives in this daemon. 
 JSON lines over the Unix socket ``agent.socket_path`` (mode 0600, so only root, i.e. the
 prolog/epilog, can talk to it); one request line, one response line, then close::
 
-    {"op":"start","job_id":N,"gpus":[0,2],"uid":U}  -> {"ok":true}
+    {"op":"start","job_id":N,"gpus":[0,2],"uid":U,"sluid":S}  -> {"ok":true}   ("sluid" optional)
     {"op":"stop","job_id":N}                       -> {"ok":true,"telemetry":{...}}
     {"op":"status"}                                -> {"ok":true,"source":...,"jobs":[...]}
     anything malformed                             -> {"ok":false,"error":"..."}
@@ -14,11 +14,14 @@ gres.conf ``File=/dev/nvidiaN``), which is the same assumption ``swapaware gres-
 (NVML index == device minor number; true unless the driver enumerates otherwise).
 
 Every ``sample_period_s`` a thread reads each device's processes and attributes a process to a
-job by the ``job_<id>`` component of ``/proc/<pid>/cgroup`` (Slurm's cgroup plugins), failing
-that by ``SLURM_JOB_ID`` in ``/proc/<pid>/environ`` (readable as root; can be forged by a user
-who sets it by hand, the cgroup cannot). Per job and GPU it keeps the peak and the
-time-weighted mean of the job's bytes (a step function: each sample holds until the next, over
-[first sample, last sample]) and the device utilisation (device-wide, not per job).
+job by its ``/proc/<pid>/cgroup`` path (Slurm's cgroup plugins): a ``job_<id>`` component, or a
+component equal to the SLUID an announced job came with (Slurm 26.05 with cgroup v2 names job
+directories ``.../slurmstepd.scope/<SLUID>/`` unless ``CgroupJobIdPaths=yes``; the prolog sees
+``SLURM_JOB_SLUID`` from 25.11 on). SLUIDs are opaque: only a whole path component equal to an
+announced one counts. Failing both, by ``SLURM_JOB_ID`` in ``/proc/<pid>/environ`` (readable as
+root; can be forged by a user who sets it by hand, the cgroup cannot). Per job and GPU it keeps
+the peak and the time-weighted mean of the job's bytes (a step function: each sample holds until
+the next, over [first sample, last sample]) and the device utilisation (device-wide, not per job).
 
 ``oom_suspected`` is a heuristic, with its evidence listed:
   * ``job_near_capacity``: the job's processes held >= 98 % of a device's memory at a sample;
@@ -72,6 +75,7 @@ MAX_EVIDENCE = 16
 MAX_PIDS_PER_JOB = 256
 MAX_KERNEL_LINES_PER_TICK = 1000
 DEFAULT_KERNEL_LOG = Path("/dev/kmsg")
+MAX_SLUID_CHARS = 255  # a path component's limit
 
 
 # =========================================================================== pure core
@@ -155,6 +159,7 @@ class JobTrack:
     pids: frozenset[int] = frozenset()
     evidence: tuple[Evidence, ...] = ()
     per_process_memory_reported: bool = True
+    sluid: str | None = None  # Slurm's unique job id (25.11+), the cgroup v2 directory name on 26.05
 
 
 @dataclass(frozen=True)
@@ -166,8 +171,14 @@ class KernelEvent:
     text: str
 
 
-def new_job(job_id: int, gpus: Sequence[int], uid: int | None, wall_s: float, mono_s: float) -> JobTrack:
-    return JobTrack(job_id, uid, tuple(sorted(set(gpus))), wall_s, mono_s)
+def new_job(job_id: int, gpus: Sequence[int], uid: int | None, wall_s: float, mono_s: float,
+            sluid: str | None = None) -> JobTrack:
+    return JobTrack(job_id, uid, tuple(sorted(set(gpus))), wall_s, mono_s, sluid=sluid)
+
+
+def sluid_map(jobs: Iterable[JobTrack]) -> dict[str, int]:
+    """SLUID -> job id of the tracked jobs that were announced with one."""
+    return {j.sluid: j.job_id for j in jobs if j.sluid}
 
 
 def add_evidence(job: JobTrack, item: Evidence) -> JobTrack:
@@ -286,17 +297,51 @@ _XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
 _PID = re.compile(r"\bpid=(\d+)")
 _KILLED = re.compile(r"Killed process (\d+)")
 _ANY_JOB = re.compile(r"/job_(\d+)(?:/|,|\s|$)")
+_MEMCG_PATH = re.compile(r"\b(?:oom|task)_memcg=([^,\s]+)")
 _ENV_JOB_ID = re.compile(rb"(?:^|\0)SLURM_JOB_ID=(\d+)(?:\0|$)")
 _ENV_JOBID = re.compile(rb"(?:^|\0)SLURM_JOBID=(\d+)(?:\0|$)")
 
 
-def job_id_from_cgroup(text: str) -> int | None:
-    """Slurm job id from ``/proc/<pid>/cgroup`` text (v1 or v2), or None."""
+def usable_sluid(value: str) -> str | None:
+    """``value`` stripped when it can be a cgroup path component (the only use made of it), else None.
+
+    Nothing else is assumed about a SLUID's format."""
+    text = value.strip()
+    if not text or len(text) > MAX_SLUID_CHARS or text in (".", "..") or any(c in text for c in "/\0\n"):
+        return None
+    return text
+
+
+def job_id_from_cgroup_path(path: str, sluids: Mapping[str, int] | None = None) -> int | None:
+    """Slurm job of one cgroup path: a ``job_<id>`` component, else a component equal to an
+    announced SLUID (``sluids``: SLUID -> job id); None when neither is there."""
+    match = _CGROUP_JOB.search(path)
+    if match:
+        return int(match.group(1))
+    if sluids:
+        for part in path.split("/"):
+            if part in sluids:
+                return sluids[part]
+    return None
+
+
+def job_id_from_cgroup(text: str, sluids: Mapping[str, int] | None = None) -> int | None:
+    """Slurm job id from ``/proc/<pid>/cgroup`` text (v1 or v2), or None. ``sluids`` maps the
+    SLUIDs of announced jobs to their ids (cgroup v2 on Slurm 26.05 names job directories by SLUID)."""
     for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        match = _CGROUP_JOB.search(path)
-        if match:
-            return int(match.group(1))
+        job_id = job_id_from_cgroup_path(line.split(":", 2)[-1], sluids)
+        if job_id is not None:
+            return job_id
+    return None
+
+
+def job_id_from_memcg(text: str, sluids: Mapping[str, int]) -> int | None:
+    """Job of an OOM-killer line by the SLUID in its ``oom_memcg=``/``task_memcg=`` paths, or None.
+    (``job_<id>`` paths are read by ``parse_kernel_line``.)"""
+    for match in _MEMCG_PATH.finditer(text):
+        job_id = job_id_from_cgroup_path(match.group(1), sluids)
+        if job_id is not None:
+            return job_id
     return None
 
 
@@ -334,10 +379,11 @@ def parse_kernel_line(line: str) -> KernelEvent | None:
 # =========================================================================== shell
 
 
-def resolve_job_id(pid: int, proc_root: Path = PROC_ROOT) -> int | None:
-    """Slurm job of ``pid``: cgroup first, then environ; None when neither says."""
+def resolve_job_id(pid: int, proc_root: Path = PROC_ROOT, sluids: Mapping[str, int] | None = None) -> int | None:
+    """Slurm job of ``pid``: cgroup first (``job_<id>`` or an announced SLUID), then environ; None
+    when neither says."""
     with contextlib.suppress(OSError):
-        job_id = job_id_from_cgroup((proc_root / str(pid) / "cgroup").read_text())
+        job_id = job_id_from_cgroup((proc_root / str(pid) / "cgroup").read_text(), sluids)
         if job_id is not None:
             return job_id
     with contextlib.suppress(OSError):
@@ -350,13 +396,20 @@ class PidJobCache:
 
     A process's job does not change, so each GPU process costs one ``/proc/<pid>/stat`` read
     per sample instead of the cgroup and environ reads. Holds only the pids of the last sample.
+    What a cgroup path means depends on the announced SLUIDs: when they change (a job started
+    or stopped) every pid is read again, so a process seen before its job was announced is not
+    left unattributed.
     """
 
     def __init__(self, proc_root: Path = PROC_ROOT) -> None:
         self._proc_root = proc_root
         self._known: dict[int, tuple[int, int | None]] = {}
+        self._sluids: dict[str, int] = {}
 
-    def resolve(self, pids: Iterable[int]) -> dict[int, int | None]:
+    def resolve(self, pids: Iterable[int], sluids: Mapping[str, int] | None = None) -> dict[int, int | None]:
+        sluids = dict(sluids or {})
+        if sluids != self._sluids:
+            self._known, self._sluids = {}, sluids
         known: dict[int, tuple[int, int | None]] = {}
         out: dict[int, int | None] = {}
         for pid in pids:
@@ -365,7 +418,7 @@ class PidJobCache:
             if start is not None and cached is not None and cached[0] == start:
                 job_id = cached[1]
             else:
-                job_id = resolve_job_id(pid, self._proc_root)
+                job_id = resolve_job_id(pid, self._proc_root, sluids)
             if start is not None:
                 known[pid] = (start, job_id)
             out[pid] = job_id
@@ -422,6 +475,14 @@ def _int_field(request: Mapping[str, Any], key: str) -> int:
 
 def _optional_int_field(request: Mapping[str, Any], key: str) -> int | None:
     return None if request.get(key) is None else _int_field(request, key)
+
+
+def _sluid_field(request: Mapping[str, Any]) -> str | None:
+    """The optional ``sluid`` as given (absent or null: None); only its type is checked here."""
+    value = request.get("sluid")
+    if value is not None and not isinstance(value, str):
+        raise RequestError("'sluid' must be a string")
+    return value
 
 
 def _gpus_field(request: Mapping[str, Any]) -> list[int]:
@@ -484,14 +545,20 @@ class Agent:
     def handle(self, request: Mapping[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         if op == "start":
-            return self.start(_int_field(request, "job_id"), _gpus_field(request), _optional_int_field(request, "uid"))
+            return self.start(_int_field(request, "job_id"), _gpus_field(request), _optional_int_field(request, "uid"),
+                              _sluid_field(request))
         if op == "stop":
             return {"ok": True, "telemetry": self.stop(_int_field(request, "job_id"))}
         if op == "status":
             return self.status()
         raise RequestError(f"unknown op {op!r}; expected start, stop or status")
 
-    def start(self, job_id: int, gpus: Sequence[int], uid: int | None) -> dict[str, Any]:
+    def start(self, job_id: int, gpus: Sequence[int], uid: int | None, sluid: str | None = None) -> dict[str, Any]:
+        usable = usable_sluid(sluid) if sluid is not None else None
+        if sluid is not None and usable is None:
+            # Still track the job: its processes are found by job_<id> or their environ.
+            log.warning("job %d: SLUID %r cannot be a cgroup path component: ignored, its processes are "
+                        "attributed by job_<id> or SLURM_JOB_ID only", job_id, sluid[:80])
         with self._lock:
             self._forget_expired()
             if job_id not in self._jobs and len(self._jobs) >= MAX_JOBS:
@@ -499,8 +566,9 @@ class Agent:
                 log.warning("tracking %d jobs: forgetting the oldest, job %d", MAX_JOBS, oldest.job_id)
                 del self._jobs[oldest.job_id]
             restarted = job_id in self._jobs
-            self._jobs[job_id] = new_job(job_id, gpus, uid, self._wall(), self._mono())
-        log.info("job %d started on GPUs %s%s", job_id, list(gpus), " (restarted)" if restarted else "")
+            self._jobs[job_id] = new_job(job_id, gpus, uid, self._wall(), self._mono(), usable)
+        log.info("job %d%s started on GPUs %s%s", job_id, f" (SLUID {usable})" if usable else "", list(gpus),
+                 " (restarted)" if restarted else "")
         return {"ok": True}
 
     def stop(self, job_id: int) -> dict[str, Any]:
@@ -517,7 +585,7 @@ class Agent:
     def status(self) -> dict[str, Any]:
         with self._lock:
             jobs = [{"job_id": j.job_id, "gpus": list(j.gpus), "uid": j.uid, "samples": j.total.samples,
-                     "started_at": j.started_at_s} for j in self._jobs.values()]
+                     "started_at": j.started_at_s, "sluid": j.sluid} for j in self._jobs.values()]
         return {"ok": True, "source": self.source, "sample_period_s": self.cfg.sample_period_s, "jobs": jobs}
 
     def _forget_expired(self) -> None:
@@ -532,12 +600,13 @@ class Agent:
         with self._lock:
             self._forget_expired()
             tracking = bool(self._jobs)
+            sluids = sluid_map(self._jobs.values())
         events = self._kernel_events()
         if self.telemetry is None or not (tracking or events):
             return
         observations = self._observe() if tracking else []
-        pid_jobs = self._pid_cache.resolve({p.pid for o in observations for p in o.procs})
-        events = [self._with_live_job(e, pid_jobs) for e in events]
+        pid_jobs = self._pid_cache.resolve({p.pid for o in observations for p in o.procs}, sluids)
+        events = [self._with_live_job(e, pid_jobs, sluids) for e in events]
         t_s = self._mono()
         with self._lock:
             for job_id, job in list(self._jobs.items()):
@@ -547,11 +616,14 @@ class Agent:
                     job = apply_kernel_event(job, event)
                 self._jobs[job_id] = job
 
-    def _with_live_job(self, event: KernelEvent, pid_jobs: Mapping[int, int | None]) -> KernelEvent:
-        if event.job_id is not None or event.pid is None:
+    def _with_live_job(self, event: KernelEvent, pid_jobs: Mapping[int, int | None],
+                       sluids: Mapping[str, int]) -> KernelEvent:
+        if event.job_id is not None:
             return event
-        job_id = pid_jobs.get(event.pid) or resolve_job_id(event.pid, self._proc_root)
-        return dataclasses.replace(event, job_id=job_id)
+        job_id = job_id_from_memcg(event.text, sluids)  # 26.05: memcg paths name the SLUID
+        if job_id is None and event.pid is not None:
+            job_id = pid_jobs.get(event.pid) or resolve_job_id(event.pid, self._proc_root, sluids)
+        return event if job_id is None else dataclasses.replace(event, job_id=job_id)
 
     def _kernel_events(self) -> list[KernelEvent]:
         if self._kernel is None:

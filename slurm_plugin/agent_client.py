@@ -85,13 +85,19 @@ def _uid(uid: int | str | None) -> int | None:
     return None
 
 
-def notify_start(cfg: HookConfig, job_id: int, gpus: Sequence[int], uid: int | str | None) -> bool:
-    """Tell the agent job ``job_id`` started on ``gpus`` (NVML indices). True when it acknowledged."""
+def notify_start(cfg: HookConfig, job_id: int, gpus: Sequence[int], uid: int | str | None, *,
+                 sluid: str | None = None) -> bool:
+    """Tell the agent job ``job_id`` started on ``gpus`` (NVML indices). True when it acknowledged.
+
+    ``sluid`` (``SLURM_JOB_SLUID``, Slurm 25.11+) lets the agent find the job's processes by their
+    cgroup v2 directory on 26.05; sent only when given, so older agents see the request they know."""
     try:
         payload = {"op": "start", "job_id": job_id, "gpus": list(gpus), "uid": _uid(uid)}
     except TypeError as exc:
         log.warning("agent start for job %s: bad gpus %r: %s", job_id, gpus, exc)
         return False
+    if isinstance(sluid, str) and sluid.strip():
+        payload["sluid"] = sluid.strip()
     return _call(cfg, payload) is not None
 
 

@@ -173,7 +173,8 @@ def _config() -> Config:
 def run_prolog(env: Mapping[str, str], cfg: Config, now: float) -> None:
     req = started_request(env, now)
     uid = env.get("SLURM_JOB_UID", "")
-    agent_client.notify_start(cfg.hooks, req.job_id, list(req.gpu_indices), int(uid) if uid.isdigit() else None)
+    agent_client.notify_start(cfg.hooks, req.job_id, list(req.gpu_indices), int(uid) if uid.isdigit() else None,
+                              sluid=env.get("SLURM_JOB_SLUID") or None)  # 25.11+; names the cgroup on 26.05
     deliver(cfg.hooks, "JobStarted", req)
 
 

@@ -4,6 +4,11 @@ The policy shares GPUs only while GPU work waits (``policy.share_min_queue``). A
 call Slurm on slurmctld's path (job_submit holds its locks), so a thread polls ``squeue`` and
 ``sinfo`` every ``policy.queue_poll_s`` and Admit reads the last snapshot. A snapshot older than
 three periods is reported with its age and the policy treats the queue as unknown.
+
+The service takes the first snapshot before it answers (``wait_first_poll``): a decision in the
+first moments after a start must not treat the queue as unknown and share as if work waited.
+That wait is bounded by what one poll's Slurm calls may take; a first poll that fails or does
+not finish in time is logged and the service starts without a snapshot.
 """
 from __future__ import annotations
 
@@ -24,6 +29,12 @@ log = logging.getLogger("swapaware.queue")
 # Held jobs, dependencies, begin times and limits say nothing about free GPUs.
 WAITING_REASONS = frozenset({"Priority", "Resources", "None"})
 QOS_REFRESH_POLLS = 40  # QoS priorities change rarely: re-read them every 40 polls (10 min at 15 s)
+FIRST_POLL_CALLS = 3  # squeue, sinfo and sacctmgr (QoS): each bounded by service.slurm_timeout_s
+
+
+def first_poll_bound_s(cfg: Config) -> float:
+    """How long a start waits for the first snapshot: the longest the first poll's Slurm calls take."""
+    return FIRST_POLL_CALLS * cfg.service.slurm_timeout_s
 
 
 def reads_queue(cfg: Config) -> bool:
@@ -73,6 +84,8 @@ class QueueMonitor:
         self._failing = False
         self._qos: dict[str, int] = {}
         self._polls = 0
+        self._attempted = threading.Event()  # set once the first poll succeeded or failed
+        self._last_error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -86,12 +99,15 @@ class QueueMonitor:
                 log.warning("cannot read the queue from Slurm (%s); decisions treat it as unknown once the "
                             "last snapshot is older than %.0f s", exc, 3 * self.cfg.policy.queue_poll_s)
             self._failing = True
+            self._last_error = str(exc)[:300]
+            self._attempted.set()
             return None
         if self._failing:
             log.info("queue snapshot from Slurm available again")
         self._failing = False
         with self._lock:
             self._state, self._taken_at = state, self.clock()
+        self._attempted.set()  # before on_poll: re-deciding pending jobs does not hold up a start
         log.debug("queue: %.2f GPUs pending of %d", state.pending_gpus, state.total_gpus)
         if self.on_poll is not None:
             try:
@@ -119,6 +135,24 @@ class QueueMonitor:
         if state is None:
             return None
         return dataclasses.replace(state, age_s=max(0.0, self.clock() - taken))
+
+    def wait_first_poll(self, timeout_s: float | None = None) -> QueueState | None:
+        """Wait for the first poll to succeed or fail, at most ``timeout_s`` (default
+        ``first_poll_bound_s``); the snapshot, or None after saying why there is none."""
+        bound_s = first_poll_bound_s(self.cfg) if timeout_s is None else timeout_s
+        if not self._attempted.wait(bound_s):
+            log.warning("no queue snapshot: Slurm did not answer the first poll within %.1f s; answering "
+                        "anyway; decisions treat the queue as unknown until a poll succeeds", bound_s)
+            return None
+        state = self.snapshot()
+        if state is None:
+            log.warning("no queue snapshot: the first poll failed (%s); answering anyway; decisions treat "
+                        "the queue as unknown until a poll succeeds (next in %.0f s)", self._last_error,
+                        self.cfg.policy.queue_poll_s)
+            return None
+        log.info("first queue snapshot taken before answering: %.2f GPUs pending of %d",
+                 state.pending_gpus, state.total_gpus)
+        return state
 
     def _loop(self) -> None:
         while not self._stop.is_set():
