@@ -29,6 +29,7 @@ DEF_MEM_PER_CPU=${SWAPAWARE_DEF_MEM_PER_CPU:-256}
 MIN_JOB_AGE=${SWAPAWARE_MIN_JOB_AGE:-30}
 PLUGIN_TIMEOUT_MS=${SWAPAWARE_PLUGIN_TIMEOUT_MS:-200}
 TIMEOUT_S=${SWAPAWARE_DEV_TIMEOUT_S:-60}
+GPU_TYPES=${SWAPAWARE_DEV_GPU_TYPES:-a100,a100,h100,h100}
 
 SLURM_CONF_PATH=$ETC/slurm.conf
 MUNGE_SOCKET=$RUN/munge/munge.socket.2
@@ -291,11 +292,25 @@ render_all() {
     else
         export R_JOB_SUBMIT_LINE="#JobSubmitPlugins=lua (off; set SWAPAWARE_LUA_DIR or run: cluster.sh plugin on)"
     fi
+    # Clients (srun inside jobs) read cli_filter.lua beside slurm.conf: GPU steps inside shard jobs.
+    if [[ -f $ETC/cli_filter.lua ]]; then
+        export R_CLI_FILTER_LINE="CliFilterPlugins=lua"
+    else
+        export R_CLI_FILTER_LINE="#CliFilterPlugins=lua (no cli_filter.lua beside slurm.conf)"
+    fi
 
-    local lines="" i
+    # Typed GPUs (two types), so that typed requests (--gres=gpu:h100:1) can be tried.
+    local lines="" i types
+    read -r -a types <<<"${GPU_TYPES//,/ }"
+    ((${#types[@]} == 4)) || die "SWAPAWARE_DEV_GPU_TYPES needs 4 types, got '$GPU_TYPES'"
+    declare -A per_type=()
     for i in 0 1 2 3; do
-        lines+="Name=gpu File=$DEV/nvidia$i"$'\n'
+        lines+="Name=gpu Type=${types[$i]} File=$DEV/nvidia$i"$'\n'
+        per_type[${types[$i]}]=$((${per_type[${types[$i]}]:-0} + 1))
     done
+    local node_gres="" t
+    for t in $(printf '%s\n' "${!per_type[@]}" | sort); do node_gres+="gpu:$t:${per_type[$t]},"; done
+    export R_NODE_GRES="${node_gres}shard:32"
     for i in 0 1 2 3; do
         lines+="Name=shard Count=8 File=$DEV/nvidia$i"$'\n'
     done
