@@ -1,0 +1,58 @@
+"""cli_filter's step mending (slurm_plugin/swapaware_cli.lua) run by the real Lua 5.1, with an
+options object that behaves as Slurm's (string-only assignment). Option values are the ones
+srun's cli_filter saw on 22.05, 24.11 and 26.05 (docs/slurm-releases.md)."""
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("cli_driver.lua")
+
+if shutil.which("lua5.1") is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("lua5.1 is missing: contrib/dev-cluster/cluster.sh install provides it")
+    pytest.skip("lua5.1 not installed (run contrib/dev-cluster/cluster.sh install)", allow_module_level=True)
+
+IN_SHARD_JOB = {"SLURM_JOB_ID": "12", "SLURM_SHARDS_ON_NODE": "2", "SLURM_JOB_GPUS": "0"}
+IN_GPU_JOB = {"SLURM_JOB_ID": "13", "SLURM_JOB_GPUS": "0", "SLURM_GPUS_ON_NODE": "1"}
+
+
+def run_cases(cases: list[dict]) -> dict:
+    r = subprocess.run(["lua5.1", str(DRIVER), str(ROOT / "slurm_plugin")], input=json.dumps(cases),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+CASES = [
+    # (options srun's cli_filter sees, environment, mended?, gres after, gpu options after)
+    ({"type": "srun", "gres": "gres/gpu:1"}, IN_SHARD_JOB, True, "shard:2", {}),
+    ({"type": "srun", "gres": "gres:gpu:1"}, IN_SHARD_JOB, True, "shard:2", {}),  # 22.05 spelling
+    ({"type": "srun", "gpus": "1"}, IN_SHARD_JOB, True, "shard:2", {"gpus": ""}),
+    ({"type": "srun", "gpus-per-task": "1"}, IN_SHARD_JOB, True, "shard:2", {"gpus-per-task": ""}),
+    ({"type": "srun", "gpus-per-node": "1"}, IN_SHARD_JOB, True, "shard:2", {"gpus-per-node": ""}),
+    ({"type": "srun", "gres": "gres/gpu:1,gres/nvme:1"}, IN_SHARD_JOB, True, "gres/nvme:1,shard:2", {}),
+    ({"type": "srun", "gres": "gres/gpu:1,gres/shard:1"}, IN_SHARD_JOB, True, "shard:2", {}),
+    ({"type": "srun"}, IN_SHARD_JOB, False, None, {}),  # a plain step: nothing to mend
+    ({"type": "srun", "gres": "gres/gpu:0"}, IN_SHARD_JOB, False, "gres/gpu:0", {}),
+    ({"type": "srun", "gres": "gres/gpu:1"}, IN_GPU_JOB, False, "gres/gpu:1", {}),  # the job holds a gpu
+    ({"type": "srun", "gres": "gres/gpu:1"}, {}, False, "gres/gpu:1", {}),  # not inside a job
+    ({"type": "sbatch", "gres": "gres/gpu:1"}, IN_SHARD_JOB, False, "gres/gpu:1", {}),  # a new job
+    ({"type": "salloc", "gpus": "1"}, IN_SHARD_JOB, False, None, {"gpus": "1"}),
+]
+
+
+@pytest.mark.parametrize("options,env,mended,gres,after", CASES)
+def test_steps_that_ask_for_gpus_inside_a_shard_job_ask_for_its_shards(options, env, mended, gres, after):
+    out = run_cases([{"options": options, "env": env}])
+    res = out["results"][0]
+    assert res["mended"] is mended
+    assert res["options"].get("gres") == gres
+    for key, value in after.items():
+        assert res["options"].get(key) == value
+    if mended:
+        assert any("swapaware" in line and gres in line for line in out["verbose"])
