@@ -6,7 +6,7 @@
 #
 # Environment: SWAPAWARE_DEV_DIR (state, default /var/tmp/swapaware-dev), SWAPAWARE_VENV
 # (default <repo>/.venv), SWAPAWARE_GRPC_PORT (default 50551) and the port variables of
-# contrib/dev-cluster/cluster.sh. Runs as root on Debian 12. Running `up` twice is harmless.
+# contrib/dev-cluster/cluster.sh. Runs as root on Debian 12 or 13 (or in a release's root, contrib/matrix/). Running `up` twice is harmless.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job, on a fresh Debian 12 machine as root: bring up the swapaware dev stack (real
-# Slurm 22.05 + policy service + hooks + node agent on 4 fake GPUs) and submit the same GPU job
+# The main job, on a fresh Debian 12 or 13 machine as root: bring up the swapaware dev stack (the
+# host's real Slurm, 22.05 or 24.11, + policy service + hooks + node agent on 4 fake GPUs) and submit the same GPU job
 # twice. The first run has no history and keeps a whole GPU; once it is observed, the second
 # is rewritten to shards. Prints what each step shows.
 set -euo pipefail

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# swapaware dev cluster: a real single-node Slurm 22.05 (munge, MariaDB,
+# swapaware dev cluster: a real single-node Slurm (22.05, 24.11 or 26.05: whichever is installed;
+# munge, MariaDB,
 # slurmdbd, slurmctld, slurmd) with four fake GPUs, started by hand (no
-# systemd) under one state directory. Must run as root on Debian 12.
+# systemd) under one state directory. Must run as root on Debian 12 or 13 (or in a Debian root).
 #
 #   cluster.sh install | up | down [--purge] | status | env | restart-ctld | plugin on|off
 #
