@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -63,6 +64,24 @@ class Enforcement(enum.Enum):
     NONE = "none"
     FRAMEWORK_ENV = "framework_env"  # framework allocator settings (TF growth, JAX fraction) + advisory cap
     MPS = "mps"  # framework_env + CUDA MPS per-client pinned memory limit (needs an MPS control daemon)
+
+
+class WholeGpuAsShards(enum.Enum):
+    """policy.whole_gpu_as_shards: auto (where the running Slurm has the gpu-beside-shard bug),
+    true or false. Booleans are accepted in any TOML / environment spelling."""
+
+    AUTO = "auto"
+    ON = "true"
+    OFF = "false"
+
+    @classmethod
+    def _missing_(cls, value: object) -> "WholeGpuAsShards | None":
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return cls.ON
+        if text in ("0", "false", "no", "off"):
+            return cls.OFF
+        return None
 
 
 @dataclass(frozen=True)
@@ -134,7 +153,8 @@ class PolicyConfig:
     enable_sharing: bool = True
     # Hold a whole-GPU decision for a single-GPU job as all shards of one GPU: on Slurm 22.05 a
     # gpu job can be placed on a GPU whose shards are in use, a job holding every shard cannot.
-    whole_gpu_as_shards: bool = True
+    # auto: only on releases with that bug (SlurmDialect.gpu_beside_shard_bug); true; false.
+    whole_gpu_as_shards: WholeGpuAsShards = WholeGpuAsShards.AUTO
     # Charge fewer shards than the predicted peak only when the predicted slowdown of the
     # job, as designated victim, stays within this budget.
     allow_oversubscription: bool = True
@@ -190,6 +210,9 @@ class ServiceConfig:
     # ("authorization: Bearer <secret>"), so only the nodes' hooks can feed the model.
     # Empty: no check (single-node setups, gRPC bound to 127.0.0.1).
     token_file: str = ""
+    # The running Slurm's release ("24.11"), for hosts where `scontrol --version` does not work
+    # (no scontrol, no slurm.conf). Empty: ask scontrol at start.
+    slurm_release: str = ""
 
 
 @dataclass(frozen=True)
@@ -276,6 +299,8 @@ def _coerce(section: str, key: str, typ: Any, raw: Any) -> Any:
         if typing.get_origin(typ) is tuple:  # tuple[str, ...]: a TOML list or "a,b" in the environment
             items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
             return tuple(str(x).strip() for x in items if str(x).strip())
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {raw!r} is not a valid {getattr(typ, '__name__', typ)}: {exc}") from None
     raise ConfigError(f"{where}: unsupported type {typ}")
@@ -314,6 +339,8 @@ def _validate(cfg: Config) -> None:
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),
         (cfg.swap_cost.fault_granularity_bytes > 0, "swap_cost.fault_granularity_bytes must be > 0"),
         (cfg.service.max_workers >= 1, "service.max_workers must be >= 1"),
+        (not cfg.service.slurm_release or re.fullmatch(r"\s*\d+\.\d+(\.\d+)?\s*", cfg.service.slurm_release),
+         f"service.slurm_release: {cfg.service.slurm_release!r} is not a Slurm release (use e.g. 24.11, or empty)"),
     ]
     errors = [msg for ok, msg in checks if not ok]
     if errors:

@@ -24,6 +24,7 @@ from policy_service.adapters.queue import QueueMonitor
 from policy_service.adapters.slurm import SlurmAccess, SlurmError
 from policy_service.config import Config
 from policy_service.core import estimator, policy
+from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.request import RequestError, history_keys, job_request
 from policy_service.core.types import Action, Decision, JobObservation, JobRequest, KeyLevel
 
@@ -52,6 +53,11 @@ def _new_id() -> str:
 def gres_fields(job: pb.JobFacts) -> dict[str, str]:
     return {"tres_per_node": job.tres_per_node, "tres_per_job": job.tres_per_job,
             "tres_per_task": job.tres_per_task, "tres_per_socket": job.tres_per_socket}
+
+
+def is_batch(job: pb.JobFacts) -> bool:
+    """Whether the job has a batch script; facts from a client that does not say count as batch."""
+    return job.is_batch if job.HasField("is_batch") else True
 
 
 def gpu_utilisation(req: pb.JobFinishedRequest) -> float | None:
@@ -98,8 +104,9 @@ class PolicyHandler:
 
     def __init__(self, cfg: Config, store: HistoryStore, slurm: SlurmAccess | None,
                  clock: Callable[[], float] = time.time, new_id: Callable[[], str] = _new_id,
-                 queue_monitor: QueueMonitor | None = None):
+                 queue_monitor: QueueMonitor | None = None, dialect: SlurmDialect = SLURM_22_05):
         self.cfg, self.store, self.slurm = cfg, store, slurm
+        self.dialect = dialect  # the running Slurm's, chosen once at start (server.start_service)
         self.queue = queue_monitor
         self.learned: collections.Counter = collections.Counter()  # history key -> observations folded
         self.clock, self.new_id = clock, new_id
@@ -161,14 +168,15 @@ class PolicyHandler:
                 user=job.user, account=job.account, partition=job.partition, job_name=job.job_name,
                 script_fingerprint=job.script_fingerprint, gres_fields=fields, min_nodes=job.min_nodes,
                 num_tasks=job.num_tasks, time_limit_min=job.time_limit_min, comment=job.comment,
-                env_mem_hint=job.env_mem_hint, qos=job.qos)
+                env_mem_hint=job.env_mem_hint, qos=job.qos, is_batch=is_batch(job))
         except RequestError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         keys = history_keys(jr)
         stats = self.store.stats(keys)
         d = policy.decide(jr, stats, self.cfg, decision_id=self.new_id(), now=self.clock(),
                           job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
-                          queue=self.queue.snapshot() if self.queue is not None else None, replaces=replaces)
+                          queue=self.queue.snapshot() if self.queue is not None else None, replaces=replaces,
+                          dialect=self.dialect)
         return d, jr, keys
 
     # ------------------------------------------------------------------ pending jobs

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import click
 
 from policy_service.adapters.history import HistoryUnreadable, ReadOnlyHistory
-from policy_service.adapters.slurm import AccountingJob, SlurmAccess, SlurmError, open_slurm
+from policy_service.adapters.slurm import AccountingJob, SlurmAccess, SlurmError, cluster_release, open_slurm
 from policy_service.config import Config, ConfigError, load_config
 from policy_service.core.policy import parse_admin_comment
 from policy_service.core.request import RequestError, gpu_request
@@ -238,7 +238,8 @@ def _int(value: Any) -> int:
 
 # Reason codes that keep a single job whole, in the order the policy checks them.
 WHOLE_BECAUSE = tuple(c.value for c in (
-    ReasonCode.NO_GPU, ReasonCode.UNSUPPORTED_REQUEST, ReasonCode.MULTI_NODE, ReasonCode.MULTI_GPU,
+    ReasonCode.NO_GPU, ReasonCode.UNSUPPORTED_REQUEST, ReasonCode.TYPED_GPU, ReasonCode.INTERACTIVE,
+    ReasonCode.MULTI_NODE, ReasonCode.MULTI_GPU,
     ReasonCode.SHARING_DISABLED, ReasonCode.PROTECTED_QOS, ReasonCode.OOM_PENALTY, ReasonCode.NO_HISTORY,
     ReasonCode.QUEUE_SHORT, ReasonCode.TOO_LARGE_TO_SHARE, ReasonCode.COMPUTE_BOUND))
 
@@ -855,7 +856,8 @@ def report_command(start: str, end: str, by: str, fmt: str, with_jobs: bool, plo
         except PlotsUnavailable as exc:
             raise click.ClickException(str(exc)) from None
     try:
-        slurm = open_slurm(cfg.service.slurm_backend, slurm_timeout)
+        slurm = open_slurm(cfg.service.slurm_backend, slurm_timeout,
+                           cluster_release(cfg.service.slurm_release, slurm_timeout))
         accounting = slurm.accounting_jobs(start=start, end=end)
     except SlurmError as exc:
         raise click.ClickException(f"accounting: {exc}") from None

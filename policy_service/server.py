@@ -16,7 +16,7 @@ from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.local_socket import start_local_socket
 from policy_service.adapters.queue import QueueMonitor, reads_queue
 from policy_service.adapters.redecide import PendingRedecider
-from policy_service.adapters.slurm import SlurmAccess, open_slurm
+from policy_service.adapters.slurm import ClusterRelease, SlurmAccess, cluster_release, open_slurm
 from policy_service.config import Config, read_token
 from policy_service.handler import PolicyHandler
 
@@ -49,13 +49,24 @@ class RunningService:
         self.store.close()
 
 
+def log_release(release: ClusterRelease) -> None:
+    """The dialect the service speaks, logged once at start."""
+    if release.version is None:
+        log.warning("slurm dialect: %s (%s: the newest release known; set service.slurm_release to the cluster's)",
+                    release.dialect.describe(), release.source)
+    else:
+        log.info("slurm dialect: %s, from %s", release.dialect.describe(), release.source)
+
+
 def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool = True) -> RunningService:
     token = read_token(cfg.service.token_file)
+    release = cluster_release(cfg.service.slurm_release, cfg.service.slurm_timeout_s)
+    log_release(release)
     store = HistoryStore(cfg.service.db_path)
     if slurm is None and use_slurm:
-        slurm = open_slurm(cfg.service.slurm_backend, cfg.service.slurm_timeout_s)
+        slurm = open_slurm(cfg.service.slurm_backend, cfg.service.slurm_timeout_s, release)
     monitor = QueueMonitor(slurm, cfg) if slurm is not None and reads_queue(cfg) else None
-    handler = PolicyHandler(cfg, store, slurm, queue_monitor=monitor)
+    handler = PolicyHandler(cfg, store, slurm, queue_monitor=monitor, dialect=release.dialect)
     if monitor is not None and cfg.policy.redecide_pending:
         monitor.on_poll = PendingRedecider(handler, slurm, cfg)
     server = None

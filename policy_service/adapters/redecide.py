@@ -2,8 +2,9 @@
 
 A job submitted before its class was ever observed, or while nothing waited, was kept on a
 whole GPU; while it still waits the model may have learned its class, or a queue may have built.
-After each poll the service takes the pending jobs held as a whole GPU (``gres:shard:<all>``,
-waiting for resources), oldest first. It reads each one's decision record once (AdminComment,
+After each poll the service takes the pending jobs held as a whole GPU (``gres:shard:<all>``, or
+``gres/gpu:1`` where ``policy.whole_gpu_as_shards`` does not apply; compared parsed, in any
+release's spelling), waiting for resources, oldest first. It reads each one's decision record once (AdminComment,
 ``scontrol show job``: squeue does not show it); it decides again, from the facts recorded with
 that decision, only when something was learned under the job's history keys or the queue crossed
 ``policy.share_min_queue`` since the last time; at most ``policy.redecide_max_per_poll`` reads
@@ -19,16 +20,31 @@ from typing import Iterable
 from policy_service.adapters.queue import WAITING_REASONS
 from policy_service.adapters.slurm import PendingJob, SlurmAccess, SlurmError
 from policy_service.config import Config
+from policy_service.core.policy import whole_gpu_as_shards
+from policy_service.core.request import RequestError, parse_gres_entries
 from policy_service.core.types import QueueState
 
 log = logging.getLogger("swapaware.decisions")
 
 
-def candidates(pending: Iterable[PendingJob], shards_per_gpu: int) -> list[PendingJob]:
+def holds_whole_gpu(tres_per_node: str, shards_per_gpu: int, held_as_shards: bool = True) -> bool:
+    """Whether a pending job's tres_per_node is how swapaware holds a whole-GPU decision: all
+    shards of one GPU (``gres:shard:8``, ``gres/shard:8``), or one untyped GPU (``gres/gpu:1``)
+    where whole GPUs are not held as shards. Parsed, so any release's spelling matches."""
+    try:
+        entries = parse_gres_entries(tres_per_node)
+    except RequestError:
+        return False
+    want = ("shard", shards_per_gpu) if held_as_shards else ("gpu", 1)
+    return len(entries) == 1 and entries[0].gres and (entries[0].name, entries[0].count) == want \
+        and not entries[0].gres_type
+
+
+def candidates(pending: Iterable[PendingJob], shards_per_gpu: int, held_as_shards: bool = True) -> list[PendingJob]:
     """Pending jobs held as one whole GPU (how swapaware holds a whole-GPU decision) that wait
     for resources, oldest first."""
-    whole = f"gres:shard:{shards_per_gpu}"
-    return sorted((j for j in pending if j.reason in WAITING_REASONS and j.tres_per_node == whole
+    return sorted((j for j in pending if j.reason in WAITING_REASONS
+                   and holds_whole_gpu(j.tres_per_node, shards_per_gpu, held_as_shards)
                    and not j.tres_per_job and not j.tres_per_task and j.nodes == 1),
                   key=lambda j: j.job_id)
 
@@ -42,9 +58,10 @@ class PendingRedecider:
         self._records: dict[int, tuple[str, dict] | None] = {}
         self._checked: dict[int, tuple] = {}  # job id -> what was known when it was last re-decided
         self.rewritten = 0
+        self.held_as_shards = whole_gpu_as_shards(cfg, handler.dialect)
 
     def __call__(self, pending: list[PendingJob], state: QueueState) -> None:
-        todo = candidates(pending, self.cfg.gpu.shards_per_gpu)
+        todo = candidates(pending, self.cfg.gpu.shards_per_gpu, self.held_as_shards)
         live = {j.job_id for j in todo}
         self._records = {k: v for k, v in self._records.items() if k in live}
         self._checked = {k: v for k, v in self._checked.items() if k in live}

@@ -1,7 +1,8 @@
 """Slurm access behind one interface.
 
 * ``CliSlurm``: the Slurm command-line tools (``scontrol``, ``sacct --json``, ``sacctmgr``);
-  works on 22.05, where ``scontrol`` has no ``--json`` (that arrives in 23.02).
+  works on 22.05, where ``scontrol`` has no ``--json`` (that arrives in 23.02), and speaks the
+  running release's dialect (``sacct --json=v0.0.4X`` pinned per release).
 * ``PyslurmSlurm``: pyslurm, used only where its version matches the cluster's (pyslurm
   25.11 builds against Slurm 25.11 only).
 
@@ -9,53 +10,30 @@
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 import subprocess
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Protocol, Sequence
 
+from policy_service.adapters.slurm_text import (  # noqa: F401  (the parsers are part of this module's API)
+    SINFO_NODE_FORMAT,
+    SQUEUE_PENDING_FORMAT,
+    AccountingJob,
+    PendingJob,
+    SlurmError,
+    gres_detail_indices,
+    job_gpu_indices,
+    parse_qos_priorities,
+    parse_sacct_json,
+    parse_sinfo_gpus,
+    parse_squeue_pending,
+    scontrol_field,
+)
 from policy_service.config import SlurmBackend
+from policy_service.core.dialect import SlurmDialect, dialect_for, parse_release
 
 log = logging.getLogger(__name__)
-
-
-class SlurmError(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class AccountingJob:
-    """One job as accounting (sacct) reports it."""
-
-    job_id: int
-    user: str
-    account: str
-    partition: str
-    job_name: str
-    state: str
-    exit_code: int
-    submit_time: int
-    start_time: int
-    end_time: int
-    admin_comment: str
-    tres_alloc: str  # e.g. "billing=1,cpu=1,gres/gpu=1,mem=1G,node=1" or with gres/shard=2
-    tres_req: str
-
-
-@dataclass(frozen=True)
-class PendingJob:
-    """One pending job as squeue shows it (GRES fields as Slurm stores them)."""
-
-    job_id: int
-    tres_per_node: str
-    tres_per_job: str
-    tres_per_task: str
-    nodes: int
-    tasks: int
-    reason: str
-    qos: str = ""
 
 
 class SlurmAccess(Protocol):
@@ -74,156 +52,18 @@ class SlurmAccess(Protocol):
     def set_admin_comment(self, job_id: int, text: str) -> None: ...
 
 
-# ----------------------------------------------------------------------------- parsers
-def scontrol_field(oneliner: str, key: str) -> str | None:
-    """Value of ``key`` in ``scontrol show job -o`` output. Values may contain spaces (comments),
-    so a value runs until the next `` Key=`` of a known scontrol key shape."""
-    m = re.search(rf"(?:^|\s){re.escape(key)}=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", oneliner.strip())
-    return None if m is None else m.group(1)
-
-
-def _tres_text(tres: Any) -> str:
-    if isinstance(tres, str):
-        return tres
-    if isinstance(tres, list):  # 22.05 sacct --json: [{"type": "gres", "name": "gpu", "count": 1}, ...]
-        parts = []
-        for t in tres:
-            name = t.get("type", "") + (f"/{t['name']}" if t.get("name") else "")
-            parts.append(f"{name}={t.get('count', 0)}")
-        return ",".join(parts)
-    return ""
-
-
-def _exit_code(value: Any) -> int:
-    if isinstance(value, dict):
-        rc = value.get("return_code", 0)
-        if isinstance(rc, dict):  # newer schemas: {"set": true, "number": 0}
-            rc = rc.get("number", 0)
-        return int(rc or 0)
-    return int(value or 0)
-
-
-def _time(value: Any) -> int:
-    if isinstance(value, dict):
-        value = value.get("number", 0)
-    return int(value or 0)
-
-
-def parse_sacct_json(text: str) -> list[AccountingJob]:
-    """Parse ``sacct --json`` (schemas of 22.05 through 25.x)."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmError(f"sacct --json printed invalid JSON: {exc}") from None
-    out = []
-    for j in data.get("jobs", []):
-        comment = j.get("comment") or {}
-        tres = j.get("tres") or {}
-        time = j.get("time") or {}
-        state = j.get("state") or {}
-        state_text = state.get("current", "") if isinstance(state, dict) else str(state)
-        if isinstance(state_text, list):
-            state_text = ",".join(state_text)
-        out.append(AccountingJob(
-            job_id=int(j.get("job_id", 0)), user=j.get("user", "") or "", account=j.get("account", "") or "",
-            partition=j.get("partition", "") or "", job_name=j.get("name", "") or "", state=state_text,
-            exit_code=_exit_code(j.get("exit_code")), submit_time=_time(time.get("submission")),
-            start_time=_time(time.get("start")), end_time=_time(time.get("end")),
-            admin_comment=(comment.get("administrator") if isinstance(comment, dict) else "") or "",
-            tres_alloc=_tres_text(tres.get("allocated", "")), tres_req=_tres_text(tres.get("requested", "")),
-        ))
-    return out
-
-
-# ----------------------------------------------------------------------------- CLI
-SQUEUE_PENDING_FORMAT = ("JobID:|,tres-per-node:|,tres-per-job:|,tres-per-task:|,NumNodes:|,NumTasks:|,QOS:|,"
-                         "Reason:")
-SINFO_NODE_FORMAT = "%N|%G|%T"
-# Node states (sinfo %T, lower case, without the "*"/"~"/"#" suffixes) that take no new jobs.
-_UNAVAILABLE_NODE_STATES = ("down", "drain", "fail", "future", "inval", "powered_down", "power_down", "unknown")
-
-
-def _na(value: str) -> str:
-    value = value.strip()
-    return "" if value in ("N/A", "(null)") else value
-
-
-def parse_squeue_pending(text: str) -> list[PendingJob]:
-    """Rows of ``squeue -h -t PENDING -O SQUEUE_PENDING_FORMAT`` (the reason is the last column
-    and may itself contain "|")."""
-    out = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        cols = line.split("|", 7)
-        if len(cols) < 8:
-            raise SlurmError(f"unexpected squeue line: {line!r}")
-        try:
-            job_id = int(cols[0].strip().split("_")[0])
-            nodes, tasks = int(cols[4] or 1), int(cols[5] or 1)
-        except ValueError:
-            raise SlurmError(f"unexpected squeue line: {line!r}") from None
-        out.append(PendingJob(job_id, _na(cols[1]), _na(cols[2]), _na(cols[3]), max(1, nodes), max(1, tasks),
-                              cols[7].strip(), _na(cols[6])))
-    return out
-
-
-def parse_qos_priorities(text: str) -> dict[str, int]:
-    """``sacctmgr -n -P show qos format=name,priority`` -> {name: priority}."""
-    out = {}
-    for line in text.splitlines():
-        name, _, prio = line.strip().partition("|")
-        if not name:
-            continue
-        try:
-            out[name] = int(prio or 0)
-        except ValueError:
-            raise SlurmError(f"unexpected sacctmgr qos line: {line!r}") from None
-    return out
-
-
-def _split_gres(text: str) -> list[str]:
-    """'gpu:a100:4(S:0-1),shard:32' -> ['gpu:a100:4(S:0-1)', 'shard:32'] (commas inside () kept)."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return [p.strip() for p in parts if p.strip()]
-
-
-def parse_sinfo_gpus(text: str) -> int:
-    """GPUs on the nodes that take jobs, from ``sinfo -h -N -o SINFO_NODE_FORMAT`` (a node in
-    several partitions is listed once per partition and counted once)."""
-    seen: dict[str, int] = {}
-    for line in text.splitlines():
-        cols = line.split("|")
-        if len(cols) < 3 or not cols[0].strip():
-            continue
-        node, gres, state = cols[0].strip(), cols[1], cols[2].strip().lower().rstrip("*~#!%$@^-")
-        if state.startswith(_UNAVAILABLE_NODE_STATES):
-            seen.setdefault(node, 0)
-            continue
-        gpus = 0
-        for entry in _split_gres("" if gres.strip() == "(null)" else gres):
-            fields = entry.split("(", 1)[0].split(":")
-            if fields[0] == "gpu" and len(fields) > 1 and fields[-1].isdigit():
-                gpus += int(fields[-1])
-        seen[node] = gpus
-    return sum(seen.values())
-
-
 class CliSlurm:
     """Slurm through its command-line tools (every call bounded by ``timeout_s``)."""
 
-    def __init__(self, timeout_s: float = 5.0, env: dict[str, str] | None = None):
+    def __init__(self, timeout_s: float = 5.0, env: dict[str, str] | None = None,
+                 dialect: SlurmDialect | None = None):
         self.timeout_s = timeout_s
         self.env = env
+        self.dialect = dialect  # None: the release is unknown; plain `sacct --json` works on all
+
+    @property
+    def sacct_json_arg(self) -> str:
+        return self.dialect.sacct_json_arg if self.dialect is not None else "--json"
 
     def _run(self, argv: list[str]) -> str:
         try:
@@ -248,7 +88,7 @@ class CliSlurm:
         return jobs[0].admin_comment if jobs else None
 
     def accounting_jobs(self, job_ids: Sequence[int] = (), start: str = "", end: str = "") -> list[AccountingJob]:
-        argv = ["sacct", "--json", "-X", "--allusers"]
+        argv = ["sacct", self.sacct_json_arg, "-X", "--allusers"]
         if job_ids:
             argv += ["-j", ",".join(str(j) for j in job_ids)]
         if start:
@@ -284,12 +124,12 @@ class CliSlurm:
 class PyslurmSlurm:
     """Slurm through pyslurm (only where pyslurm's version matches the cluster)."""
 
-    def __init__(self, timeout_s: float = 5.0) -> None:
+    def __init__(self, timeout_s: float = 5.0, dialect: SlurmDialect | None = None) -> None:
         import pyslurm  # noqa: F401  (import error -> caller falls back)
 
         self._pyslurm = pyslurm
         # The queue snapshot reads squeue/sinfo, which every Slurm version has.
-        self._cli = CliSlurm(timeout_s)
+        self._cli = CliSlurm(timeout_s, dialect=dialect)
 
     def pending_jobs(self) -> list[PendingJob]:
         return self._cli.pending_jobs()
@@ -350,19 +190,43 @@ def choose_backend(wanted: SlurmBackend, cluster: tuple[int, int] | None, pyslur
     return SlurmBackend.CLI
 
 
-def open_slurm(wanted: SlurmBackend, timeout_s: float) -> SlurmAccess:
+@dataclass(frozen=True)
+class ClusterRelease:
+    """The running Slurm's release, and where it came from (for the start-up log)."""
+
+    version: tuple[int, int] | None  # None: unknown
+    source: str
+
+    @property
+    def dialect(self) -> SlurmDialect:
+        return dialect_for(self.version)
+
+
+def cluster_release(configured: str, timeout_s: float) -> ClusterRelease:
+    """``service.slurm_release`` when set, else ``scontrol --version``."""
+    if configured.strip():
+        return ClusterRelease(parse_release(configured), "service.slurm_release")
+    version = slurm_version(timeout_s)
+    if version is None:
+        return ClusterRelease(None, "scontrol --version failed (no scontrol or no slurm.conf here?)")
+    return ClusterRelease(version, "scontrol --version")
+
+
+def open_slurm(wanted: SlurmBackend, timeout_s: float, release: ClusterRelease | None = None) -> SlurmAccess:
+    release = release if release is not None else cluster_release("", timeout_s)
+    dialect = release.dialect if release.version is not None else None
     try:
         import importlib.metadata
 
         pv: str | None = importlib.metadata.version("pyslurm")
     except Exception:
         pv = None
-    choice = choose_backend(wanted, slurm_version(timeout_s), pv)
+    choice = choose_backend(wanted, release.version, pv)
     if choice is SlurmBackend.PYSLURM:
         try:
-            return PyslurmSlurm(timeout_s)
+            return PyslurmSlurm(timeout_s, dialect)
         except ImportError as exc:
             if wanted is SlurmBackend.PYSLURM:
                 raise SlurmError(f"slurm_backend=pyslurm but pyslurm does not import: {exc}") from None
     log.info("slurm access: command-line tools (pyslurm %s)", pv or "not installed")
-    return CliSlurm(timeout_s=timeout_s)
+    return CliSlurm(timeout_s=timeout_s, dialect=dialect)

@@ -11,8 +11,9 @@ import math
 from dataclasses import asdict
 from typing import Mapping
 
-from policy_service.config import AccessClass, Config
+from policy_service.config import AccessClass, Config, WholeGpuAsShards
 from policy_service.core import estimator, swapcost
+from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.request import shard_rewrite
 from policy_service.core.types import (
     Action,
@@ -191,6 +192,13 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
         return Action.PASS_THROUGH, 0, 1.0, 0, [Reason(ReasonCode.UNSUPPORTED_REQUEST,
                                                        f"request {g.raw!r} is left as it is")]
     whole = Action.WHOLE_GPU, 0, 1.0, 0
+    if g.gpu_type:
+        return *whole, [Reason(ReasonCode.TYPED_GPU, f"shards carry no GPU type, so the job keeps its "
+                                                     f"gpu:{g.gpu_type} request ({g.raw})")]
+    if not req.is_batch:
+        return *whole, [Reason(ReasonCode.INTERACTIVE, "no batch script (an srun or salloc allocation): its own "
+                                                       "steps ask for GPUs by name, which a shard allocation cannot "
+                                                       "serve; the job keeps its request")]
     if req.min_nodes > 1:
         return *whole, [Reason(ReasonCode.MULTI_NODE, "multi-node jobs keep whole GPUs")]
     if not _single_gpu(req):
@@ -221,6 +229,29 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
         reasons.append(Reason(ReasonCode.QUEUE_UNKNOWN, "the pending GPU jobs are unknown (no recent snapshot from "
                                                         "Slurm): shared as if GPU work were waiting"))
     return action, shards, slow, off, reasons
+
+
+def _keeps_request(req: JobRequest) -> bool:
+    """A GPU request never rewritten, not even to hold a whole GPU as shards (typed, or no
+    batch script)."""
+    return bool(req.gpu.gpu_type) or not req.is_batch
+
+
+def whole_gpu_as_shards(cfg: Config, dialect: SlurmDialect) -> bool:
+    """Whether a whole-GPU decision is held as all shards of one GPU (``auto``: only where the
+    release can place a gpu job beside shard jobs on one GPU)."""
+    setting = WholeGpuAsShards(cfg.policy.whole_gpu_as_shards)
+    return dialect.gpu_beside_shard_bug if setting is WholeGpuAsShards.AUTO else setting is WholeGpuAsShards.ON
+
+
+def _as_shards_reason(shards: int, dialect: SlurmDialect) -> Reason:
+    held = f"held as all {shards} shards of one GPU"
+    if dialect.gpu_beside_shard_bug:
+        why = (f"on Slurm {dialect.name} a gpu job can land on a GPU whose shards are in use, all of its shards "
+               "cannot")
+    else:
+        why = f"policy.whole_gpu_as_shards = true on Slurm {dialect.name}: no shard job can land on it"
+    return Reason(ReasonCode.WHOLE_GPU_AS_SHARDS, f"{held}: {why}")
 
 
 # The history keys whose learning can change a pending job's decision (class, user+name); the
@@ -254,9 +285,11 @@ def parse_admin_comment(text: str) -> dict[str, str]:
 
 def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *, decision_id: str,
            now: float, job_class: str, gres_fields: Mapping[str, str],
-           access: AccessClass | None = None, queue: QueueState | None = None, replaces: str = "") -> Decision:
+           access: AccessClass | None = None, queue: QueueState | None = None, replaces: str = "",
+           dialect: SlurmDialect = SLURM_22_05) -> Decision:
     """Decide how a job runs. Pure: same inputs, same decision. ``replaces``: the id of the
-    decision a still-pending job had (a re-decision)."""
+    decision a still-pending job had (a re-decision). ``dialect``: the running Slurm's (the
+    rewrite's GRES spelling, whether a whole GPU is held as shards)."""
     access = access or cfg.swap_cost.default_access_class
     est = estimator.estimate(req, stats, cfg.estimator, cfg.gpu)
     class_stats = stats.get(KeyLevel.CLASS)
@@ -264,11 +297,10 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     penalty = class_stats if class_stats is not None else stats.get(KeyLevel.USER_NAME)
     action, shards, slow, off, route_reasons = _route(req, est, penalty, access, cfg, queue, solo_utilisation(stats))
     sf, prio_reason = site_factor(class_stats, cfg)
-    if action is Action.WHOLE_GPU and _single_gpu(req) and cfg.policy.enable_sharing and cfg.policy.whole_gpu_as_shards:
+    if (action is Action.WHOLE_GPU and _single_gpu(req) and not _keeps_request(req) and cfg.policy.enable_sharing
+            and whole_gpu_as_shards(cfg, dialect)):
         shards = cfg.gpu.shards_per_gpu
-        route_reasons.append(Reason(ReasonCode.WHOLE_GPU_AS_SHARDS,
-                                    f"held as all {shards} shards of one GPU: on Slurm 22.05 a gpu job can land on a "
-                                    "GPU whose shards are in use, all of its shards cannot"))
+        route_reasons.append(_as_shards_reason(shards, dialect))
     if replaces:
         route_reasons.insert(0, Reason(ReasonCode.REDECIDED, f"re-decided while the job was pending: replaces "
                                                              f"decision {replaces}"))
@@ -278,7 +310,7 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     fields = {}
     user_message = None
     if shards:
-        fields = shard_rewrite(dict(gres_fields), req.gpu.source_field, shards)
+        fields = shard_rewrite(dict(gres_fields), req.gpu.source_field, shards, dialect)
     if action in (Action.SHARE, Action.SHARE_OVERSUBSCRIBED):
         user_message = (f"swapaware: gpu request rewritten to {shards} shard(s) of one GPU "
                         f"(predicted peak {estimator.fmt_bytes(est.peak_bytes)})")

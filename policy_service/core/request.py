@@ -1,8 +1,14 @@
 """Pure parsers: Slurm's job_desc strings -> typed requests, and GRES rewriting.
 
-Slurm 22.05 keeps GRES requests as comma-separated entries of the form
-``gres:<name>[:<type>]:<count>`` in ``tres_per_node`` (``--gres``), ``tres_per_job``
-(``--gpus``), ``tres_per_task`` (``--gpus-per-task``) and ``tres_per_socket``.
+Slurm keeps GRES requests as comma-separated entries in ``tres_per_node`` (``--gres``),
+``tres_per_job`` (``--gpus``), ``tres_per_task`` (``--gpus-per-task``) and ``tres_per_socket``,
+spelled by release (SLURM_VERSIONS.md):
+
+* 22.05: ``gres:<name>[:<type>]:<count>`` (``gres:gpu:1``, ``gres:gpu:a100:2``);
+* 23.02+: ``gres/<name>[:<type>]:<count>`` (``gres/gpu:1``), and in ``tres_per_task``
+  ``gres/<name>[:<type>]=<count>`` beside TRES that are not GRES (``cpu=2,gres/gpu=1``).
+
+Parsing accepts every spelling; rewriting writes the running release's (``SlurmDialect``).
 """
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from policy_service.config import AccessClass
+from policy_service.core.dialect import SlurmDialect
 from policy_service.core.types import GpuRequest, GresKind, JobRequest, KeyLevel
 
 GRES_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket")
@@ -27,10 +34,14 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class GresEntry:
+    """One entry of a tres_per_* field. ``gres`` is False for a TRES that is not a GRES
+    (``cpu=2`` beside ``gres/gpu=1``): it is kept as written and never asks for a GPU."""
+
     name: str
     gres_type: str
     count: int
-    text: str
+    text: str  # exactly as Slurm had it
+    gres: bool = True
 
     def render(self) -> str:
         return self.text
@@ -44,40 +55,59 @@ def parse_size_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+_GRES_PREFIXES = ("gres:", "gres/")
+GPU_GRES = ("gpu", "shard", "mps")  # the GRES a job's GPU request is made of
+_SUFFIXED_RE = re.compile(r"\d+[kKmMgG]")
+
+
+def _count(text: str, raw: str) -> int:
+    if text.isdigit():
+        return int(text)
+    if _SUFFIXED_RE.fullmatch(text):
+        raise RequestError(f"GRES count with suffix is not supported: {raw!r}")
+    raise RequestError(f"cannot parse GRES entry {raw!r}")
+
+
+def parse_entry(raw: str) -> GresEntry:
+    """One entry in any release's spelling: 'gres:gpu:a100:2', 'gres/gpu:1', 'gres/gpu=1',
+    'gpu:1' (no prefix), or a TRES that is not a GRES ('cpu=2', 'license/x=1')."""
+    prefixed = raw.startswith(_GRES_PREFIXES)
+    body = raw[len("gres:"):] if prefixed else raw
+    if not prefixed and ("=" in raw or "/" in raw.split(":", 1)[0]):
+        return GresEntry(name=raw.partition("=")[0], gres_type="", count=0, text=raw, gres=False)
+    spec, eq, eq_count = body.partition("=")
+    name, *rest = spec.split(":")
+    if not name:
+        raise RequestError(f"cannot parse GRES entry {raw!r}")
+    if eq:  # name[:type]=count
+        count = _count(eq_count, raw)
+    elif rest and rest[-1].isdigit():  # name[:type]:count
+        count, rest = int(rest[-1]), rest[:-1]
+    elif rest and _SUFFIXED_RE.fullmatch(rest[-1]):
+        raise RequestError(f"GRES count with suffix is not supported: {raw!r}")
+    else:  # name[:type], one of it
+        count = 1
+    if len(rest) > 1 or (rest and not rest[0]):
+        raise RequestError(f"cannot parse GRES entry {raw!r}")
+    return GresEntry(name=name, gres_type=rest[0] if rest else "", count=count, text=raw)
+
+
 def parse_gres_entries(value: str) -> tuple[GresEntry, ...]:
-    """Parse 'gres:gpu:h100:2,gres:nvme:1' into entries. Empty string -> ()."""
-    entries = []
-    for raw in (part.strip() for part in value.split(",")):
-        if not raw:
-            continue
-        parts = raw.split(":")
-        if parts[0] in ("gres", "gres/"):
-            parts = parts[1:]
-        elif parts[0].startswith("gres/"):
-            parts = [parts[0][len("gres/"):], *parts[1:]]
-        if not parts or not parts[0]:
-            raise RequestError(f"cannot parse GRES entry {raw!r}")
-        name, rest = parts[0], parts[1:]
-        count, gres_type = 1, ""
-        if rest and rest[-1].isdigit():
-            count = int(rest[-1])
-            rest = rest[:-1]
-        elif rest and re.fullmatch(r"\d+[kKmM]", rest[-1]):
-            raise RequestError(f"GRES count with suffix is not supported: {raw!r}")
-        if len(rest) > 1:
-            raise RequestError(f"cannot parse GRES entry {raw!r}")
-        if rest:
-            gres_type = rest[0]
-        entries.append(GresEntry(name=name, gres_type=gres_type, count=count, text=raw))
-    return tuple(entries)
+    """Parse 'gres:gpu:h100:2,gres:nvme:1' (or 'cpu=2,gres/gpu=1') into entries. '' -> ()."""
+    return tuple(parse_entry(raw) for raw in (part.strip() for part in value.split(",")) if raw)
+
+
+def _is_gpu_entry(e: GresEntry) -> bool:
+    return e.gres and e.name == "gpu"
 
 
 def gpu_request(fields: dict[str, str]) -> GpuRequest:
-    """Find the job's GPU/shard request across the tres_per_* fields."""
+    """Find the job's GPU/shard request across the tres_per_* fields (a count of 0, as in
+    'gpu:0', asks for none)."""
     found: list[tuple[str, GresEntry]] = []
     for fname in GRES_FIELDS:
         for entry in parse_gres_entries(fields.get(fname, "") or ""):
-            if entry.name in ("gpu", "shard", "mps"):
+            if entry.gres and entry.name in GPU_GRES and entry.count > 0:
                 found.append((fname, entry))
     if not found:
         return GpuRequest(kind=GresKind.NONE)
@@ -90,18 +120,30 @@ def gpu_request(fields: dict[str, str]) -> GpuRequest:
                       source_field=fname, raw=entry.text)
 
 
-def shard_rewrite(fields: dict[str, str], source_field: str, shards: int) -> dict[str, str]:
-    """New values for the GRES fields: the GPU entry becomes ``gres:shard:<k>`` in
-    tres_per_node, other entries stay where they were, and every GPU entry is cleared."""
+def shard_rewrite(fields: dict[str, str], source_field: str, shards: int, dialect: SlurmDialect
+                  ) -> dict[str, str]:
+    """New values for the GRES fields: the GPU request becomes ``<k>`` shards in tres_per_node,
+    written in the dialect's spelling (``gres/shard:<k>`` on 23.02+); every other entry stays as
+    it was written, and every gpu entry of every field is cleared."""
     out: dict[str, str] = {}
     for fname in GRES_FIELDS:
-        kept = [e.render() for e in parse_gres_entries(fields.get(fname, "") or "") if e.name != "gpu"]
+        old = fields.get(fname, "") or ""
+        kept = [e.render() for e in parse_gres_entries(old) if not _is_gpu_entry(e)]
         if fname == "tres_per_node":
-            kept.append(f"gres:shard:{shards}")
+            kept.append(dialect.gres("shard", shards))
         new = ",".join(kept)
-        if new != (fields.get(fname, "") or "") or fname == source_field:
+        if new != old or fname == source_field:
             out[fname] = new
     return out
+
+
+_SLASH_EQ_RE = re.compile(r"gres/([^,;=]+)=(\d+)")
+
+
+def legacy_spelling(text: str) -> str:
+    """GRES text in the 22.05 spelling ('gres/gpu=1' and 'gres/gpu:1' -> 'gres:gpu:1'), so a
+    job's history keys stay the same across releases."""
+    return _SLASH_EQ_RE.sub(r"gres/\1:\2", text).replace("gres/", "gres:")
 
 
 def parse_hints(comment: str, env_mem_hint: str) -> tuple[int | None, AccessClass | None, str]:
@@ -138,8 +180,10 @@ def _num(value: int, default: int) -> int:
 
 def job_request(*, user: str, account: str, partition: str, job_name: str, script_fingerprint: str,
                 gres_fields: dict[str, str], min_nodes: int = 1, num_tasks: int = 1, time_limit_min: int = 0,
-                comment: str = "", env_mem_hint: str = "", qos: str = "") -> tuple[JobRequest, AccessClass | None]:
-    """Build the typed request (and the access-class hint) from job_desc facts."""
+                comment: str = "", env_mem_hint: str = "", qos: str = "", is_batch: bool = True
+                ) -> tuple[JobRequest, AccessClass | None]:
+    """Build the typed request (and the access-class hint) from job_desc facts. ``is_batch``:
+    the job has a batch script (false for the allocations srun and salloc create)."""
     if not user:
         raise RequestError("job facts carry no user")
     hint_bytes, access, bad = parse_hints(comment, env_mem_hint)
@@ -147,14 +191,14 @@ def job_request(*, user: str, account: str, partition: str, job_name: str, scrip
         user=user, account=account, partition=partition, job_name=job_name,
         script_fingerprint=script_fingerprint, gpu=gpu_request(gres_fields),
         min_nodes=_num(min_nodes, 1), num_tasks=_num(num_tasks, 1), time_limit_s=_num(time_limit_min, 0) * 60,
-        hint_bytes=hint_bytes, hint_text=bad, qos=qos or "",
+        hint_bytes=hint_bytes, hint_text=bad, qos=qos or "", is_batch=is_batch,
     )
     return req, access
 
 
 def history_keys(req: JobRequest) -> dict[KeyLevel, str]:
     """History keys of a job, narrowest first (the estimator's fallback order)."""
-    cls = "\0".join((req.user, req.job_name, req.script_fingerprint, req.gpu.raw))
+    cls = "\0".join((req.user, req.job_name, req.script_fingerprint, legacy_spelling(req.gpu.raw)))
     return {
         KeyLevel.CLASS: hashlib.sha256(cls.encode()).hexdigest()[:16],
         KeyLevel.USER_NAME: f"{req.user}/{req.job_name}",

@@ -73,6 +73,8 @@ class ReasonCode(enum.Enum):
     COMPUTE_BOUND = "compute_bound"
     COMPUTE_OVERCOMMITTED = "compute_overcommitted"
     REDECIDED = "redecided"
+    TYPED_GPU = "typed_gpu"  # gpu:<type>: shards carry no GPU type, the request stays
+    INTERACTIVE = "interactive"  # no batch script (srun/salloc): its steps ask for GPUs by name
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class JobRequest:
     hint_bytes: int | None = None
     hint_text: str = ""  # raw hint when it could not be parsed
     qos: str = ""  # the QoS the job asked for ("" when it takes its association's default)
+    is_batch: bool = True  # false for the allocations srun and salloc create (no batch script)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,8 @@ def service_env(tmp_path: Path) -> dict[str, str]:
         "SWAPAWARE_POLICY__SHARE_MIN_QUEUE": "0",
         "SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE": "0",
         "SWAPAWARE_POLICY__REDECIDE_PENDING": "false",
+        # The dev stack's release (the tests spell GRES as 22.05 does); never ask this host's scontrol.
+        "SWAPAWARE_SERVICE__SLURM_RELEASE": "22.05",
     }
 
 

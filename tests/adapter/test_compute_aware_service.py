@@ -127,7 +127,8 @@ def test_failed_run_teaches_no_utilisation(client, slurm_jobs, service):
 
 def test_utilisation_of_user_and_name_sizes_a_new_class(client, slurm_jobs, service):
     run_solo(client, slurm_jobs, 47, facts(name="sweep"), util_pct=62.0)
-    other_class = facts(name="sweep", gres="gres:gpu:h100:1")  # same user+name, another request
+    other_class = facts(name="sweep")
+    other_class.script_fingerprint = "00000002deadbeef"  # same user+name, another script
     d = client.admit(other_class).decision
     assert d.estimate.source == pb.ESTIMATE_SOURCE_USER_NAME
     assert (d.action, d.shards) == (pb.ACTION_SHARE, 5)

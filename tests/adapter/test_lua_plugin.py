@@ -228,3 +228,12 @@ def test_service_socket_serves_many_requests_on_one_connection(service):
         for _ in range(3):
             s.sendall(b'{"method":"Admit","request":{"job":{"user":"u","tresPerNode":"gres:gpu:1"}}}\n')
             assert b'"decision"' in f.readline()
+
+
+def test_srun_salloc_allocations_and_typed_gpus_keep_their_request(service, tmp_path):
+    srun = gpu_job()
+    del srun["script"]  # job_desc.script is nil for the allocations srun and salloc create
+    out = run_lua(tmp_path, [srun, gpu_job(tres_per_node="gres:gpu:a100:1")], service.socket_path)
+    for res, code, gres in zip(out["results"], ("interactive", "typed_gpu"), ("gres:gpu:1", "gres:gpu:a100:1")):
+        assert res["rc"] == 0 and res["job"]["tres_per_node"] == gres  # as typed
+        assert f"why={code}" in res["job"]["admin_comment"] and res["job"]["site_factor"] == 0

@@ -1,6 +1,8 @@
-"""Integration fixtures: a real single-node Slurm 22.05 (munge, MariaDB, slurmdbd, slurmctld,
-slurmd) on fake GPUs, wired to swapaware, started by contrib/dev-stack.sh for this session
-with its own state directory and ports, and stopped at the end."""
+"""Integration fixtures: a real single-node Slurm (munge, MariaDB, slurmdbd, slurmctld, slurmd) of
+the release installed where the tests run (22.05, 24.11 or 26.05: contrib/matrix/run.sh runs this
+suite once per release, each in its own network namespace), on fake GPUs, wired to swapaware,
+started by contrib/dev-stack.sh for this session with its own state directory and ports, and
+stopped at the end. ``Stack.dialect`` is the running release's: tests spell GRES through it."""
 from __future__ import annotations
 
 import contextlib
@@ -19,11 +21,17 @@ from pathlib import Path
 
 import pytest
 
+from policy_service.adapters.slurm import parse_version
+from policy_service.core.dialect import SlurmDialect, dialect_for
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK = ROOT / "contrib" / "dev-stack.sh"
-STATE = Path(os.environ.get("SWAPAWARE_TEST_DIR", "/var/tmp/swapaware-test"))
+# One state directory per release: cleanup that scans /proc by SLURM_CONF path (chroots share the
+# host's /proc) never touches another release's cluster.
+_RELEASE_TAG = os.environ.get("SWAPAWARE_RELEASE", "").replace(".", "")
+STATE = Path(os.environ.get("SWAPAWARE_TEST_DIR",
+                            "/var/tmp/swapaware-test" + (f"-{_RELEASE_TAG}" if _RELEASE_TAG else "")))
 PORTS = {"SWAPAWARE_CTLD_PORT": "16817", "SWAPAWARE_SLURMD_PORT": "16818", "SWAPAWARE_DBD_PORT": "16819",
          "SWAPAWARE_DB_PORT": "16816", "SWAPAWARE_GRPC_PORT": "56551"}
 GIB = 1024**3
@@ -37,10 +45,28 @@ def _skip_reason() -> str | None:
     return None
 
 
+def installed_dialect() -> SlurmDialect:
+    """The dialect of the Slurm whose daemons the tests start (slurmctld -V)."""
+    out = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True, timeout=30).stdout
+    release = parse_version(out)
+    assert release is not None, f"slurmctld -V printed {out!r}"
+    return dialect_for(release)
+
+
 @dataclass
 class Stack:
     env: dict[str, str]
     state: Path
+    dialect: SlurmDialect = dataclasses.field(default_factory=installed_dialect)
+
+    def gres(self, name: str, count: int, gres_type: str = "") -> str:
+        """A GRES entry as this release shows it in TresPerNode: 'gres:shard:1' / 'gres/shard:1'."""
+        return self.dialect.gres(name, count, gres_type)
+
+    @property
+    def whole_gpu_as_shards(self) -> bool:
+        """Whether a whole-GPU decision is held as all shards of the GPU on this release."""
+        return self.dialect.gpu_beside_shard_bug
 
     def run(self, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         r = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -61,7 +87,7 @@ class Stack:
     def show_job(self, job_id: int) -> str:
         return self.run("scontrol", "show", "job", "-o", str(job_id)).stdout
 
-    def wait_done(self, job_id: int, timeout_s: float = 90) -> str:
+    def wait_done(self, job_id: int | str, timeout_s: float = 90) -> str:
         final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
 
         def state() -> str | None:

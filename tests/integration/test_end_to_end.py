@@ -1,5 +1,4 @@
 """End to end on the real cluster: sbatch -> job_submit.lua -> policy service -> prolog/epilog -> sacct."""
-import re
 import uuid
 
 import pytest
@@ -16,9 +15,14 @@ def test_class_moves_from_whole_gpu_to_shards_after_an_observed_run(stack):
     script = fake_alloc_script(stack, gib=3)
     first = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
     info = stack.show_job(first)
-    assert job_field(info, "TresPerNode") == "gres:shard:8"  # whole GPU, held as all its shards
     d1 = decision_of(job_field(info, "AdminComment"))
     assert d1["action"] == "whole_gpu" and "no_history" in d1["why"]
+    if stack.whole_gpu_as_shards:  # 22.05: the whole GPU is held as all its shards
+        assert job_field(info, "TresPerNode") == stack.gres("shard", 8)
+        assert "whole_gpu_as_shards" in d1["why"]
+    else:  # 23.11+ keeps gpu and shard jobs apart itself: the request stays as typed
+        assert job_field(info, "TresPerNode") == stack.gres("gpu", 1)
+        assert "whole_gpu_as_shards" not in d1["why"]
     assert stack.wait_done(first) == "COMPLETED"
     assert decision_of(stack.sacct_admin_comment(first))["id"] == d1["id"]  # sacct shows the record
     d_id, runtime_s, exit_code, peak, gpus, source = stack.wait_observation(first)
@@ -27,7 +31,7 @@ def test_class_moves_from_whole_gpu_to_shards_after_an_observed_run(stack):
 
     second = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
     info2 = stack.show_job(second)
-    assert job_field(info2, "TresPerNode") == "gres:shard:1", info2
+    assert job_field(info2, "TresPerNode") == stack.gres("shard", 1), info2
     d2 = decision_of(job_field(info2, "AdminComment"))
     assert d2["action"] == "share" and d2["src"] == "class"
     assert stack.wait_done(second) == "COMPLETED"
@@ -36,7 +40,7 @@ def test_class_moves_from_whole_gpu_to_shards_after_an_observed_run(stack):
     assert "SWAPAWARE_GPU_MEM_LIMIT_BYTES=10737418240" in out  # the TaskProlog's cap: 1 shard of 80 GiB / 8
     assert decision_of(stack.sacct_admin_comment(second))["action"] == "share"
     explained = stack.swapaware("explain", str(second)).stdout
-    assert "action: share -> gres:shard:1" in explained
+    assert f"action: share -> {stack.gres('shard', 1)}" in explained
 
 
 def test_a_class_that_keeps_a_gpu_busy_is_charged_shards_for_its_compute(stack):
@@ -48,7 +52,7 @@ def test_a_class_that_keeps_a_gpu_busy_is_charged_shards_for_its_compute(stack):
     assert stack.wait_done(first) == "COMPLETED"
     stack.wait_observation(first)
     info = stack.held(script, "--gres=gpu:1", f"--job-name={name}")
-    assert job_field(info, "TresPerNode") == "gres:shard:5", info
+    assert job_field(info, "TresPerNode") == stack.gres("shard", 5), info
     d = decision_of(job_field(info, "AdminComment"))
     assert d["action"] == "share" and "compute_shards" in d["why"], d
 
@@ -66,7 +70,7 @@ def test_fail_open_and_spooled_observation_arrives_after_service_returns(stack):
         name = f"outage-{uuid.uuid4().hex[:6]}"
         job = stack.sbatch(fake_alloc_script(stack, gib=1, hold_s=0.5), "--gres=gpu:1", f"--job-name={name}")
         info = stack.show_job(job)
-        assert job_field(info, "TresPerNode") == "gres:gpu:1"  # unchanged
+        assert job_field(info, "TresPerNode") == stack.gres("gpu", 1)  # unchanged
         assert job_field(info, "AdminComment") in ("", "(null)")
         assert stack.wait_done(job) == "COMPLETED"
         spool = stack.state / "spool" / "swapaware"
@@ -81,11 +85,13 @@ def test_fail_open_and_spooled_observation_arrives_after_service_returns(stack):
     assert exit_code == 0 and runtime_s is not None and peak == 1 * GIB
 
 
-def gpu_index(stack, job_id: int) -> str:
+def gpu_index(stack, job_id: int) -> tuple[int, ...]:
+    from policy_service.adapters.slurm_text import job_gpu_indices
+
     detail = stack.run("scontrol", "show", "job", "-d", str(job_id)).stdout
-    m = re.search(r"GRES=\S*\(IDX:([\d,-]+)\)", detail)
-    assert m, detail
-    return m.group(1)
+    indices = job_gpu_indices(detail)
+    assert indices, detail
+    return indices
 
 
 def wait_running(stack, job_id: int, timeout_s: float = 30) -> None:
@@ -94,7 +100,8 @@ def wait_running(stack, job_id: int, timeout_s: float = 30) -> None:
 
 
 def test_whole_gpu_decision_never_shares_a_gpu_with_shard_jobs(stack):
-    """On 22.05 a gpu:1 job can land on a GPU whose shards are in use; held as all shards it cannot."""
+    """On 22.05 a gpu:1 job can land on a GPU whose shards are in use; held as all shards it cannot.
+    On 24.11 and 26.05 Slurm itself keeps them apart, and the request stays gpu:1."""
     sharer = stack.sbatch("#!/bin/sh\nsleep 20\n", "--gres=shard:1")
     wait_running(stack, sharer)
     whole = stack.sbatch("#!/bin/sh\nsleep 20\n", "--gres=gpu:1", f"--job-name=big-{uuid.uuid4().hex[:6]}",
@@ -129,7 +136,7 @@ def test_shared_job_that_dies_at_its_cap_gets_a_whole_gpu_next_time(stack):
     # same class name, a script that grows to 9.8 GiB of its 10 GiB shard and then fails
     grows = fake_alloc_script(stack, gib=9.8, hold_s=1.0).replace("exec ", "") + "exit 3\n"
     second = stack.sbatch(grows, "--gres=gpu:1", f"--job-name={name}")
-    assert job_field(stack.show_job(second), "TresPerNode") == "gres:shard:1"
+    assert job_field(stack.show_job(second), "TresPerNode") == stack.gres("shard", 1)
     assert stack.wait_done(second) == "FAILED"
     stack.wait_observation(second)
     with stack.history() as db:
@@ -138,5 +145,6 @@ def test_shared_job_that_dies_at_its_cap_gets_a_whole_gpu_next_time(stack):
     third = stack.sbatch(grows, "--gres=gpu:1", f"--job-name={name}")  # the class that ran out of memory
     d3 = decision_of(job_field(stack.show_job(third), "AdminComment"))
     assert d3["action"] == "whole_gpu" and "oom_penalty" in d3["why"]
-    assert job_field(stack.show_job(third), "TresPerNode") == "gres:shard:8"
+    whole = stack.gres("shard", 8) if stack.whole_gpu_as_shards else stack.gres("gpu", 1)
+    assert job_field(stack.show_job(third), "TresPerNode") == whole
     stack.run("scancel", str(third))

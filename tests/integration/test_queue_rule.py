@@ -36,7 +36,7 @@ def test_cli_reads_pending_gpu_jobs_and_gpus_from_the_real_cluster(stack):
     try:
         pending = {j.job_id: j for j in slurm.pending_jobs()}
         assert {waiting, held} <= set(pending)
-        assert pending[waiting].tres_per_node == "gres:gpu:2" and pending[waiting].reason in ("Resources", "Priority",
+        assert pending[waiting].tres_per_node == stack.gres("gpu", 2) and pending[waiting].reason in ("Resources", "Priority",
                                                                                                "None")
         assert pending[held].reason == "JobHeldUser"
         state = queue_state(pending.values(), slurm.cluster_gpus(), 8)
@@ -72,7 +72,7 @@ def test_learned_job_stays_whole_while_nothing_waits_and_shares_once_gpu_work_qu
 
             d2, tres = wait_for(shared, 20, lambda: "a shared decision once a job waits; service log:\n"
                                 + log.read_text()[-2000:], 1.0)
-            assert tres == "gres:shard:1" and "queue_short" not in d2["why"]
+            assert tres == stack.gres("shard", 1) and "queue_short" not in d2["why"]
 
             # the waiting filler is normal QoS: nothing waits ahead of a job of QoS high
             d3 = decision_of(job_field(stack.held(script, "--gres=gpu:1", "--qos=high", f"--job-name={name}"),
@@ -116,7 +116,7 @@ def test_pending_job_kept_whole_is_rewritten_to_shards_once_its_class_is_learned
 
             d, info = wait_for(rewritten, 30, lambda: f"job {b} to be re-decided: {stack.show_job(b)}\n"
                                + (stack.state / "log" / "swapaware.log").read_text()[-2000:], 0.5)
-            assert job_field(info, "JobState") == "PENDING" and job_field(info, "TresPerNode") == "gres:shard:1"
+            assert job_field(info, "JobState") == "PENDING" and job_field(info, "TresPerNode") == stack.gres("shard", 1)
             assert d["why"].startswith("redecided,") and d["id"] != first["id"]
             explained = stack.swapaware("explain", "--decision", d["id"]).stdout
             assert f"replaces decision {first['id']}" in explained, explained

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy_service.config import AccessClass, Config, GpuConfig, PolicyConfig
+from policy_service.config import AccessClass, Config, GpuConfig, PolicyConfig, WholeGpuAsShards
 from policy_service.core import estimator, policy
 from policy_service.core.request import history_keys, job_request
 from policy_service.core.types import Action, ClassStats, JobObservation, KeyLevel, ReasonCode
@@ -74,7 +74,7 @@ def test_whole_gpu_is_held_as_all_shards_of_one_gpu():
 
 
 def test_whole_gpu_as_gpu_when_configured_and_passthrough_leave_gres_alone():
-    plain = replace(CFG, policy=replace(CFG.policy, whole_gpu_as_shards=False))
+    plain = replace(CFG, policy=replace(CFG.policy, whole_gpu_as_shards=WholeGpuAsShards.OFF))
     disabled = replace(CFG, policy=replace(CFG.policy, enable_sharing=False))
     for d in (decide(None, cfg=plain), decide(history(3), cfg=disabled), decide(None, fields={}),
               decide(history(3), nodes=2)):

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from policy_service import report as R
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.history import HistoryStore
-from policy_service.adapters.slurm import parse_sacct_json
+from policy_service.adapters.slurm import ClusterRelease, parse_sacct_json
+from policy_service.core.dialect import parse_release
 from policy_service.config import load_config
 from policy_service.core.types import GresKind
 from policy_service.handler import PolicyHandler
@@ -280,6 +281,8 @@ def test_decision_row_reads_proto3_json_written_by_the_service(world):
     ("whole_gpu", ["raised_to_observed_max", "too_large_to_share", "estimate_from_history"], "too_large_to_share"),
     ("whole_gpu", ["compute_bound", "estimate_from_history"], "compute_bound"),
     ("whole_gpu", ["protected_qos"], "protected_qos"),
+    ("whole_gpu", ["typed_gpu", "estimate_from_history"], "typed_gpu"),
+    ("whole_gpu", ["interactive", "no_history"], "interactive"),
     ("whole_gpu", ["priority_default"], ""),
     ("share", ["fits_in_shards", "queue_unknown"], ""),
 ])
@@ -613,13 +616,19 @@ def cli_world(world, tmp_path, monkeypatch):
     scenario(world)
     world.flush()
     conf = tmp_path / "swapaware.toml"
-    conf.write_text(f'[service]\ndb_path = "{world.db}"\nslurm_backend = "cli"\n[gpu]\nshards_per_gpu = 8\n')
+    conf.write_text(f'[service]\ndb_path = "{world.db}"\nslurm_backend = "cli"\nslurm_release = "24.11"\n'
+                    '[gpu]\nshards_per_gpu = 8\n')
     opened = []
 
-    def fake_open(backend, timeout_s):
+    def fake_release(configured, timeout_s):  # never this host's scontrol
+        return ClusterRelease(parse_release(configured) if configured else None, "test")
+
+    def fake_open(backend, timeout_s, release):
         opened.append((backend, timeout_s))
+        world.release = release
         return world.slurm
 
+    monkeypatch.setattr(R, "cluster_release", fake_release)
     monkeypatch.setattr(R, "open_slurm", fake_open)
     monkeypatch.delenv("SWAPAWARE_CONFIG", raising=False)
     world.conf, world.opened = conf, opened
@@ -638,6 +647,7 @@ def test_command_json(cli_world):
     doc = json.loads(res.stdout)
     assert cli_world.slurm.queries == [("2026-11-01", "now")]
     assert cli_world.opened[0][0].value == "cli" and cli_world.opened[0][1] == 120.0
+    assert cli_world.release.dialect.sacct_json_arg == "--json=v0.0.42"  # service.slurm_release = "24.11"
     assert doc["meta"]["start"] == "2026-11-01" and doc["meta"]["slurm_backend"] == "FakeSlurm"
     assert [g["key"] for g in doc["groups"]] == ["proj"] and doc["total"]["shared_jobs"] == 2
     assert doc["total"]["gpu_hours_saved"] > 0 and doc["total"]["observed_jobs"] == 5

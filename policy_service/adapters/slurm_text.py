@@ -1,0 +1,238 @@
+"""Pure parsers of the Slurm command-line tools' output, tested on real-shaped text (22.05, 24.11
+and 26.05 shapes; SLURM_VERSIONS.md). ``policy_service.adapters.slurm`` runs the tools."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class AccountingJob:
+    """One job as accounting (sacct) reports it."""
+
+    job_id: int
+    user: str
+    account: str
+    partition: str
+    job_name: str
+    state: str
+    exit_code: int
+    submit_time: int
+    start_time: int
+    end_time: int
+    admin_comment: str
+    tres_alloc: str  # e.g. "billing=1,cpu=1,gres/gpu=1,mem=1G,node=1" or with gres/shard=2
+    tres_req: str
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """One pending job as squeue shows it (GRES fields as Slurm stores them)."""
+
+    job_id: int
+    tres_per_node: str
+    tres_per_job: str
+    tres_per_task: str
+    nodes: int
+    tasks: int
+    reason: str
+    qos: str = ""
+
+
+# ----------------------------------------------------------------------------- parsers
+def scontrol_field(oneliner: str, key: str) -> str | None:
+    """Value of ``key`` in ``scontrol show job -o`` output. Values may contain spaces (comments),
+    so a value runs until the next `` Key=`` of a known scontrol key shape."""
+    m = re.search(rf"(?:^|\s){re.escape(key)}=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", oneliner.strip())
+    return None if m is None else m.group(1).strip()  # 24.11 leaves a space before StdErr=
+
+
+_GPU_GRES = ("gpu", "shard", "mps")
+_GRES_DETAIL_RE = re.compile(r"(?:^|\s)GRES=(\S+)")
+
+
+def _index_list(text: str) -> list[int]:
+    """'0-1,3' -> [0, 1, 3]."""
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def gres_detail_indices(value: str) -> tuple[int, ...]:
+    """GPU indices in one ``GRES=`` value of ``scontrol show job -d``: ``gpu:1(IDX:0)``,
+    ``gpu:a100:2(IDX:0-1)``, or on 24.11+ ``shard:8(0/8,8/8,0/8,0/8)`` (per GPU: this job's
+    count / the GPU's total; a GPU is the job's where its count is above 0)."""
+    found: set[int] = set()
+    for entry in _split_gres(value):
+        name, _, detail = entry.partition("(")
+        if name.split(":")[0] not in _GPU_GRES or not detail.endswith(")"):
+            continue
+        detail = detail[:-1]
+        try:
+            if detail.startswith("IDX:"):
+                found.update(_index_list(detail[len("IDX:"):]))
+            elif "/" in detail:
+                found.update(i for i, used_total in enumerate(detail.split(","))
+                             if int(used_total.partition("/")[0] or 0) > 0)
+        except ValueError:
+            raise SlurmError(f"unexpected GRES detail {entry!r}") from None
+    return tuple(sorted(found))
+
+
+def job_gpu_indices(text: str) -> tuple[int, ...]:
+    """The GPU indices a job holds, from ``scontrol show job -d`` (every node's ``GRES=``;
+    ``JOB_GRES=`` is the job's total and names no index)."""
+    found: set[int] = set()
+    for value in _GRES_DETAIL_RE.findall(text):
+        found.update(gres_detail_indices(value))
+    return tuple(sorted(found))
+
+
+def _tres_text(tres: Any) -> str:
+    if isinstance(tres, str):
+        return tres
+    if isinstance(tres, list):  # 22.05 sacct --json: [{"type": "gres", "name": "gpu", "count": 1}, ...]
+        parts = []
+        for t in tres:
+            name = t.get("type", "") + (f"/{t['name']}" if t.get("name") else "")
+            parts.append(f"{name}={t.get('count', 0)}")
+        return ",".join(parts)
+    return ""
+
+
+def _number(value: Any) -> int:
+    """A plain number (22.05) or data_parser v0.0.40+'s {set, infinite, number}; unset -> 0."""
+    if isinstance(value, dict):
+        if value.get("set") is False or value.get("infinite"):
+            return 0
+        value = value.get("number", 0)
+    return int(value or 0)
+
+
+def _exit_code(value: Any) -> int:
+    if isinstance(value, dict):  # {"status": ..., "return_code": 0 or {"set", "infinite", "number"}}
+        return _number(value.get("return_code", 0))
+    return int(value or 0)
+
+
+def _time(value: Any) -> int:
+    return _number(value)
+
+
+def parse_sacct_json(text: str) -> list[AccountingJob]:
+    """Parse ``sacct --json``: 22.05 (state.current a string, plain numbers) and data_parser
+    v0.0.42 (24.11) to v0.0.45 (26.05): state.current a list, exit_code.return_code and times
+    as {set, infinite, number} or plain, tres lists of {type, name, count}."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmError(f"sacct --json printed invalid JSON: {exc}") from None
+    out = []
+    for j in data.get("jobs", []):
+        comment = j.get("comment") or {}
+        tres = j.get("tres") or {}
+        time = j.get("time") or {}
+        state = j.get("state") or {}
+        state_text = state.get("current", "") if isinstance(state, dict) else str(state)
+        if isinstance(state_text, list):
+            state_text = ",".join(state_text)
+        out.append(AccountingJob(
+            job_id=int(j.get("job_id", 0)), user=j.get("user", "") or "", account=j.get("account", "") or "",
+            partition=j.get("partition", "") or "", job_name=j.get("name", "") or "", state=state_text,
+            exit_code=_exit_code(j.get("exit_code")), submit_time=_time(time.get("submission")),
+            start_time=_time(time.get("start")), end_time=_time(time.get("end")),
+            admin_comment=(comment.get("administrator") if isinstance(comment, dict) else "") or "",
+            tres_alloc=_tres_text(tres.get("allocated", "")), tres_req=_tres_text(tres.get("requested", "")),
+        ))
+    return out
+
+
+# ----------------------------------------------------------------------------- squeue, sacctmgr, sinfo
+SQUEUE_PENDING_FORMAT = ("JobID:|,tres-per-node:|,tres-per-job:|,tres-per-task:|,NumNodes:|,NumTasks:|,QOS:|,"
+                         "Reason:")
+SINFO_NODE_FORMAT = "%N|%G|%T"
+# Node states (sinfo %T, lower case, without the "*"/"~"/"#" suffixes) that take no new jobs.
+_UNAVAILABLE_NODE_STATES = ("down", "drain", "fail", "future", "inval", "powered_down", "power_down", "unknown")
+
+
+def _na(value: str) -> str:
+    value = value.strip()
+    return "" if value in ("N/A", "(null)") else value
+
+
+def parse_squeue_pending(text: str) -> list[PendingJob]:
+    """Rows of ``squeue -h -t PENDING -O SQUEUE_PENDING_FORMAT`` (the reason is the last column
+    and may itself contain "|")."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cols = line.split("|", 7)
+        if len(cols) < 8:
+            raise SlurmError(f"unexpected squeue line: {line!r}")
+        try:
+            job_id = int(cols[0].strip().split("_")[0])
+            nodes, tasks = int(cols[4] or 1), int(cols[5] or 1)
+        except ValueError:
+            raise SlurmError(f"unexpected squeue line: {line!r}") from None
+        out.append(PendingJob(job_id, _na(cols[1]), _na(cols[2]), _na(cols[3]), max(1, nodes), max(1, tasks),
+                              cols[7].strip(), _na(cols[6])))
+    return out
+
+
+def parse_qos_priorities(text: str) -> dict[str, int]:
+    """``sacctmgr -n -P show qos format=name,priority`` -> {name: priority}."""
+    out = {}
+    for line in text.splitlines():
+        name, _, prio = line.strip().partition("|")
+        if not name:
+            continue
+        try:
+            out[name] = int(prio or 0)
+        except ValueError:
+            raise SlurmError(f"unexpected sacctmgr qos line: {line!r}") from None
+    return out
+
+
+def _split_gres(text: str) -> list[str]:
+    """'gpu:a100:4(S:0-1),shard:32' -> ['gpu:a100:4(S:0-1)', 'shard:32'] (commas inside () kept)."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_sinfo_gpus(text: str) -> int:
+    """GPUs on the nodes that take jobs, from ``sinfo -h -N -o SINFO_NODE_FORMAT`` (a node in
+    several partitions is listed once per partition and counted once)."""
+    seen: dict[str, int] = {}
+    for line in text.splitlines():
+        cols = line.split("|")
+        if len(cols) < 3 or not cols[0].strip():
+            continue
+        node, gres, state = cols[0].strip(), cols[1], cols[2].strip().lower().rstrip("*~#!%$@^-")
+        if state.startswith(_UNAVAILABLE_NODE_STATES):
+            seen.setdefault(node, 0)
+            continue
+        gpus = 0
+        for entry in _split_gres("" if gres.strip() == "(null)" else gres):
+            fields = entry.split("(", 1)[0].split(":")
+            if fields[0] == "gpu" and len(fields) > 1 and fields[-1].isdigit():
+                gpus += int(fields[-1])
+        seen[node] = gpus
+    return sum(seen.values())

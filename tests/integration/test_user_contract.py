@@ -1,0 +1,119 @@
+"""What users type keeps working with swapaware, on the release these tests run against: GPU steps
+inside a rewritten batch job, interactive srun/salloc, typed GPUs, --gpus-per-task, gpu:0, job
+arrays, held jobs and heterogeneous jobs. A memory hint (swapaware:mem=2G) makes a first run
+shareable, so each test sees a rewrite without a learned history."""
+import uuid
+
+import pytest
+
+from .conftest import decision_of, job_field
+
+pytestmark = pytest.mark.integration
+
+HINT = "--comment=swapaware:mem=2G"
+STEP = "bash -c 'echo step-ok gpus=$CUDA_VISIBLE_DEVICES shards=${SLURM_SHARDS_ON_NODE:-none}'"
+
+
+def _name(tag: str) -> str:
+    return f"{tag}-{uuid.uuid4().hex[:6]}"
+
+
+def _sacct_comment_by_name(stack, name: str) -> str:
+    rows = stack.run("sacct", "-n", "-X", "-P", f"--name={name}", "-o", "admincomment").stdout.split("\n")
+    return next((r for r in rows if r.strip()), "")
+
+
+def test_gpu_steps_inside_a_rewritten_batch_job_run_on_its_gpu(stack):
+    script = f"""#!/bin/bash
+set -e
+srun --gres=gpu:1 {STEP}
+srun --gpus=1 {STEP}
+srun --gpus-per-task=1 {STEP}
+srun {STEP}
+"""
+    job = stack.sbatch(script, "--gres=gpu:1", HINT, f"--job-name={_name('steps')}")
+    info = stack.show_job(job)
+    assert job_field(info, "TresPerNode") == stack.gres("shard", 1), info
+    assert decision_of(job_field(info, "AdminComment"))["action"] == "share"
+    assert stack.wait_done(job) == "COMPLETED", (stack.state / "jobs" / f"slurm-{job}.out").read_text()
+    out = (stack.state / "jobs" / f"slurm-{job}.out").read_text()
+    steps = [line for line in out.splitlines() if line.startswith("step-ok")]
+    assert len(steps) == 4, out
+    gpus = {line.split()[1] for line in steps}
+    assert len(gpus) == 1 and gpus != {"gpus="}, out  # every step on the job's one GPU
+    assert all(line.endswith("shards=1") for line in steps), out
+
+
+def test_interactive_srun_keeps_its_gpu_request_and_runs(stack):
+    name = _name("srun")
+    r = stack.run("srun", "--gres=gpu:1", HINT, f"--job-name={name}", "bash", "-c",
+                  "echo got gpus=$CUDA_VISIBLE_DEVICES", timeout=120)
+    assert "got gpus=" in r.stdout and "got gpus=\n" not in r.stdout, r.stdout + r.stderr
+    d = decision_of(_sacct_comment_by_name(stack, name))
+    assert d["action"] == "whole_gpu" and "interactive" in d["why"], d
+
+
+def test_salloc_allocation_runs_gpu_steps(stack):
+    name = _name("salloc")
+    r = stack.run("salloc", "--gres=gpu:1", HINT, f"--job-name={name}", "srun", "--gres=gpu:1", "bash", "-c",
+                  "echo got gpus=$CUDA_VISIBLE_DEVICES", timeout=120)
+    assert "got gpus=" in r.stdout and "got gpus=\n" not in r.stdout, r.stdout + r.stderr
+    d = decision_of(_sacct_comment_by_name(stack, name))
+    assert d["action"] == "whole_gpu" and "interactive" in d["why"], d
+
+
+def test_typed_gpu_request_stays_on_its_type(stack):
+    job = stack.sbatch("#!/bin/sh\necho job_gpus=$SLURM_JOB_GPUS\n", "--gres=gpu:h100:1", HINT,
+                       f"--job-name={_name('typed')}")
+    info = stack.show_job(job)
+    assert job_field(info, "TresPerNode") == stack.gres("gpu", 1, "h100"), info
+    d = decision_of(job_field(info, "AdminComment"))
+    assert d["action"] == "whole_gpu" and "typed_gpu" in d["why"], d
+    assert stack.wait_done(job) == "COMPLETED"
+    out = (stack.state / "jobs" / f"slurm-{job}.out").read_text().strip()
+    assert out in ("job_gpus=2", "job_gpus=3"), out  # the dev cluster's h100s are GPUs 2 and 3
+
+
+def test_gpus_per_task_job_is_a_gpu_job(stack):
+    job = stack.sbatch("#!/bin/sh\ntrue\n", "--gpus-per-task=1", "--ntasks=1", HINT,
+                       f"--job-name={_name('pertask')}")
+    info = stack.show_job(job)
+    d = decision_of(job_field(info, "AdminComment"))
+    assert d and d["action"] == "share", info
+    assert job_field(info, "TresPerNode") == stack.gres("shard", 1), info
+    assert stack.wait_done(job) == "COMPLETED"
+
+
+def test_gpu_zero_is_no_gpu_request(stack):
+    info = stack.held("#!/bin/sh\ntrue\n", "--gres=gpu:0", f"--job-name={_name('zero')}")
+    assert job_field(info, "AdminComment") in ("", "(null)"), info
+
+
+def test_array_tasks_carry_the_decision_and_run_on_shards(stack):
+    script = "#!/bin/bash\necho shards=${SLURM_SHARDS_ON_NODE:-none}\n"
+    job = stack.sbatch(script, "--array=0-1", "--gres=gpu:1", HINT, f"--job-name={_name('array')}",
+                       f"--output={stack.state}/jobs/array-%A_%a.out")
+    for task in (0, 1):
+        assert stack.wait_done(f"{job}_{task}") == "COMPLETED"
+        assert (stack.state / "jobs" / f"array-{job}_{task}.out").read_text().strip() == "shards=1"
+        r = stack.run("sacct", "-n", "-X", "-P", "-j", f"{job}_{task}", "-o", "admincomment")
+        assert decision_of(r.stdout.strip())["action"] == "share"
+
+
+def test_held_job_keeps_its_hold_and_runs_once_released(stack):
+    job = stack.sbatch("#!/bin/sh\ntrue\n", "--hold", "--gres=gpu:1", HINT, f"--job-name={_name('held')}")
+    info = stack.show_job(job)
+    assert job_field(info, "JobState") == "PENDING" and job_field(info, "Reason") == "JobHeldUser", info
+    assert decision_of(job_field(info, "AdminComment"))["action"] == "share"
+    stack.run("scontrol", "release", str(job))
+    assert stack.wait_done(job) == "COMPLETED"
+
+
+def test_heterogeneous_job_runs(stack):
+    path = stack.state / "jobs" / f"het-{uuid.uuid4().hex[:6]}.sh"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/bash\nsrun --het-group=0 true\nsrun --het-group=1 true\n")
+    out = stack.run("sbatch", "--parsable", f"--chdir={path.parent}", "--gres=gpu:1", HINT,
+                    f"--job-name={_name('het')}", ":", "--gres=gpu:1", str(path)).stdout.strip()
+    job = int(out.split(";")[0].split("+")[0])
+    assert stack.wait_done(job) == "COMPLETED", (path.parent / f"slurm-{job}.out").read_text()

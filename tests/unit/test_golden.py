@@ -1,0 +1,121 @@
+"""The parsers on what each supported Slurm release really printed (tests/golden/<release>/,
+captured from real daemons by contrib/matrix/golden.sh: one held job per kind of GPU request,
+then a running whole-GPU job and a running shard job)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from policy_service.adapters.queue import queue_state
+from policy_service.adapters.slurm_text import (job_gpu_indices, parse_sacct_json, parse_sinfo_gpus,
+                                                parse_squeue_pending, scontrol_field)
+from policy_service.core.dialect import dialect_for, parse_release
+from policy_service.core.request import gpu_request, parse_gres_entries, shard_rewrite
+from policy_service.core.types import GresKind
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+RELEASES = ("22.05", "24.11", "26.05")
+
+# case name (the held job's --job-name) -> (kind, GPUs or shards per node, type, source field)
+REQUESTS = {
+    "gres_gpu": (GresKind.GPU, 1, "", "tres_per_node"),
+    "gres_typed": (GresKind.GPU, 1, "h100", "tres_per_node"),
+    "gpus": (GresKind.GPU, 1, "", "tres_per_job"),
+    "gpus_per_node": (GresKind.GPU, 1, "", "tres_per_node"),
+    "gpus_per_task": (GresKind.GPU, 1, "", "tres_per_task"),
+    "gpus_per_task_cpus": (GresKind.GPU, 1, "", "tres_per_task"),
+    "gres_zero": (GresKind.NONE, 0, "", ""),
+    "gres_shard": (GresKind.SHARD, 2, "", "tres_per_node"),
+    "gres_gpu2": (GresKind.GPU, 2, "", "tres_per_node"),
+}
+
+
+def _read(release: str, name: str) -> str:
+    return (GOLDEN / release / name).read_text()
+
+
+def _dialect(release: str):
+    return dialect_for(parse_release(release))
+
+
+def _job_descs(release: str) -> dict[str, dict]:
+    rows = [json.loads(line) for line in _read(release, "job_desc.jsonl").splitlines() if line.strip()]
+    return {r["name"]: r for r in rows}
+
+
+def test_golden_files_are_from_the_release_they_are_named_after():
+    for release in RELEASES:
+        assert _read(release, "version.txt").split()[-1].startswith(f"{release}.")  # "slurm-wlm 24.11.5"
+        assert _read(release, "sacct_arg.txt").strip() == _dialect(release).sacct_json_arg
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("case", sorted(REQUESTS))
+def test_job_desc_gres_fields_parse_to_the_request_the_user_made(release, case):
+    jd = _job_descs(release)[case]
+    assert jd["batch"] is True
+    req = gpu_request({k: v for k, v in jd.items() if k.startswith("tres_per_")})
+    kind, count, gres_type, field = REQUESTS[case]
+    assert (req.kind, req.per_node, req.gpu_type, req.source_field) == (kind, count, gres_type, field), jd
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("case", ["gres_gpu", "gpus", "gpus_per_node", "gpus_per_task", "gpus_per_task_cpus"])
+def test_rewrite_speaks_the_release_and_keeps_other_tres(release, case):
+    jd = _job_descs(release)[case]
+    fields = {k: v for k, v in jd.items() if k.startswith("tres_per_")}
+    req = gpu_request(fields)
+    out = shard_rewrite(fields, req.source_field, 3, _dialect(release))
+    assert out["tres_per_node"] == _dialect(release).gres("shard", 3)
+    assert gpu_request({**fields, **out}).kind is GresKind.SHARD  # no gpu entry is left anywhere
+    if "cpu=2" in fields.get("tres_per_task", ""):  # 24.11+: cpu=2 stays where the user put it
+        assert [e.text for e in parse_gres_entries(out["tres_per_task"])] == ["cpu=2"]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_squeue_pending_rows_and_the_gpu_demand_they_make(release):
+    rows = parse_squeue_pending(_read(release, "squeue_pending.txt"))
+    assert len(rows) == len(REQUESTS) and all(r.reason == "JobHeldUser" for r in rows)
+    assert rows[0].tres_per_node == _dialect(release).gres("gpu", 1)
+    per_task = [r for r in rows if r.tres_per_task]
+    assert len(per_task) == 2  # --gpus-per-task: a GPU job on every release, whatever the spelling
+    for r in rows:
+        r_req = gpu_request({"tres_per_node": r.tres_per_node, "tres_per_job": r.tres_per_job,
+                             "tres_per_task": r.tres_per_task})
+        assert r_req.kind in (GresKind.GPU, GresKind.SHARD, GresKind.NONE)
+    # held jobs wait on nothing the cluster can give: no pressure
+    assert queue_state(rows, 4, 8).pending_gpus == 0.0
+    runnable = [r.__class__(**{**r.__dict__, "reason": "Resources"}) for r in rows]
+    # gpu:1 x6 (gres, typed, gpus, per node, two per task) + gpu:2 = 8 GPUs; shard:2 of 8 = 0.25
+    assert queue_state(runnable, 4, 8).pending_gpus == pytest.approx(8.25)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_scontrol_show_job_fields(release):
+    line = _read(release, "scontrol_show_job_o_held_gpu.txt")
+    assert scontrol_field(line, "TresPerNode") == _dialect(release).gres("gpu", 1)
+    assert scontrol_field(line, "Comment") == "gres_gpu"  # 24.11 leaves a space before StdErr=
+    assert scontrol_field(line, "JobState") == "PENDING"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_scontrol_show_job_detail_gives_the_gpu_index(release):
+    assert job_gpu_indices(_read(release, "scontrol_show_job_d_gpu.txt")) == (0,)
+    # the shard job ran on the next free GPU: (IDX:1) on 22.05, (0/8,2/8,0/8,0/8) on 24.11+
+    assert job_gpu_indices(_read(release, "scontrol_show_job_d_shard.txt")) == (1,)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_sinfo_counts_typed_gpus(release):
+    assert parse_sinfo_gpus(_read(release, "sinfo_nodes.txt")) == 4
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_sacct_json_of_the_pinned_parser(release):
+    gpu, shard = sorted(parse_sacct_json(_read(release, "sacct.json")), key=lambda j: j.job_id)
+    if release != "22.05":  # 22.05's sacct --json (dbv0.0.38) names both jobs "allocation"
+        assert (gpu.job_name, shard.job_name) == ("run_gpu", "run_shard")
+    assert shard.state.startswith("CANCELLED") and shard.user == "root"
+    assert shard.admin_comment.startswith("swapaware:v1 id=golden")
+    assert "gres/shard=2" in shard.tres_alloc and "gres/gpu=1" in gpu.tres_alloc
+    assert shard.start_time > 0 and shard.end_time >= shard.start_time
