@@ -168,7 +168,8 @@ class PolicyHandler:
                 user=job.user, account=job.account, partition=job.partition, job_name=job.job_name,
                 script_fingerprint=job.script_fingerprint, gres_fields=fields, min_nodes=job.min_nodes,
                 num_tasks=job.num_tasks, time_limit_min=job.time_limit_min, comment=job.comment,
-                env_mem_hint=job.env_mem_hint, qos=job.qos, is_batch=is_batch(job))
+                env_mem_hint=job.env_mem_hint, qos=job.qos, is_batch=is_batch(job),
+                het_job=job.het_job)
         except RequestError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         keys = history_keys(jr)

@@ -238,7 +238,7 @@ def _int(value: Any) -> int:
 
 # Reason codes that keep a single job whole, in the order the policy checks them.
 WHOLE_BECAUSE = tuple(c.value for c in (
-    ReasonCode.NO_GPU, ReasonCode.UNSUPPORTED_REQUEST, ReasonCode.TYPED_GPU, ReasonCode.INTERACTIVE,
+    ReasonCode.NO_GPU, ReasonCode.UNSUPPORTED_REQUEST, ReasonCode.TYPED_GPU, ReasonCode.HET_JOB, ReasonCode.INTERACTIVE,
     ReasonCode.MULTI_NODE, ReasonCode.MULTI_GPU,
     ReasonCode.SHARING_DISABLED, ReasonCode.PROTECTED_QOS, ReasonCode.OOM_PENALTY, ReasonCode.NO_HISTORY,
     ReasonCode.QUEUE_SHORT, ReasonCode.TOO_LARGE_TO_SHARE, ReasonCode.COMPUTE_BOUND))

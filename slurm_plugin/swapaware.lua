@@ -120,6 +120,12 @@ local function env_value(env, name)
   return ""
 end
 
+-- het_job_offset: NO_VAL for a plain job, 0, 1, ... for the components of a heterogeneous job.
+function M.het_component(offset)
+  offset = tonumber(offset)
+  return offset ~= nil and offset >= 0 and offset < M.NO_VAL
+end
+
 function M.wants_gpu(job_desc)
   for _, f in ipairs(GRES_FIELDS) do
     local v = job_desc[f]
@@ -148,6 +154,7 @@ function M.facts(job_desc, submit_uid)
     minNodes = num(job_desc.min_nodes),
     numTasks = num(job_desc.num_tasks),
     isBatch = job_desc.script ~= nil,
+    hetJob = M.het_component(job_desc.het_job_offset),
     qos = str(job_desc.qos),
   }
 end

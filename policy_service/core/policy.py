@@ -195,6 +195,10 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
     if g.gpu_type:
         return *whole, [Reason(ReasonCode.TYPED_GPU, f"shards carry no GPU type, so the job keeps its "
                                                      f"gpu:{g.gpu_type} request ({g.raw})")]
+    if req.het_job:
+        return *whole, [Reason(ReasonCode.HET_JOB, "a component of a heterogeneous job: its steps name their "
+                                                   "component's GPUs (srun --het-group), which shards of one "
+                                                   "component cannot serve; the job keeps its request")]
     if not req.is_batch:
         return *whole, [Reason(ReasonCode.INTERACTIVE, "no batch script (an srun or salloc allocation): its own "
                                                        "steps ask for GPUs by name, which a shard allocation cannot "
@@ -232,9 +236,9 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
 
 
 def _keeps_request(req: JobRequest) -> bool:
-    """A GPU request never rewritten, not even to hold a whole GPU as shards (typed, or no
-    batch script)."""
-    return bool(req.gpu.gpu_type) or not req.is_batch
+    """A GPU request never rewritten, not even to hold a whole GPU as shards (typed, no batch
+    script, or part of a heterogeneous job)."""
+    return bool(req.gpu.gpu_type) or not req.is_batch or req.het_job
 
 
 def whole_gpu_as_shards(cfg: Config, dialect: SlurmDialect) -> bool:

@@ -180,7 +180,8 @@ def _num(value: int, default: int) -> int:
 
 def job_request(*, user: str, account: str, partition: str, job_name: str, script_fingerprint: str,
                 gres_fields: dict[str, str], min_nodes: int = 1, num_tasks: int = 1, time_limit_min: int = 0,
-                comment: str = "", env_mem_hint: str = "", qos: str = "", is_batch: bool = True
+                comment: str = "", env_mem_hint: str = "", qos: str = "", is_batch: bool = True,
+                het_job: bool = False
                 ) -> tuple[JobRequest, AccessClass | None]:
     """Build the typed request (and the access-class hint) from job_desc facts. ``is_batch``:
     the job has a batch script (false for the allocations srun and salloc create)."""
@@ -191,7 +192,7 @@ def job_request(*, user: str, account: str, partition: str, job_name: str, scrip
         user=user, account=account, partition=partition, job_name=job_name,
         script_fingerprint=script_fingerprint, gpu=gpu_request(gres_fields),
         min_nodes=_num(min_nodes, 1), num_tasks=_num(num_tasks, 1), time_limit_s=_num(time_limit_min, 0) * 60,
-        hint_bytes=hint_bytes, hint_text=bad, qos=qos or "", is_batch=is_batch,
+        hint_bytes=hint_bytes, hint_text=bad, qos=qos or "", is_batch=is_batch, het_job=het_job,
     )
     return req, access
 

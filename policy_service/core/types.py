@@ -75,6 +75,7 @@ class ReasonCode(enum.Enum):
     REDECIDED = "redecided"
     TYPED_GPU = "typed_gpu"  # gpu:<type>: shards carry no GPU type, the request stays
     INTERACTIVE = "interactive"  # no batch script (srun/salloc): its steps ask for GPUs by name
+    HET_JOB = "het_job"  # a component of a heterogeneous job: the request stays
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class JobRequest:
     hint_text: str = ""  # raw hint when it could not be parsed
     qos: str = ""  # the QoS the job asked for ("" when it takes its association's default)
     is_batch: bool = True  # false for the allocations srun and salloc create (no batch script)
+    het_job: bool = False  # a component of a heterogeneous job
 
 
 @dataclass(frozen=True)

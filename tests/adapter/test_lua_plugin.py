@@ -230,10 +230,15 @@ def test_service_socket_serves_many_requests_on_one_connection(service):
             assert b'"decision"' in f.readline()
 
 
-def test_srun_salloc_allocations_and_typed_gpus_keep_their_request(service, tmp_path):
+def test_srun_salloc_allocations_typed_gpus_and_het_jobs_keep_their_request(service, tmp_path):
     srun = gpu_job()
     del srun["script"]  # job_desc.script is nil for the allocations srun and salloc create
-    out = run_lua(tmp_path, [srun, gpu_job(tres_per_node="gres:gpu:a100:1")], service.socket_path)
-    for res, code, gres in zip(out["results"], ("interactive", "typed_gpu"), ("gres:gpu:1", "gres:gpu:a100:1")):
+    # het_job_offset: 4294967294 (NO_VAL) for plain jobs, 0, 1, ... for a heterogeneous job's components
+    het0 = gpu_job(het_job_offset=0)
+    plain = gpu_job(het_job_offset=4294967294, name="plain")
+    out = run_lua(tmp_path, [srun, gpu_job(tres_per_node="gres:gpu:a100:1"), het0, plain], service.socket_path)
+    assert "why=het_job" not in out["results"][3]["job"]["admin_comment"]
+    for res, code, gres in zip(out["results"], ("interactive", "typed_gpu", "het_job"),
+                               ("gres:gpu:1", "gres:gpu:a100:1", "gres:gpu:1")):
         assert res["rc"] == 0 and res["job"]["tres_per_node"] == gres  # as typed
         assert f"why={code}" in res["job"]["admin_comment"] and res["job"]["site_factor"] == 0

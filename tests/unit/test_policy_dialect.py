@@ -20,8 +20,9 @@ def with_as_shards(setting, cfg=CFG):
 
 
 def decide(fields, stats=None, cfg=CFG, dialect=D22, is_batch=True, nodes=1):
+    # is_batch "het": a batch job that is a component of a heterogeneous job
     r, access = job_request(user="u", account="a", partition="gpu", job_name="train", script_fingerprint="fp",
-                            gres_fields=fields, is_batch=is_batch, min_nodes=nodes)
+                            gres_fields=fields, is_batch=bool(is_batch), min_nodes=nodes, het_job=is_batch == "het")
     return policy.decide(r, stats or {}, cfg, decision_id="d1", now=1.0, job_class=history_keys(r)[KeyLevel.CLASS],
                          gres_fields=fields, access=access, dialect=dialect)
 
@@ -88,6 +89,8 @@ KEEPS = [  # (fields, is_batch, reason code)
     ({"tres_per_node": "gres:gpu:1"}, False, ReasonCode.INTERACTIVE),
     ({"tres_per_node": "gres/gpu:1"}, False, ReasonCode.INTERACTIVE),
     ({"tres_per_node": "gres/gpu:2"}, False, ReasonCode.INTERACTIVE),
+    ({"tres_per_node": "gres/gpu:1"}, "het", ReasonCode.HET_JOB),
+    ({"tres_per_node": "gres:gpu:1"}, "het", ReasonCode.HET_JOB),
 ]
 
 
