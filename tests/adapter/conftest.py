@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -110,3 +112,10 @@ def socket_call(path: Path, payload: dict | bytes, timeout_s: float = 5.0) -> di
         s.connect(str(path))
         s.sendall(raw)
         return json.loads(s.makefile("rb").readline())
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory: Unix socket paths are limited to 107 bytes."""
+    with tempfile.TemporaryDirectory(prefix="sa-", dir="/tmp") as d:
+        yield Path(d)

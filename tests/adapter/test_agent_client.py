@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import logging
 import socket
-import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -17,12 +15,6 @@ from slurm_plugin.agent_client import collect, notify_start, status
 from slurm_plugin.nvml import FakeNvmlTelemetry, create_fake_gpus
 
 TIMEOUT_S = 0.3
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="sa-", dir="/tmp") as d:
-        yield Path(d)
 
 
 def _hooks(sock: Path) -> HookConfig:

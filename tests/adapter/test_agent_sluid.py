@@ -9,83 +9,47 @@ only the cgroup path can attribute them."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from policy_service.config import AgentConfig, Config, HookConfig, NvmlBackend
+from policy_service.config import Config, HookConfig
 from slurm_plugin import hooks
-from slurm_plugin.agent import Agent, AgentServer
-from slurm_plugin.agent_client import notify_start, request
-from slurm_plugin.nvml import FakeNvmlTelemetry, create_fake_gpus
+from slurm_plugin.agent_client import notify_start
 
+from tests.adapter.test_agent_socket import Rig
 from tests.waiting import wait_for
 
-TOTAL_BYTES = 1_000_000
-PERIOD_S = 0.05
 SLUID = "s0a7kq3m9x2vd"  # opaque to the agent: any single path component
 
 
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """Unix socket paths are limited to 107 bytes."""
-    with tempfile.TemporaryDirectory(prefix="sa-", dir="/tmp") as d:
-        yield Path(d)
-
-
-class Node:
+class Node(Rig):
     """An agent whose /proc view is a mirror in which the test writes each process's cgroup."""
 
     def __init__(self, base: Path) -> None:
-        self.gpus = base / "gpus"
-        create_fake_gpus(self.gpus, count=1, total_bytes=TOTAL_BYTES)
-        self.fake = FakeNvmlTelemetry(self.gpus)  # real /proc: the fake driver sees real processes
         self.proc = base / "proc"
         self.proc.mkdir()
-        self.socket_path = base / "run" / "agent.sock"
-        cfg = AgentConfig(socket_path=self.socket_path, sample_period_s=PERIOD_S, nvml_backend=NvmlBackend.FAKE,
-                          fake_nvml_dir=self.gpus)
-        self.server = AgentServer(Agent(cfg, self.fake, proc_root=self.proc, kernel_log=None), self.socket_path)
+        super().__init__(base, proc_root=self.proc, gpus=1)
+        self.gpus = self.root
         self.hooks = HookConfig(agent_socket=self.socket_path, agent_timeout_s=5.0,
                                 service_address="127.0.0.1:1", deadline_s=0.5, spool_dir=base / "spool")
-        self.children: list[subprocess.Popen] = []
 
     def process(self, cgroup_path: str, nbytes: int) -> int:
         """A real process holding ``nbytes`` on GPU 0, in cgroup ``cgroup_path`` (v2), without SLURM_JOB_ID."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SWAPAWARE_"))}
-        child = subprocess.Popen(
-            [sys.executable, "-m", "slurm_plugin.nvml", "fake-alloc", "--root", str(self.gpus), "--gpu", "0",
-             "--bytes", str(nbytes), "--hold-seconds", "120"], env=env, stdout=subprocess.DEVNULL)
-        self.children.append(child)
-        mirror = self.proc / str(child.pid)
+        pid = self.job_process(None, 0, nbytes).pid
+        mirror = self.proc / str(pid)
         mirror.mkdir()
         for name in ("stat", "environ"):
-            (mirror / name).symlink_to(Path("/proc") / str(child.pid) / name)
+            (mirror / name).symlink_to(Path("/proc") / str(pid) / name)
         (mirror / "cgroup").write_text(f"0::{cgroup_path}\n")
-        wait_for(lambda: any(p.pid == child.pid for p in self.fake.processes(0)), what=f"pid {child.pid} alloc")
-        return child.pid
-
-    def ask(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return request(self.socket_path, payload, timeout_s=5.0)
+        return pid
 
     def wait_samples(self, job_id: int, more: int) -> None:
-        def samples() -> int:
-            return {j["job_id"]: j["samples"] for j in self.ask({"op": "status"})["jobs"]}[job_id]
-        target = samples() + more
-        wait_for(lambda: samples() >= target, what=f"{more} more samples of job {job_id}")
-
-    def close(self) -> None:
-        for child in self.children:
-            child.kill()
-            child.wait(timeout=10)
-        self.server.stop()
+        target = self.samples(job_id) + more
+        wait_for(lambda: self.samples(job_id) >= target, what=f"{more} more samples of job {job_id}")
 
 
 @pytest.fixture

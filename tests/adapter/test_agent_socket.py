@@ -12,7 +12,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -32,22 +31,20 @@ PERIOD_S = 0.05
 
 
 
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short directory: Unix socket paths are limited to 107 bytes."""
-    with tempfile.TemporaryDirectory(prefix="sa-", dir="/tmp") as d:
-        yield Path(d)
-
-
 class Rig:
-    def __init__(self, base: Path, kernel_log: Path | None = None) -> None:
+    """A real agent socket and sampler over file-backed fake GPUs. ``proc_root``: the /proc the
+    agent reads (a mirror, where a test must write a process's cgroup line)."""
+
+    def __init__(self, base: Path, kernel_log: Path | None = None, proc_root: Path = Path("/proc"),
+                 gpus: int = 2) -> None:
         self.root = base / "gpus"
-        create_fake_gpus(self.root, count=2, total_bytes=TOTAL_BYTES)
-        self.fake = FakeNvmlTelemetry(self.root)
+        create_fake_gpus(self.root, count=gpus, total_bytes=TOTAL_BYTES)
+        self.fake = FakeNvmlTelemetry(self.root)  # real /proc: the fake driver sees real processes
         self.socket_path = base / "run" / "swapaware" / "agent.sock"
         self.cfg = AgentConfig(socket_path=self.socket_path, sample_period_s=PERIOD_S,
                                nvml_backend=NvmlBackend.FAKE, fake_nvml_dir=self.root)
-        self.server = AgentServer(Agent(self.cfg, self.fake, kernel_log=kernel_log), self.socket_path)
+        self.server = AgentServer(Agent(self.cfg, self.fake, proc_root=proc_root, kernel_log=kernel_log),
+                                  self.socket_path)
         self.children: list[subprocess.Popen] = []
 
     def ask(self, payload: dict[str, Any]) -> dict[str, Any]:
