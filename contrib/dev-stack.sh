@@ -162,11 +162,13 @@ cmd_up() {
 from pathlib import Path
 from slurm_plugin.nvml import create_fake_gpus
 create_fake_gpus(Path('$FAKE'), 4, $GPU_BYTES)"
-    service_start
     start_daemon agent "$RUN/agent.pid" "$VENV/bin/swapaware-agent" --config "$CONF" --foreground
     SWAPAWARE_LUA_DIR=$ROOT/slurm_plugin SWAPAWARE_PROLOG=$STATE/bin/prolog SWAPAWARE_EPILOG=$STATE/bin/epilog \
         SWAPAWARE_TASK_PROLOG=$STATE/bin/task-prolog \
         SWAPAWARE_SOCKET=$SOCK "$CLUSTER" up
+    # After the cluster: the service reads Slurm's release and its first queue snapshot before it
+    # answers, and nothing is submitted before `up` returns.
+    service_start
     cat <<EOF
 
 swapaware dev stack is up.

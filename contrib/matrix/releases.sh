@@ -35,3 +35,21 @@ host_release() {
 release_ok() { [[ -n ${SUITE_OF[$1]:-} ]]; }
 root_dir() { echo "$MATRIX_CACHE/roots/${SUITE_OF[$1]}"; }
 ns_name() { echo "swa-${1//./}"; }
+
+# mount_root ROOT / umount_root ROOT: the kernel file systems a Debian root needs to run daemons.
+mount_root() {
+    local root=$1
+    mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
+    mountpoint -q "$root/sys" || mount -t sysfs sysfs "$root/sys"
+    if ! mountpoint -q "$root/dev"; then
+        mount --rbind /dev "$root/dev"
+        mount --make-rslave "$root/dev"
+    fi
+}
+
+umount_root() {
+    local root=$1 m
+    for m in dev sys proc; do
+        if mountpoint -q "$root/$m"; then umount -R "$root/$m" 2>/dev/null || umount -lR "$root/$m"; fi
+    done
+}

@@ -32,23 +32,6 @@ in_root() {
     return $rc
 }
 
-mount_root() {
-    local root=$1
-    mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
-    mountpoint -q "$root/sys" || mount -t sysfs sysfs "$root/sys"
-    if ! mountpoint -q "$root/dev"; then
-        mount --rbind /dev "$root/dev"
-        mount --make-rslave "$root/dev"
-    fi
-}
-
-umount_root() {
-    local root=$1 m
-    for m in dev sys proc; do
-        if mountpoint -q "$root/$m"; then umount -R "$root/$m" 2>/dev/null || umount -lR "$root/$m"; fi
-    done
-}
-
 cmd_build() {
     local rel=$1 root tmp suite
     release_ok "$rel" || mdie "unknown release $rel (supported: ${RELEASES[*]})"

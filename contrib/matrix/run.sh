@@ -25,22 +25,6 @@ ON_HOST=0
 SRC=/opt/swapaware/src      # inside the root
 VENV=/opt/swapaware/venv    # inside the root
 
-mount_root() {
-    mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc"
-    mountpoint -q "$ROOT/sys" || mount -t sysfs sysfs "$ROOT/sys"
-    if ! mountpoint -q "$ROOT/dev"; then
-        mount --rbind /dev "$ROOT/dev"
-        mount --make-rslave "$ROOT/dev"
-    fi
-}
-
-umount_root() {
-    local m
-    for m in dev sys proc; do
-        if mountpoint -q "$ROOT/$m"; then umount -R "$ROOT/$m" 2>/dev/null || umount -lR "$ROOT/$m"; fi
-    done
-}
-
 # Slurm >= 23 resolves its listen address with AI_ADDRCONFIG and dies when the namespace has
 # only loopback: a veth pair with a link-local address that routes nowhere gives it one.
 netns_up() {
@@ -79,7 +63,7 @@ netns_down() {
 
 cleanup() {
     netns_down || true
-    ((ON_HOST)) || umount_root || true
+    ((ON_HOST)) || umount_root "$ROOT" || true
 }
 
 in_root() {  # COMMAND...: in the root with the host's network (package registries)
@@ -114,7 +98,7 @@ if ((ON_HOST)); then
     exit $?
 fi
 [[ -f $ROOT/.swapaware-root ]] || mdie "no root for $REL: run contrib/matrix/root.sh build $REL"
-mount_root
+mount_root "$ROOT"
 sync_source
 netns_up
 mlog "Slurm $REL: $(chroot "$ROOT" dpkg-query -W -f='${Version}' slurmctld) in $ROOT, namespace $NS"

@@ -166,13 +166,32 @@ class PyslurmSlurm:
         self._pyslurm.db.Job(job_id).modify(self._pyslurm.db.Job(admin_comment=text))
 
 
+# Commands that print the installed Slurm's version, tried in order. Slurm 22.05's clients need a
+# configuration even for --version (they fail with "Could not establish a configuration source"
+# where slurm.conf is missing or not yet written); the daemons' -V does not.
+VERSION_COMMANDS = (("scontrol", "--version"), ("slurmctld", "-V"), ("slurmd", "-V"))
+
+
+def slurm_version_from(timeout_s: float = 5.0) -> tuple[tuple[int, int] | None, str]:
+    """(major, minor) of the installed Slurm and the command that told it; (None, why) when none
+    did. ``scontrol --version`` prints 'slurm 22.05.8' (Debian: 'slurm-wlm 22.05.8')."""
+    tried = []
+    for argv in VERSION_COMMANDS:
+        try:
+            res = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            tried.append(f"{' '.join(argv)}: {type(exc).__name__}")
+            continue
+        version = parse_version(res.stdout) if res.returncode == 0 else None
+        if version is not None:
+            return version, " ".join(argv)
+        tried.append(f"{' '.join(argv)}: exit {res.returncode} {res.stderr.strip()[-120:]}")
+    return None, "; ".join(tried)
+
+
 def slurm_version(timeout_s: float = 5.0) -> tuple[int, int] | None:
-    """(major, minor) of the installed Slurm, from ``scontrol --version`` ('slurm 22.05.8')."""
-    try:
-        out = subprocess.run(["scontrol", "--version"], capture_output=True, text=True, timeout=timeout_s).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_version(out)
+    """(major, minor) of the installed Slurm, or None."""
+    return slurm_version_from(timeout_s)[0]
 
 
 def parse_version(text: str) -> tuple[int, int] | None:
@@ -203,13 +222,13 @@ class ClusterRelease:
 
 
 def cluster_release(configured: str, timeout_s: float) -> ClusterRelease:
-    """``service.slurm_release`` when set, else ``scontrol --version``."""
+    """``service.slurm_release`` when set, else the installed Slurm's (``VERSION_COMMANDS``)."""
     if configured.strip():
         return ClusterRelease(parse_release(configured), "service.slurm_release")
-    version = slurm_version(timeout_s)
+    version, source = slurm_version_from(timeout_s)
     if version is None:
-        return ClusterRelease(None, "scontrol --version failed (no scontrol or no slurm.conf here?)")
-    return ClusterRelease(version, "scontrol --version")
+        return ClusterRelease(None, f"no Slurm command told its version ({source})")
+    return ClusterRelease(version, source)
 
 
 def open_slurm(wanted: SlurmBackend, timeout_s: float, release: ClusterRelease | None = None) -> SlurmAccess:

@@ -6,6 +6,8 @@ import uuid
 
 import pytest
 
+from tests.waiting import wait_for
+
 from .conftest import decision_of, job_field
 
 pytestmark = pytest.mark.integration
@@ -19,8 +21,13 @@ def _name(tag: str) -> str:
 
 
 def _sacct_comment_by_name(stack, name: str) -> str:
-    rows = stack.run("sacct", "-n", "-X", "-P", f"--name={name}", "-o", "admincomment").stdout.split("\n")
-    return next((r for r in rows if r.strip()), "")
+    """The AdminComment accounting holds for the job named ``name`` (slurmctld sends the record to
+    slurmdbd after the job ends: wait for it)."""
+    def comment() -> str | None:
+        rows = stack.run("sacct", "-n", "-X", "-P", f"--name={name}", "-o", "admincomment").stdout.split("\n")
+        return next((r for r in rows if r.strip()), None)
+
+    return wait_for(comment, 30, f"sacct to show the AdminComment of job {name}", 0.5)
 
 
 def test_gpu_steps_inside_a_rewritten_batch_job_run_on_its_gpu(stack):

@@ -167,21 +167,37 @@ def test_accounting_pins_the_release_data_parser(dialect, flag):
 
 
 def test_cluster_release_prefers_the_configuration(monkeypatch):
-    monkeypatch.setattr(S, "slurm_version", lambda timeout_s: pytest.fail("scontrol asked"))
+    monkeypatch.setattr(S, "slurm_version_from", lambda timeout_s: pytest.fail("Slurm asked"))
     r = cluster_release("24.11", 1.0)
     assert (r.version, r.source, r.dialect.gres_prefix) == ((24, 11), "service.slurm_release", "gres/")
 
 
-@pytest.mark.parametrize("found,version,source", [
-    ((22, 5), (22, 5), "scontrol --version"),
-    (None, None, "scontrol --version failed"),
+def _commands(tmp_path, monkeypatch, **scripts: str) -> None:
+    """Only these commands on PATH (shell scripts standing in for the Slurm binaries)."""
+    for name, body in scripts.items():
+        f = tmp_path / name
+        f.write_text("#!/bin/sh\n" + body + "\n")
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+
+NO_CONFIG = 'echo "scontrol: fatal: Could not establish a configuration source" >&2; exit 1'
+
+
+@pytest.mark.parametrize("scripts,version,source", [
+    ({"scontrol": 'echo "slurm 24.11.5"'}, (24, 11), "scontrol --version"),
+    # 22.05 before slurm.conf exists: the client fails, the daemon's -V answers
+    ({"scontrol": NO_CONFIG, "slurmctld": 'echo "slurm-wlm 22.05.8"'}, (22, 5), "slurmctld -V"),
+    ({"scontrol": NO_CONFIG, "slurmd": 'echo "slurm-wlm 26.05.5"'}, (26, 5), "slurmd -V"),
+    ({"scontrol": NO_CONFIG}, None, "no Slurm command told its version (scontrol --version: exit 1 "),
+    ({}, None, "no Slurm command told its version (scontrol --version: FileNotFoundError"),
 ])
-def test_cluster_release_asks_scontrol(monkeypatch, found, version, source):
-    monkeypatch.setattr(S, "slurm_version", lambda timeout_s: found)
-    r = cluster_release("", 1.0)
-    assert r.version == version and r.source.startswith(source)
-    if found is None:
-        assert r.dialect == DIALECTS[max(DIALECTS)]  # unknown: the newest known
+def test_cluster_release_asks_the_installed_slurm(tmp_path, monkeypatch, scripts, version, source):
+    _commands(tmp_path, monkeypatch, **scripts)
+    r = cluster_release("", 5.0)
+    assert r.version == version and r.source.startswith(source), r.source
+    if version is None:
+        assert r.dialect == DIALECTS[max(DIALECTS)]  # unknown: the newest known, logged as a warning
 
 
 def test_open_slurm_gives_the_cli_the_release_dialect():
