@@ -53,3 +53,12 @@ umount_root() {
         if mountpoint -q "$root/$m"; then umount -R "$root/$m" 2>/dev/null || umount -lR "$root/$m"; fi
     done
 }
+
+# ensure_hosts ROOT: a root that debootstrap made on another suite may have no /etc/hosts (bookworm
+# built on trixie had none), and MariaDB 10.11's install script then refuses to run ("Neither host
+# ... nor 'localhost' could be looked up").
+ensure_hosts() {
+    local root=$1
+    grep -qsw localhost "$root/etc/hosts" && return 0
+    printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >>"$root/etc/hosts"
+}

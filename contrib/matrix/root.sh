@@ -49,6 +49,7 @@ cmd_build() {
     local t0=$SECONDS
     debootstrap --variant=minbase --include=ca-certificates "$suite" "$tmp" "$DEBIAN_MIRROR" \
         >"$tmp.log" 2>&1 || { tail -n 20 "$tmp.log" >&2; mdie "debootstrap $suite failed (log $tmp.log)"; }
+    ensure_hosts "$tmp"
     printf '#!/bin/sh\nexit 101\n' >"$tmp/usr/sbin/policy-rc.d"
     chmod 755 "$tmp/usr/sbin/policy-rc.d"
     # The machine's own certificate authorities (pip and apt inside the root go through them).

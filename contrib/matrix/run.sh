@@ -31,14 +31,19 @@ netns_up() {
     if ! ip netns list | grep -qw "$NS"; then
         ip netns add "$NS"
     fi
-    ip -n "$NS" link set lo up
-    if ! ip -n "$NS" link show v0 >/dev/null 2>&1; then
-        ip -n "$NS" link add v0 type veth peer name v1
-        ip -n "$NS" addr add 169.254.77.1/32 dev v0
-        ip -n "$NS" link set v0 up
-        ip -n "$NS" link set v1 up
+    in_ns ip link set lo up
+    if ! in_ns ip link show v0 >/dev/null 2>&1; then
+        in_ns ip link add v0 type veth peer name v1
+        in_ns ip addr add 169.254.77.1/32 dev v0
+        in_ns ip link set v0 up
+        in_ns ip link set v1 up
     fi
 }
+
+# in_ns COMMAND...: COMMAND in the release's network namespace, nothing else changed (`ip -n` and
+# `ip netns exec` also make a mount namespace and remount /sys, which hides the host's cgroups
+# and fails where / is not a mount point).
+in_ns() { nsenter --net="/run/netns/$NS" "$@"; }
 
 netns_down() {
     ip netns list | grep -qw "$NS" || return 0
@@ -70,13 +75,23 @@ in_root() {  # COMMAND...: in the root with the host's network (package registri
     chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"
 }
 
-# A fresh copy of this checkout (tracked and untracked-not-ignored files), then the venv: built
-# once (kept while pyproject/setup.py/protos are unchanged), the package reinstalled each time
-# (the stubs are generated at install).
+# The checkout's files: tracked and untracked-not-ignored ones in a git checkout, else every file
+# but build outputs.
+source_files() {
+    if command -v git >/dev/null && git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1; then
+        git -C "$REPO" ls-files -z -co --exclude-standard
+    else
+        (cd "$REPO" && find . \( -name .git -o -name .venv -o -name __pycache__ -o -name _generated \
+            -o -name '*.egg-info' \) -prune -o -type f -print0)
+    fi
+}
+
+# A fresh copy of this checkout, then the venv: built once (kept while pyproject/setup.py/protos
+# are unchanged), the package reinstalled each time (the stubs are generated at install).
 sync_source() {
     rm -rf "${ROOT:?}$SRC"
     mkdir -p "$ROOT$SRC"
-    (cd "$REPO" && git ls-files -z -co --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$ROOT$SRC"
+    source_files | (cd "$REPO" && tar --null -T - -cf -) | tar -xf - -C "$ROOT$SRC"
     in_root env SWAPAWARE_VENV=$VENV bash "$SRC/contrib/dev-stack.sh" venv
     if [[ -f $ROOT$VENV/.swapaware-stamp && ! -d $ROOT$SRC/policy_service/_generated ]]; then
         in_root $VENV/bin/python -m pip install -q --no-deps -e "$SRC" >/dev/null
@@ -93,14 +108,14 @@ trap cleanup EXIT
 if ((ON_HOST)); then
     netns_up
     mlog "Slurm $REL: $(dpkg-query -W -f='${Version}' slurmctld 2>/dev/null || echo 'not installed') on the host, namespace $NS"
-    # nsenter: only the network namespace (ip netns exec would also remount /sys, hiding cgroups)
-    nsenter --net="/run/netns/$NS" env CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$REPO" "$@"
+    in_ns env CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$REPO" "$@"
     exit $?
 fi
 [[ -f $ROOT/.swapaware-root ]] || mdie "no root for $REL: run contrib/matrix/root.sh build $REL"
+ensure_hosts "$ROOT"
 mount_root "$ROOT"
 sync_source
 netns_up
 mlog "Slurm $REL: $(chroot "$ROOT" dpkg-query -W -f='${Version}' slurmctld) in $ROOT, namespace $NS"
-nsenter --net="/run/netns/$NS" chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+in_ns chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
     SWAPAWARE_VENV=$VENV CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$SRC" "$@"
