@@ -25,6 +25,8 @@ cleanup() {
         [[ -d $d ]] && umount_root "${d%/}"
     done
     umount_root "$ROOT"
+    # `ip netns add` inside the root bind-mounts the root's /run/netns onto itself
+    if mountpoint -q "$ROOT/run/netns"; then umount "$ROOT/run/netns" || umount -l "$ROOT/run/netns"; fi
 }
 trap cleanup EXIT
 mount_root "$ROOT"
