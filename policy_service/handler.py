@@ -27,6 +27,7 @@ from policy_service.core import estimator, policy
 from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.request import RequestError, history_keys, job_request
 from policy_service.core.types import Action, Decision, JobObservation, JobRequest, KeyLevel
+from policy_service.limits import oversize
 
 log = logging.getLogger("swapaware.decisions")
 
@@ -333,4 +334,9 @@ class Method(enum.Enum):
         raise HandlerError(grpc.StatusCode.UNIMPLEMENTED, f"unknown method {name!r}")
 
     def call(self, handler: PolicyHandler, request):
+        too_big = oversize(request)
+        if too_big:
+            log.warning("%s refused: %s", self.value[0], "; ".join(too_big))
+            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"{self.value[0]} refused, a field is too large: {'; '.join(too_big[:3])}")
         return getattr(handler, self.value[2])(request)

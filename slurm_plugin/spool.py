@@ -40,7 +40,8 @@ def spool_event(spool_dir: Path, method: str, request: Message, event_id: str) -
     body = json.dumps({"method": method, "request": json_format.MessageToDict(request)}, sort_keys=True)
     final = spool_dir / f"{time.time_ns():020d}-{event_id}.json"
     tmp = spool_dir / f".{final.name}.tmp"
-    with open(tmp, "w") as f:
+    # 0600: an event names the job's user, node and GPUs; only root (the hooks) reads the spool
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(body)
         f.flush()
         os.fsync(f.fileno())
@@ -101,7 +102,7 @@ def replay(spool_dir: Path, send: Callable[[str, Message], object], max_events: 
 
 def _reject(spool_dir: Path, path: Path, why: str) -> None:
     dest = spool_dir / "rejected"
-    dest.mkdir(exist_ok=True)
+    dest.mkdir(exist_ok=True, mode=0o700)
     os.replace(path, dest / path.name)
     (dest / (path.name + ".why")).write_text(why + "\n")
     log.error("spooled event %s rejected: %s (kept in %s)", path.name, why, dest)

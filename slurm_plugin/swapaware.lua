@@ -102,6 +102,20 @@ local function str(v)
   return tostring(v)
 end
 
+-- cap(s, n): at most n bytes of s, never ending inside a UTF-8 character. The service refuses
+-- longer fields (policy_service/limits.py); a long --comment must not leave a job undecided.
+function M.cap(s, n)
+  if #s <= n then return s end
+  s = string.sub(s, 1, n)
+  local last = string.byte(s, -1)
+  if last and last >= 128 then
+    s = string.gsub(s, "[\128-\191]*$", "")   -- continuation bytes of a cut character
+    local lead = string.byte(s, -1)
+    if lead and lead >= 192 then s = string.sub(s, 1, -2) end   -- and its lead byte
+  end
+  return s
+end
+
 local function num(v)
   v = tonumber(v)
   if v == nil or v < 0 or v >= M.NO_VAL then return 0 end
@@ -141,15 +155,15 @@ function M.facts(job_desc, submit_uid)
     uid = num(submit_uid or job_desc.user_id),
     account = str(job_desc.account),
     partition = str(job_desc.partition),
-    jobName = str(job_desc.name),
+    jobName = M.cap(str(job_desc.name), 1024),
     tresPerNode = str(job_desc.tres_per_node),
     tresPerJob = str(job_desc.tres_per_job),
     tresPerTask = str(job_desc.tres_per_task),
     tresPerSocket = str(job_desc.tres_per_socket),
     timeLimitMin = num(job_desc.time_limit),
     scriptFingerprint = M.fingerprint(job_desc.script),
-    workDir = str(job_desc.work_dir),
-    comment = str(job_desc.comment),
+    workDir = M.cap(str(job_desc.work_dir), 4096),
+    comment = M.cap(str(job_desc.comment), 4096),
     envMemHint = env_ok and env_value(env, "SWAPAWARE_GPU_MEM") or "",
     minNodes = num(job_desc.min_nodes),
     numTasks = num(job_desc.num_tasks),

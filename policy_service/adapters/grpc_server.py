@@ -10,6 +10,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2_grpc
 from policy_service.handler import HandlerError, Method, PolicyHandler
+from policy_service.limits import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "swapaware.v1.PolicyService"
@@ -58,7 +59,10 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
 def start_grpc(handler: PolicyHandler, address: str, max_workers: int,
                token: str | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Start serving on ``address`` ('host:0' picks a free port). Returns (server, port, health)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"))
+    # The same bound as the local socket's: no request of this API comes near it, and a larger one
+    # is refused (RESOURCE_EXHAUSTED) before it is parsed; fields within it have their own limits.
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+                         options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
     policy_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(handler, token), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

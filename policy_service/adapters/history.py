@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -19,6 +21,8 @@ from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.core.types import ClassStats, KeyLevel
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2  # 2: decisions keep facts and decision as serialized protobuf
 _SCHEMA = """
@@ -147,13 +151,40 @@ def stats_from_json(text: str) -> ClassStats:
     return ClassStats(**{k: v for k, v in data.items() if k in known})
 
 
+class HistoryOwnerError(RuntimeError):
+    """The history file belongs to another user: the service refuses to use it."""
+
+
+def private_history_file(path: Path) -> None:
+    """Make ``path`` the service's own: a new history is created 0600 in a 0700 directory (SQLite
+    gives its -wal/-shm files the database's mode); an existing one must belong to this user
+    (else ``HistoryOwnerError``), and a group- or world-readable one is narrowed to 0600."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+        return
+    except FileExistsError:
+        pass
+    st = os.stat(path)
+    if st.st_uid != os.geteuid():
+        raise HistoryOwnerError(f"{path} belongs to uid {st.st_uid}, not to this service (uid {os.geteuid()}): "
+                                "refusing to use a history another user can change; chown it or start the "
+                                "service as its owner")
+    if st.st_mode & 0o077:
+        log.warning("history %s was mode %o: now 0600 (only the service reads the job facts it holds)",
+                    path, st.st_mode & 0o777)
+        os.chmod(path, 0o600)
+
+
 class HistoryStore:
     """SQLite-backed history. ``path`` may be ':memory:' for tests of callers."""
 
     def __init__(self, path: Path | str):
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            private_history_file(Path(self.path))
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
         self._lock = threading.Lock()
         with self._lock:

@@ -21,9 +21,9 @@ import grpc
 from google.protobuf import json_format
 
 from policy_service.handler import HandlerError, Method, PolicyHandler
+from policy_service.limits import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
-MAX_REQUEST_BYTES = 256 * 1024
 IDLE_TIMEOUT_S = 600.0  # a kept connection with no request is closed after this
 
 

@@ -242,3 +242,13 @@ def test_srun_salloc_allocations_typed_gpus_and_het_jobs_keep_their_request(serv
                                ("gres:gpu:1", "gres:gpu:a100:1", "gres:gpu:1")):
         assert res["rc"] == 0 and res["job"]["tres_per_node"] == gres  # as typed
         assert f"why={code}" in res["job"]["admin_comment"] and res["job"]["site_factor"] == 0
+
+
+def test_long_comment_and_name_are_capped_not_refused(service, tmp_path):
+    """The service refuses fields over their limits; the plugin sends at most that much (cut on a
+    UTF-8 character boundary), so a user's long --comment still gets a decision and its hint."""
+    job = gpu_job(comment="swapaware:mem=2G " + "x" * 10_000, name="\u00e9" * 2000)
+    out = run_lua(tmp_path, [job], service.socket_path)
+    res = out["results"][0]
+    assert res["rc"] == 0 and "swapaware: job passes unchanged" not in " ".join(out["logs"]), out["logs"]
+    assert "hint_used" in res["job"]["admin_comment"], res["job"]["admin_comment"]

@@ -1,0 +1,53 @@
+"""Size limits of every request field, for both transports: a job's facts and events in the history
+stay small whatever a user types (a 4 MB ``work_dir`` is refused with INVALID_ARGUMENT, not stored).
+
+Limits are by field name; a string field not listed takes ``DEFAULT_STRING_BYTES``. They are well
+above what Slurm itself gives: a path is at most 4096 bytes (PATH_MAX), a fingerprint 16 hex
+characters, an event id a few dozen."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+DEFAULT_STRING_BYTES = 1024
+STRING_BYTES: Mapping[str, int] = {
+    "work_dir": 4096,
+    "comment": 4096,
+    "oom_evidence": 4096,
+    "script_fingerprint": 64,
+    "env_mem_hint": 64,
+    "event_id": 128,
+    "decision_id": 64,
+    "telemetry_source": 64,
+}
+MAX_REPEATED = 1024  # GPU indices, per-GPU usage entries
+MAX_REQUEST_BYTES = 256 * 1024  # one whole request, on either transport
+
+
+def _is_repeated(field: FieldDescriptor) -> bool:
+    flag = getattr(field, "is_repeated", None)  # protobuf >= 6 (upb): `label` is gone
+    return bool(flag) if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED
+
+
+def oversize(msg: Message, prefix: str = "") -> list[str]:
+    """What in ``msg`` is over its limit, one line each ('job.work_dir is 4194304 bytes, at most
+    4096'); [] when all fits."""
+    out: list[str] = []
+    for field, value in msg.ListFields():
+        name = f"{prefix}{field.name}"
+        repeated = _is_repeated(field)
+        values = list(value) if repeated else [value]
+        if repeated and len(values) > MAX_REPEATED:
+            out.append(f"{name} has {len(values)} entries, at most {MAX_REPEATED}")
+            continue
+        for v in values:
+            if field.type == FieldDescriptor.TYPE_STRING:
+                limit = STRING_BYTES.get(field.name, DEFAULT_STRING_BYTES)
+                size = len(v.encode())
+                if size > limit:
+                    out.append(f"{name} is {size} bytes, at most {limit}")
+            elif field.type == FieldDescriptor.TYPE_MESSAGE:
+                out.extend(oversize(v, f"{name}."))
+    return out

@@ -1,0 +1,31 @@
+"""Request size limits (policy_service/limits.py), table-driven over the real messages."""
+import pytest
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.limits import DEFAULT_STRING_BYTES, MAX_REPEATED, STRING_BYTES, oversize
+
+
+@pytest.mark.parametrize("msg,expected", [
+    (pb.AdmitRequest(job=pb.JobFacts(user="alice", work_dir="/home/alice/" + "d" * 4000)), []),
+    (pb.AdmitRequest(job=pb.JobFacts(user="alice", work_dir="w" * 4097)), ["job.work_dir is 4097 bytes, at most 4096"]),
+    (pb.AdmitRequest(job=pb.JobFacts(user="u" * 1025)), [f"job.user is 1025 bytes, at most {DEFAULT_STRING_BYTES}"]),
+    # bytes, not characters: 600 two-byte characters are 1200 bytes
+    (pb.AdmitRequest(job=pb.JobFacts(user="alice", job_name="é" * 600)), ["job.job_name is 1200 bytes, at most 1024"]),
+    (pb.AdmitRequest(job=pb.JobFacts(user="alice", comment="swapaware:mem=2G " + "x" * 5000, qos="q" * 2000)),
+     ["job.comment is 5017 bytes, at most 4096", "job.qos is 2000 bytes, at most 1024"]),
+    (pb.JobStartedRequest(job_id=1, node="n1", event_id="e" * 129), ["event_id is 129 bytes, at most 128"]),
+    (pb.JobFinishedRequest(job_id=1, node="n1", gpu_indices=list(range(MAX_REPEATED + 1))),
+     [f"gpu_indices has {MAX_REPEATED + 1} entries, at most {MAX_REPEATED}"]),
+    (pb.JobFinishedRequest(job_id=1, node="n1", gpus=[pb.GpuUsage(gpu_index=i) for i in range(3)], oom_evidence="x" * 4096), []),
+    (pb.ExplainRequest(job_id=5), []),
+])
+def test_oversize_names_each_field_over_its_limit(msg, expected):
+    assert oversize(msg) == expected
+
+
+def test_every_named_limit_is_a_string_field_of_the_api():
+    names = set()
+    for m in (pb.JobFacts, pb.AdmitRequest, pb.JobStartedRequest, pb.JobFinishedRequest, pb.ExplainRequest,
+              pb.GpuUsage):
+        names |= {f.name for f in m.DESCRIPTOR.fields if f.type == f.TYPE_STRING}
+    assert set(STRING_BYTES) <= names
