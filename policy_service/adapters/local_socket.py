@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import socketserver
+import struct
 import threading
 from pathlib import Path
 
@@ -27,8 +28,28 @@ log = logging.getLogger(__name__)
 IDLE_TIMEOUT_S = 600.0  # a kept connection with no request is closed after this
 
 
-def handle_line(handler: PolicyHandler, line: bytes) -> bytes:
-    """One request line -> one response line. Never raises."""
+# Events feed the model: over this socket only root and the service's own user may send them
+# (job_submit.lua, inside slurmctld, only sends Admit). The peer's uid comes from the kernel.
+_EVENTS = {Method.JOB_STARTED, Method.JOB_FINISHED}
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED), or None."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", creds)[1]
+
+
+def may_send(method: Method, uid: int | None, own_uid: int) -> bool:
+    """Whether a peer with ``uid`` may call ``method`` here (None: unknown, trusted for nothing
+    but Admit and Explain)."""
+    return method not in _EVENTS or uid in (0, own_uid)
+
+
+def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None) -> bytes:
+    """One request line -> one response line. Never raises. ``uid``: the peer's."""
     try:
         try:
             envelope = json.loads(line)
@@ -37,6 +58,11 @@ def handle_line(handler: PolicyHandler, line: bytes) -> bytes:
         if not isinstance(envelope, dict) or not isinstance(envelope.get("method"), str):
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, 'request must be {"method": ..., "request": {...}}')
         method = Method.by_name(envelope["method"])
+        if not may_send(method, uid, os.geteuid()):
+            log.warning("local socket: %s from uid %s refused (events only from root or uid %d)",
+                        method.value[0], uid, os.geteuid())
+            raise HandlerError(grpc.StatusCode.PERMISSION_DENIED,
+                               f"{method.value[0]} over the local socket is for root and the service's user")
         msg = method.value[1]()
         try:
             json_format.ParseDict(envelope.get("request") or {}, msg)
@@ -76,6 +102,7 @@ def start_local_socket(handler: PolicyHandler, path: Path, mode: int = 0o660) ->
         timeout = IDLE_TIMEOUT_S
 
         def handle(self) -> None:
+            uid = peer_uid(self.connection)
             while True:
                 try:
                     line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
@@ -89,7 +116,7 @@ def start_local_socket(handler: PolicyHandler, path: Path, mode: int = 0o660) ->
                     return  # the rest of that line cannot be framed: drop the connection
                 if not line.strip():
                     continue
-                if not self._reply(handle_line(handler, line)):
+                if not self._reply(handle_line(handler, line, uid)):
                     return
 
         def _reply(self, data: bytes) -> bool:

@@ -1,6 +1,7 @@
 """Bounded, private state: an oversize request is refused with INVALID_ARGUMENT on both transports
 and leaves nothing in the history; the history is created 0600 and a foreign-owned one is refused;
 spooled events are 0600. Real service, real SQLite, real gRPC on loopback, real Unix socket."""
+import json
 import os
 import sqlite3
 import stat
@@ -83,3 +84,40 @@ def test_spooled_events_are_owner_only(tmp_path):
     f = spool_event(spool, "JobFinished", pb.JobFinishedRequest(job_id=3, node="n1", event_id="e3"), "e3")
     assert stat.S_IMODE(f.stat().st_mode) == 0o600
     assert stat.S_IMODE(spool.stat().st_mode) == 0o700
+
+
+PEER = r"""
+import json, os, socket, sys
+os.setgid(65534); os.setuid(65534)  # nobody
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+    s.settimeout(5)
+    s.connect(sys.argv[1])
+    for line in sys.stdin:
+        s.sendall(line.encode())
+        print(s.makefile("rb").readline().decode(), end="", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a peer of another uid needs root to create")
+def test_local_socket_takes_events_only_from_root_and_the_service_user(short_dir, service_env, slurm_jobs):
+    import subprocess
+    import sys
+
+    sock = short_dir / "policy.sock"
+    svc = start_service(load_config(env=dict(service_env, SWAPAWARE_SERVICE__SOCKET_PATH=str(sock))),
+                        slurm=slurm_jobs)
+    try:
+        os.chmod(short_dir, 0o711)
+        os.chmod(sock, 0o666)  # let another user connect: the peer check is what is tested here
+        event = {"method": "JobFinished", "request": {"jobId": 7, "node": "n1", "eventId": "ev-7"}}
+        admit = {"method": "Admit", "request": {"job": {"user": "bob", "tresPerNode": "gres/gpu:1"}}}
+        r = subprocess.run([sys.executable, "-c", PEER, str(sock)], capture_output=True, text=True, timeout=60,
+                           input=json.dumps(event) + "\n" + json.dumps(admit) + "\n")
+        replies = [json.loads(line) for line in r.stdout.splitlines()]
+        assert len(replies) == 2, r.stderr
+        assert replies[0]["error"]["code"] == "PERMISSION_DENIED"
+        assert replies[1]["response"]["decision"]["decisionId"]  # Admit stays open to the socket's group
+        as_root = socket_call(sock, event)
+        assert "error" not in as_root or as_root["error"]["code"] != "PERMISSION_DENIED", as_root
+    finally:
+        svc.stop(0)
