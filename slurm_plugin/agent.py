@@ -35,7 +35,8 @@ the next, over [first sample, last sample]) and the device utilisation (device-w
   the epilog should combine this with the job's exit code. Xid lines are read from
   ``/dev/kmsg`` when it is readable; Xids without a pid (old drivers) are not attributed.
 
-The pure core (``Series``, ``JobTrack``, ``apply_tick``, ``summarize``, the parsers) has no I/O;
+The pure core (``Series``, ``JobTrack``, ``apply_tick``, ``summarize``; the /proc and kernel-log
+parsers live in ``slurm_plugin.procs``) has no I/O;
 ``Agent`` adds the locks, clocks and /proc reads; ``AgentServer`` the socket and the thread.
 Jobs never stopped are forgotten after ``MAX_JOB_AGE_S``; at most ``MAX_JOBS`` are tracked.
 """
@@ -44,13 +45,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import enum
-import errno
 import json
 import logging
 import logging.handlers
 import os
-import re
 import signal
 import socket
 import socketserver
@@ -63,6 +61,22 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from policy_service.config import AgentConfig, ConfigError, load_config
 from slurm_plugin.nvml import PROC_ROOT, GpuTelemetry, ProcessUsage, TelemetryError, open_telemetry
+from slurm_plugin.procs import (  # noqa: F401  (part of this module's API)
+    EvidenceKind,
+    KernelEvent,
+    KernelLogTail,
+    MAX_KERNEL_LINES_PER_TICK,
+    MAX_SLUID_CHARS,
+    PidJobCache,
+    job_id_from_cgroup,
+    job_id_from_cgroup_path,
+    job_id_from_environ,
+    job_id_from_memcg,
+    parse_kernel_line,
+    resolve_job_id,
+    start_ticks_from_stat,
+    usable_sluid,
+)
 
 log = logging.getLogger("swapaware.agent")
 
@@ -73,9 +87,7 @@ CONNECTION_TIMEOUT_S = 5.0
 NEAR_CAPACITY_FRAC = 0.98
 MAX_EVIDENCE = 16
 MAX_PIDS_PER_JOB = 256
-MAX_KERNEL_LINES_PER_TICK = 1000
 DEFAULT_KERNEL_LOG = Path("/dev/kmsg")
-MAX_SLUID_CHARS = 255  # a path component's limit
 
 
 # =========================================================================== pure core
@@ -107,12 +119,6 @@ class Series:
         span_s = self.last_t_s - self.first_t_s
         return self.area / span_s if span_s > 0 else self.last_value
 
-
-class EvidenceKind(enum.Enum):
-    JOB_NEAR_CAPACITY = "job_near_capacity"
-    DEVICE_FULL = "device_full"
-    XID = "xid"
-    HOST_OOM = "host_oom"
 
 
 @dataclass(frozen=True)
@@ -161,14 +167,6 @@ class JobTrack:
     per_process_memory_reported: bool = True
     sluid: str | None = None  # Slurm's unique job id (25.11+), the cgroup v2 directory name on 26.05
 
-
-@dataclass(frozen=True)
-class KernelEvent:
-    kind: EvidenceKind  # XID or HOST_OOM
-    pid: int | None
-    job_id: int | None  # from a memory-cgroup path in the line
-    code: int | None  # Xid number
-    text: str
 
 
 def new_job(job_id: int, gpus: Sequence[int], uid: int | None, wall_s: float, mono_s: float,
@@ -288,178 +286,6 @@ def unknown_job_telemetry(job_id: int, reason: str) -> dict[str, Any]:
 
 def expired_jobs(jobs: Mapping[int, JobTrack], now_mono_s: float, max_age_s: float) -> list[int]:
     return [j for j, t in jobs.items() if now_mono_s - t.started_mono_s > max_age_s]
-
-
-# --------------------------------------------------------------------------- parsers
-
-_CGROUP_JOB = re.compile(r"(?:^|/)job_(\d+)(?:/|$)")
-_XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
-_PID = re.compile(r"\bpid=(\d+)")
-_KILLED = re.compile(r"Killed process (\d+)")
-_ANY_JOB = re.compile(r"/job_(\d+)(?:/|,|\s|$)")
-_MEMCG_PATH = re.compile(r"\b(?:oom|task)_memcg=([^,\s]+)")
-_ENV_JOB_ID = re.compile(rb"(?:^|\0)SLURM_JOB_ID=(\d+)(?:\0|$)")
-_ENV_JOBID = re.compile(rb"(?:^|\0)SLURM_JOBID=(\d+)(?:\0|$)")
-
-
-def usable_sluid(value: str) -> str | None:
-    """``value`` stripped when it can be a cgroup path component (the only use made of it), else None.
-
-    Nothing else is assumed about a SLUID's format."""
-    text = value.strip()
-    if not text or len(text) > MAX_SLUID_CHARS or text in (".", "..") or any(c in text for c in "/\0\n"):
-        return None
-    return text
-
-
-def job_id_from_cgroup_path(path: str, sluids: Mapping[str, int] | None = None) -> int | None:
-    """Slurm job of one cgroup path: a ``job_<id>`` component, else a component equal to an
-    announced SLUID (``sluids``: SLUID -> job id); None when neither is there."""
-    match = _CGROUP_JOB.search(path)
-    if match:
-        return int(match.group(1))
-    if sluids:
-        for part in path.split("/"):
-            if part in sluids:
-                return sluids[part]
-    return None
-
-
-def job_id_from_cgroup(text: str, sluids: Mapping[str, int] | None = None) -> int | None:
-    """Slurm job id from ``/proc/<pid>/cgroup`` text (v1 or v2), or None. ``sluids`` maps the
-    SLUIDs of announced jobs to their ids (cgroup v2 on Slurm 26.05 names job directories by SLUID)."""
-    for line in text.splitlines():
-        job_id = job_id_from_cgroup_path(line.split(":", 2)[-1], sluids)
-        if job_id is not None:
-            return job_id
-    return None
-
-
-def job_id_from_memcg(text: str, sluids: Mapping[str, int]) -> int | None:
-    """Job of an OOM-killer line by the SLUID in its ``oom_memcg=``/``task_memcg=`` paths, or None.
-    (``job_<id>`` paths are read by ``parse_kernel_line``.)"""
-    for match in _MEMCG_PATH.finditer(text):
-        job_id = job_id_from_cgroup_path(match.group(1), sluids)
-        if job_id is not None:
-            return job_id
-    return None
-
-
-def job_id_from_environ(data: bytes) -> int | None:
-    """``SLURM_JOB_ID`` (or the old ``SLURM_JOBID``) from ``/proc/<pid>/environ`` bytes, or None."""
-    for pattern in (_ENV_JOB_ID, _ENV_JOBID):
-        match = pattern.search(data)
-        if match:
-            return int(match.group(1))
-    return None
-
-
-def start_ticks_from_stat(text: str) -> int | None:
-    """Process start time (clock ticks since boot, field 22) from ``/proc/<pid>/stat``; tells pids apart."""
-    fields = text.rpartition(")")[2].split()
-    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
-
-
-def parse_kernel_line(line: str) -> KernelEvent | None:
-    """An Xid or OOM-killer event from one kernel log line (dmesg or /dev/kmsg form), or None."""
-    text = line.split(";", 1)[1] if re.match(r"^\d+,\d+,\d+,[^;]*;", line) else line
-    text = text.strip()
-    xid = _XID.search(text)
-    if xid:
-        pid = _PID.search(text)
-        return KernelEvent(EvidenceKind.XID, int(pid.group(1)) if pid else None, None, int(xid.group(2)), text)
-    if "Killed process" in text or ("oom-kill:" in text and "oom_memcg=" in text):
-        pid = _KILLED.search(text) or _PID.search(text)
-        job = _ANY_JOB.search(text)
-        return KernelEvent(EvidenceKind.HOST_OOM, int(pid.group(1)) if pid else None,
-                           int(job.group(1)) if job else None, None, text)
-    return None
-
-
-# =========================================================================== shell
-
-
-def resolve_job_id(pid: int, proc_root: Path = PROC_ROOT, sluids: Mapping[str, int] | None = None) -> int | None:
-    """Slurm job of ``pid``: cgroup first (``job_<id>`` or an announced SLUID), then environ; None
-    when neither says."""
-    with contextlib.suppress(OSError):
-        job_id = job_id_from_cgroup((proc_root / str(pid) / "cgroup").read_text(), sluids)
-        if job_id is not None:
-            return job_id
-    with contextlib.suppress(OSError):
-        return job_id_from_environ((proc_root / str(pid) / "environ").read_bytes())
-    return None
-
-
-class PidJobCache:
-    """pid -> job id, remembered while the same process (pid + start time) is on a GPU.
-
-    A process's job does not change, so each GPU process costs one ``/proc/<pid>/stat`` read
-    per sample instead of the cgroup and environ reads. Holds only the pids of the last sample.
-    What a cgroup path means depends on the announced SLUIDs: when they change (a job started
-    or stopped) every pid is read again, so a process seen before its job was announced is not
-    left unattributed.
-    """
-
-    def __init__(self, proc_root: Path = PROC_ROOT) -> None:
-        self._proc_root = proc_root
-        self._known: dict[int, tuple[int, int | None]] = {}
-        self._sluids: dict[str, int] = {}
-
-    def resolve(self, pids: Iterable[int], sluids: Mapping[str, int] | None = None) -> dict[int, int | None]:
-        sluids = dict(sluids or {})
-        if sluids != self._sluids:
-            self._known, self._sluids = {}, sluids
-        known: dict[int, tuple[int, int | None]] = {}
-        out: dict[int, int | None] = {}
-        for pid in pids:
-            start = self._start_ticks(pid)
-            cached = self._known.get(pid)
-            if start is not None and cached is not None and cached[0] == start:
-                job_id = cached[1]
-            else:
-                job_id = resolve_job_id(pid, self._proc_root, sluids)
-            if start is not None:
-                known[pid] = (start, job_id)
-            out[pid] = job_id
-        self._known = known
-        return out
-
-    def _start_ticks(self, pid: int) -> int | None:
-        try:
-            return start_ticks_from_stat((self._proc_root / str(pid) / "stat").read_text())
-        except OSError:
-            return None
-
-
-class KernelLogTail:
-    """Non-blocking reader of new kernel log records (``/dev/kmsg``, or a plain file in tests)."""
-
-    def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        os.lseek(self._fd, 0, os.SEEK_END)
-        self._partial = b""
-
-    def read_lines(self, max_lines: int = MAX_KERNEL_LINES_PER_TICK) -> list[str]:
-        lines: list[str] = []
-        while len(lines) < max_lines:
-            try:
-                chunk = os.read(self._fd, 8192)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:  # /dev/kmsg: records overwritten; continue
-                    continue
-                raise
-            if not chunk:
-                break
-            *done, self._partial = (self._partial + chunk).split(b"\n")
-            lines += [d.decode("utf-8", "replace") for d in done]
-        return lines
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
 
 
 class RequestError(ValueError):
