@@ -197,6 +197,8 @@ def _list_values(raw: str) -> list[str]:
 def _slurm_param_checks(conf: SlurmConf, cfg: Config) -> list[Check]:
     gres_types = _list_values(conf.get("GresTypes"))
     submit = [v.removeprefix("job_submit/") for v in _list_values(conf.get("JobSubmitPlugins"))]
+    cli_filter = [v.removeprefix("cli_filter/") for v in _list_values(conf.get("CliFilterPlugins"))]
+    select_params = [v.lower() for v in _list_values(conf.get("SelectTypeParameters"))]
     try:
         age_weight = int(conf.get("PriorityWeightAge", "0"))
     except ValueError:
@@ -211,6 +213,14 @@ def _slurm_param_checks(conf: SlurmConf, cfg: Config) -> list[Check]:
                f"SelectType={conf.get('SelectType') or '(unset)'}", "set SelectType=select/cons_tres"),
         _check("job_submit_lua", "lua" in submit, f"JobSubmitPlugins={conf.get('JobSubmitPlugins') or '(unset)'}",
                "add lua to JobSubmitPlugins and install job_submit.lua next to slurm.conf"),
+        _check("cli_filter_lua", "lua" in cli_filter, f"CliFilterPlugins={conf.get('CliFilterPlugins') or '(unset)'}",
+               "set CliFilterPlugins=lua and install cli_filter.lua and swapaware_cli.lua next to slurm.conf on "
+               "every host where users run srun: without it, GPU steps (srun --gres=gpu:1) inside a job rewritten "
+               "to shards are refused by Slurm"),
+        _check("one_gpu_per_shard_job", "multiple_sharing_gres_pj" not in select_params,
+               f"SelectTypeParameters={conf.get('SelectTypeParameters') or '(unset)'}",
+               "remove MULTIPLE_SHARING_GRES_PJ: swapaware sizes a shared job for one GPU, and it lets one job's "
+               "shards span GPUs"),
         _check("prolog", bool(conf.get("Prolog")), f"Prolog={conf.get('Prolog') or '(unset)'}",
                "set Prolog= to the swapaware-prolog script"),
         _check("epilog", bool(conf.get("Epilog")), f"Epilog={conf.get('Epilog') or '(unset)'}",

@@ -30,6 +30,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 GresTypes=gpu,shard
 JobSubmitPlugins=lua
+CliFilterPlugins=lua
 Prolog=/usr/local/sbin/swapaware-prolog
 Epilog=/usr/local/sbin/swapaware-epilog
 TaskProlog=/usr/local/sbin/swapaware-task-prolog
@@ -88,6 +89,12 @@ SLURM_VARIANTS = [
     ("no shard in GresTypes", ("GresTypes=gpu,shard", "GresTypes=gpu"), {"gres_types"}),
     ("cons_res", ("SelectType=select/cons_tres", "SelectType=select/cons_res"), {"select_type"}),
     ("no job_submit", ("JobSubmitPlugins=lua\n", ""), {"job_submit_lua"}),
+    ("no cli_filter", ("CliFilterPlugins=lua\n", ""), {"cli_filter_lua"}),
+    ("cli_filter path form", ("CliFilterPlugins=lua", "CliFilterPlugins=cli_filter/lua"), set()),
+    ("shards spanning GPUs", ("SelectTypeParameters=CR_Core_Memory", "SelectTypeParameters=CR_Core_Memory,"
+                              "MULTIPLE_SHARING_GRES_PJ"), {"one_gpu_per_shard_job"}),
+    ("least-loaded GPU is fine", ("SelectTypeParameters=CR_Core_Memory", "SelectTypeParameters=CR_Core_Memory,"
+                                  "LL_SHARED_GRES"), set()),
     ("job_submit plugin path form", ("JobSubmitPlugins=lua", "JobSubmitPlugins=job_submit/require_timelimit,"
                                                              "job_submit/lua"), set()),
     ("no prolog", ("Prolog=/usr/local/sbin/swapaware-prolog\n", ""), {"prolog"}),
