@@ -333,6 +333,11 @@ class Method(enum.Enum):
                 return m
         raise HandlerError(grpc.StatusCode.UNIMPLEMENTED, f"unknown method {name!r}")
 
+    @property
+    def is_event(self) -> bool:
+        """An event feeds the model (observations): only the cluster's hooks may send one."""
+        return self in (Method.JOB_STARTED, Method.JOB_FINISHED)
+
     def call(self, handler: PolicyHandler, request):
         too_big = oversize(request)
         if too_big:

@@ -17,7 +17,6 @@ SERVICE_NAME = "swapaware.v1.PolicyService"
 
 
 # Events feed the model: with a token configured, only callers that hold it may send them.
-_AUTHENTICATED = {Method.JOB_STARTED, Method.JOB_FINISHED}
 
 
 def authorized(metadata, token: str | None) -> bool:
@@ -33,7 +32,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         self._token = token
 
     def _call(self, method: Method, request, context: grpc.ServicerContext):
-        if method in _AUTHENTICATED and not authorized(context.invocation_metadata(), self._token):
+        if method.is_event and not authorized(context.invocation_metadata(), self._token):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method.value[0]} needs the hooks' token")
         try:
             return method.call(self._handler, request)

@@ -30,7 +30,6 @@ IDLE_TIMEOUT_S = 600.0  # a kept connection with no request is closed after this
 
 # Events feed the model: over this socket only root and the service's own user may send them
 # (job_submit.lua, inside slurmctld, only sends Admit). The peer's uid comes from the kernel.
-_EVENTS = {Method.JOB_STARTED, Method.JOB_FINISHED}
 
 
 def peer_uid(sock: socket.socket) -> int | None:
@@ -45,7 +44,7 @@ def peer_uid(sock: socket.socket) -> int | None:
 def may_send(method: Method, uid: int | None, own_uid: int) -> bool:
     """Whether a peer with ``uid`` may call ``method`` here (None: unknown, trusted for nothing
     but Admit and Explain)."""
-    return method not in _EVENTS or uid in (0, own_uid)
+    return not method.is_event or uid in (0, own_uid)
 
 
 def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None) -> bytes:
