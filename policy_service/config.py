@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+from policy_service.core.dialect import is_release
 
 GIB = 1024**3
 DEFAULT_CONFIG_PATH = Path("/etc/swapaware/swapaware.toml")
@@ -339,7 +340,7 @@ def _validate(cfg: Config) -> None:
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),
         (cfg.swap_cost.fault_granularity_bytes > 0, "swap_cost.fault_granularity_bytes must be > 0"),
         (cfg.service.max_workers >= 1, "service.max_workers must be >= 1"),
-        (not cfg.service.slurm_release or re.fullmatch(r"\s*\d+\.\d+(\.\d+)?\s*", cfg.service.slurm_release),
+        (not cfg.service.slurm_release or is_release(cfg.service.slurm_release),
          f"service.slurm_release: {cfg.service.slurm_release!r} is not a Slurm release (use e.g. 24.11, or empty)"),
     ]
     errors = [msg for ok, msg in checks if not ok]

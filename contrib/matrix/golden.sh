@@ -35,11 +35,11 @@ return slurm.SUCCESS
 LUA
     SWAPAWARE_LUA_DIR=$lua bash "$REPO/contrib/dev-cluster/cluster.sh" up >/dev/null
     export SLURM_CONF=$etc/slurm.conf
-    local rel dialect sacct_arg
-    rel=$(slurmctld -V | sed -n 's/^slurm[^0-9]*\([0-9]*\.[0-9]*\).*/\1/p')
+    local sacct_arg
+    # the release as the service reads it (scontrol --version, slurmctld -V, ...)
     sacct_arg=$("$venv/bin/python" -c "
-from policy_service.core.dialect import dialect_for, parse_release
-print(dialect_for(parse_release('$rel')).sacct_json_arg)")
+from policy_service.adapters.slurm import cluster_release
+print(cluster_release('', 30.0).dialect.sacct_json_arg)")
     slurmctld -V >"$out/version.txt"
     cd /tmp
     local spec name

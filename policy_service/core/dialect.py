@@ -79,6 +79,11 @@ def release_name(release: Release) -> str:
 _RELEASE_RE = re.compile(r"^\s*(\d+)\.(\d+)(?:\.\d+)?\s*$")
 
 
+def is_release(text: str) -> bool:
+    """Whether ``text`` names a release ('24.11', '24.11.5'): what ``parse_release`` reads."""
+    return _RELEASE_RE.match(text) is not None
+
+
 def parse_release(text: str) -> Release:
     """'24.11' or '24.11.5' -> (24, 11)."""
     m = _RELEASE_RE.match(text)

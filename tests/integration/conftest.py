@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from policy_service.adapters.slurm import parse_version
-from policy_service.core.dialect import SlurmDialect, dialect_for
+from policy_service.adapters.slurm import cluster_release
+from policy_service.core.dialect import SlurmDialect
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,11 +46,10 @@ def _skip_reason() -> str | None:
 
 
 def installed_dialect() -> SlurmDialect:
-    """The dialect of the Slurm whose daemons the tests start (slurmctld -V)."""
-    out = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True, timeout=30).stdout
-    release = parse_version(out)
-    assert release is not None, f"slurmctld -V printed {out!r}"
-    return dialect_for(release)
+    """The dialect of the Slurm whose daemons the tests start, read as the service reads it."""
+    release = cluster_release("", 30.0)
+    assert release.version is not None, release.source
+    return release.dialect
 
 
 @dataclass
