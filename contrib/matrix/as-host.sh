@@ -33,6 +33,5 @@ mount_root "$ROOT"
 rm -rf "${ROOT:?}$HOST_SRC" && mkdir -p "$ROOT$HOST_SRC"
 # The committed files only, and no .git: the root has no git, as a tarball checkout would not.
 (cd "$REPO" && git ls-files -z -c | tar --null -T - -cf -) | tar -xf - -C "$ROOT$HOST_SRC"
-chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 CI="${CI:-}" \
-    SWAPAWARE_VENV=/opt/swapaware-as-host/venv \
+chroot "$ROOT" "${ROOT_ENV[@]}" CI="${CI:-}" SWAPAWARE_VENV=/opt/swapaware-as-host/venv \
     bash -c 'cd "$0" && exec bash contrib/run-tests.sh "$@"' "$HOST_SRC" "$@"

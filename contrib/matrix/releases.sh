@@ -11,6 +11,10 @@ ROOT_PACKAGES=(munge slurm-client slurmctld slurmd slurmdbd mariadb-server maria
                lua5.1 lua-socket lua-cjson python3 python3-venv python3-pip procps iproute2
                hostname util-linux ca-certificates perl)
 
+# The environment a command inside a root starts with (nothing of the caller's leaks in):
+#   chroot "$root" "${ROOT_ENV[@]}" [VAR=value...] COMMAND...
+ROOT_ENV=(/usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8)
+
 mlog() { printf '[matrix] %s\n' "$*" >&2; }
 mdie() { printf '[matrix] ERROR: %s\n' "$*" >&2; exit 1; }
 

@@ -26,8 +26,7 @@ in_root() {
     local root=$1 rc=0
     shift
     mount_root "$root"
-    chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-        DEBIAN_FRONTEND=noninteractive "$@" || rc=$?
+    chroot "$root" "${ROOT_ENV[@]}" DEBIAN_FRONTEND=noninteractive "$@" || rc=$?
     umount_root "$root"
     return $rc
 }

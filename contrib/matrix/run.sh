@@ -72,7 +72,7 @@ cleanup() {
 }
 
 in_root() {  # COMMAND...: in the root with the host's network (package registries)
-    chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"
+    chroot "$ROOT" "${ROOT_ENV[@]}" "$@"
 }
 
 # The checkout's files: tracked and untracked-not-ignored ones in a git checkout, else every file
@@ -117,5 +117,4 @@ mount_root "$ROOT"
 sync_source
 netns_up
 mlog "Slurm $REL: $(chroot "$ROOT" dpkg-query -W -f='${Version}' slurmctld) in $ROOT, namespace $NS"
-in_ns chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-    SWAPAWARE_VENV=$VENV CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$SRC" "$@"
+in_ns chroot "$ROOT" "${ROOT_ENV[@]}" SWAPAWARE_VENV=$VENV CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$SRC" "$@"
