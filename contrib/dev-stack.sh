@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# swapaware dev stack: the real single-node Slurm of contrib/dev-cluster/ wired to swapaware
-# (job_submit.lua, prolog/epilog, policy service, node agent on fake GPUs).
+# swapaware dev stack: the real Slurm of contrib/dev-cluster/ wired to swapaware (job_submit.lua,
+# prolog/epilog, policy service, a node agent per compute node on fake GPUs).
 #
-#   dev-stack.sh up | down [--purge] | status | service-stop | service-start | env | venv
+#   dev-stack.sh up [--nodes N] | down [--purge] | status | service-stop | service-start | env | venv
+#
+# --nodes N: a controller plus N compute nodes, each in namespaces of its own (network, host name,
+# mounts: contrib/dev-cluster/nodes.sh) with its own slurmd, munged, agent, spool and fake GPUs;
+# without it, one node beside the controller.
 #
 # Environment: SWAPAWARE_DEV_DIR (state, default /var/tmp/swapaware-dev), SWAPAWARE_VENV
 # (default <repo>/.venv), SWAPAWARE_GRPC_PORT (default 50551) and the port variables of
@@ -21,8 +25,10 @@ CONF=$STATE/etc/swapaware.toml
 RUN=$STATE/run
 LOGDIR=$STATE/log
 SOCK=$RUN/swapaware.sock
-AGENT_SOCK=$RUN/agent.sock
-FAKE=$STATE/fake-nvml
+# What belongs to a compute node, as the node sees it ($STATE/node: each node has its own).
+NODE=$STATE/node
+AGENT_SOCK=$NODE/agent.sock
+FAKE=$NODE/fake-nvml
 # The service reads job records with scontrol/sacct: point them at this cluster.
 export SLURM_CONF=$STATE/etc/slurm.conf
 
@@ -50,7 +56,9 @@ ensure_python() {
 }
 
 write_config() {
-    mkdir -p "$STATE/etc" "$STATE/bin" "$RUN" "$LOGDIR" "$STATE/lib" "$STATE/spool/swapaware"
+    mkdir -p "$STATE/etc" "$STATE/bin" "$RUN" "$LOGDIR" "$STATE/lib"
+    local addr
+    addr=$(ctld_addr)
     if [[ ! -s $STATE/etc/token ]]; then  # the hooks' shared secret with the service
         (umask 077 && head -c 24 /dev/urandom | base64 >"$STATE/etc/token")
     fi
@@ -67,16 +75,16 @@ share_min_queue = 0.0
 queue_poll_s = 2.0
 
 [service]
-grpc_address = "127.0.0.1:$GRPC_PORT"
+grpc_address = "$addr:$GRPC_PORT"
 socket_path = "$SOCK"
 db_path = "$STATE/lib/history.sqlite3"
 slurm_backend = "cli"
 token_file = "$STATE/etc/token"
 
 [hooks]
-service_address = "127.0.0.1:$GRPC_PORT"
+service_address = "$addr:$GRPC_PORT"
 deadline_s = 2.0
-spool_dir = "$STATE/spool/swapaware"
+spool_dir = "$NODE/spool"
 agent_socket = "$AGENT_SOCK"
 token_file = "$STATE/etc/token"
 
@@ -133,10 +141,10 @@ stop_daemon() {
 wait_service() {
     local i
     for i in $(seq 1 100); do
-        if [[ -S $SOCK ]] && "$VENV/bin/python" - "$GRPC_PORT" <<'EOF' 2>/dev/null; then
+        if [[ -S $SOCK ]] && "$VENV/bin/python" - "$(ctld_addr):$GRPC_PORT" <<'EOF' 2>/dev/null; then
 import sys, grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-with grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}") as ch:
+with grpc.insecure_channel(sys.argv[1]) as ch:
     r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
     sys.exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
 EOF
@@ -153,44 +161,72 @@ service_start() {
     wait_service
 }
 
+# The compute nodes (as cluster.sh knows them) and where the controller listens for them.
+nodes() { "$CLUSTER" nodes; }
+multi_node() { [[ ${NODES:-0} != 0 ]]; }
+ctld_addr() { if multi_node; then echo "${SWAPAWARE_DEV_SUBNET:-10.77.0}.1"; else echo 127.0.0.1; fi; }
+# The directory a node keeps for itself, seen from the controller.
+node_dir() { if multi_node; then echo "$STATE/nodes/$1"; else echo "$NODE"; fi; }
+
+start_agents() {
+    local n d
+    for n in $(nodes); do
+        d=$(node_dir "$n")
+        mkdir -p "$d"
+        "$VENV/bin/python" -c "
+from pathlib import Path
+from slurm_plugin.nvml import create_fake_gpus
+create_fake_gpus(Path('$d/fake-nvml'), 4, $GPU_BYTES)"
+        start_daemon "agent-$n" "$d/agent.pid" "$CLUSTER" node-exec "$n" "$VENV/bin/swapaware-agent" \
+            --config "$CONF" --foreground
+    done
+}
+
+stop_agents() {
+    local n
+    for n in $("$CLUSTER" nodes 2>/dev/null); do stop_daemon "agent-$n" "$(node_dir "$n")/agent.pid"; done
+}
+
 cmd_up() {
     [[ $(id -u) -eq 0 ]] || die "must run as root (it starts Slurm's daemons)"
     "$CLUSTER" install
     ensure_python
+    export SWAPAWARE_DEV_NODES=${NODES:-0}
     write_config
-    "$VENV/bin/python" -c "
-from pathlib import Path
-from slurm_plugin.nvml import create_fake_gpus
-create_fake_gpus(Path('$FAKE'), 4, $GPU_BYTES)"
-    start_daemon agent "$RUN/agent.pid" "$VENV/bin/swapaware-agent" --config "$CONF" --foreground
+    stop_agents  # of an earlier cluster with other nodes
     SWAPAWARE_LUA_DIR=$ROOT/slurm_plugin SWAPAWARE_PROLOG=$STATE/bin/prolog SWAPAWARE_EPILOG=$STATE/bin/epilog \
         SWAPAWARE_TASK_PROLOG=$STATE/bin/task-prolog \
         SWAPAWARE_SOCKET=$SOCK "$CLUSTER" up
-    # After the cluster: the service reads Slurm's release and its first queue snapshot before it
-    # answers, and nothing is submitted before `up` returns.
+    # Agents before any job can start (nothing is submitted before `up` returns); the service
+    # after the cluster: it reads Slurm's release and its first queue snapshot before it answers.
+    start_agents
     service_start
     cat <<EOF
 
 swapaware dev stack is up.
   $(cmd_env | tr '\n' ' ')
-  policy service: gRPC 127.0.0.1:$GRPC_PORT, socket $SOCK, log $LOGDIR/swapaware.log
-  node agent:     $AGENT_SOCK (fake NVML in $FAKE), log $LOGDIR/agent.log
+  compute nodes:  $(nodes | tr '\n' ' ')
+  policy service: gRPC $(ctld_addr):$GRPC_PORT, socket $SOCK, log $LOGDIR/swapaware.log
+  node agents:    $AGENT_SOCK on each node (fake NVML in $FAKE), logs $LOGDIR/agent-<node>.log
   hooks log:      $LOGDIR/hooks.log
   explain a job:  SWAPAWARE_CONFIG=$CONF $VENV/bin/swapaware explain <jobid>
+  on a node:      bash $CLUSTER node-exec <node> COMMAND...
   stop:           bash $ROOT/contrib/dev-stack.sh down
 EOF
 }
 
 cmd_down() {
-    stop_daemon agent "$RUN/agent.pid"
+    stop_agents
     stop_daemon swapaware "$RUN/swapaware.pid"
     "$CLUSTER" down "$@"
 }
 
 cmd_status() {
     local n
-    for n in swapaware agent; do
-        if pid_alive "$RUN/$n.pid"; then echo "$n: up (pid $(cat "$RUN/$n.pid"))"; else echo "$n: down"; fi
+    if pid_alive "$RUN/swapaware.pid"; then echo "swapaware: up (pid $(cat "$RUN/swapaware.pid"))"; else echo "swapaware: down"; fi
+    for n in $(nodes); do
+        if pid_alive "$(node_dir "$n")/agent.pid"; then echo "agent on $n: up (pid $(cat "$(node_dir "$n")/agent.pid"))"
+        else echo "agent on $n: down"; fi
     done
     "$CLUSTER" status || true
 }
@@ -200,13 +236,19 @@ cmd_env() {
     echo "export SWAPAWARE_CONFIG=$CONF"
 }
 
+# The node count: `up --nodes N`; other commands use what the last `up` chose.
+NODES=$(cat "$STATE/etc/nodes" 2>/dev/null || echo 0)
 case ${1:-} in
-    up) cmd_up ;;
+    up)
+        NODES=0
+        if [[ ${2:-} == --nodes ]]; then NODES=${3:?--nodes needs a count}; elif [[ ${2:-} == --nodes=* ]]; then NODES=${2#--nodes=}; fi
+        [[ $NODES =~ ^[0-9]+$ ]] || die "--nodes needs a count, got '$NODES'"
+        cmd_up ;;
     down) shift; cmd_down "$@" ;;
     status) cmd_status ;;
     env) cmd_env ;;
     venv) ensure_python ;;
     service-stop) stop_daemon swapaware "$RUN/swapaware.pid" ;;
     service-start) service_start ;;
-    *) echo "usage: $0 up | down [--purge] | status | env | venv | service-stop | service-start" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--nodes N] | down [--purge] | status | env | venv | service-stop | service-start" >&2; exit 2 ;;
 esac

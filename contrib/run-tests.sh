@@ -11,8 +11,9 @@
 #                         SWAPAWARE_RELEASES="24.11 26.05" does the same. --release none: no
 #                         integration suite.
 #   run-tests.sh --integration-only [PYTEST ARGS...]
-#       the integration suite against the Slurm installed here (what run.sh calls inside a
-#       release's namespace)
+#       the integration suites (tests/integration on one node, then tests/multinode on a controller
+#       and three nodes) against the Slurm installed here (what run.sh calls inside a release's
+#       namespace)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=matrix/releases.sh
@@ -40,7 +41,12 @@ bash "$ROOT/contrib/dev-stack.sh" venv
 cd "$ROOT"
 
 if ((only_integration)); then
-    exec "$VENV/bin/python" -m pytest tests/integration "${args[@]+"${args[@]}"}"
+    # The single-node suite, then the multi-node one (a controller and three nodes); one cluster at
+    # a time, each from an empty state.
+    rc=0
+    "$VENV/bin/python" -m pytest tests/integration "${args[@]+"${args[@]}"}" || rc=$?
+    "$VENV/bin/python" -m pytest tests/multinode "${args[@]+"${args[@]}"}" || rc=$?
+    exit $rc
 fi
 
 declare -A took=() result=()

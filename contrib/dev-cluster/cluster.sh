@@ -30,15 +30,16 @@ DEF_MEM_PER_CPU=${SWAPAWARE_DEF_MEM_PER_CPU:-256}
 MIN_JOB_AGE=${SWAPAWARE_MIN_JOB_AGE:-30}
 PLUGIN_TIMEOUT_MS=${SWAPAWARE_PLUGIN_TIMEOUT_MS:-200}
 TIMEOUT_S=${SWAPAWARE_DEV_TIMEOUT_S:-60}
+SLURMD_TIMEOUT=${SWAPAWARE_SLURMD_TIMEOUT:-60}  # seconds before an unresponsive node is DOWN
 GPU_TYPES=${SWAPAWARE_DEV_GPU_TYPES:-a100,a100,h100,h100}
 
 SLURM_CONF_PATH=$ETC/slurm.conf
-MUNGE_SOCKET=$RUN/munge/munge.socket.2
+MUNGE_SOCKET=$STATE/node/munge/munge.socket.2  # per node: see nodes.sh
 MYSQL_SOCKET=$MYSQL/mysqld.sock
 export SLURM_CONF=$SLURM_CONF_PATH
 
 PACKAGES=(munge slurm-client slurmctld slurmd slurmdbd mariadb-server mariadb-client
-          lua5.1 lua-socket lua-cjson util-linux)
+          lua5.1 lua-socket lua-cjson util-linux iproute2)
 
 log() { printf '[dev-cluster] %s\n' "$*" >&2; }
 die() { printf '[dev-cluster] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -50,7 +51,11 @@ node_name() { hostname -s 2>/dev/null || uname -n | cut -d. -f1; }
 # slurm_release: "22.05", "24.11", ... of the installed slurmctld (empty when not installed).
 slurm_release() { slurmctld -V 2>/dev/null | sed -n 's/^slurm[^0-9]*\([0-9]*\.[0-9]*\).*/\1/p'; }
 
+# shellcheck source=nodes.sh
+source "$HERE/nodes.sh"
+
 # version_ge A B: A >= B for dotted versions.
+
 version_ge() { [[ $(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1) == "$2" ]]; }
 
 # ---------------------------------------------------------------- install
@@ -82,9 +87,10 @@ cmd_install() {
 # ---------------------------------------------------------------- helpers
 pidfile_of() {
     case $1 in
-        munged) echo "$RUN/munge/munged.pid" ;;
+        munged) echo "$NODE_DIR/munge/munged.pid" ;;
         mariadbd) echo "$MYSQL/mysqld.pid" ;;
-        slurmdbd | slurmctld | slurmd) echo "$RUN/$1.pid" ;;
+        slurmdbd | slurmctld) echo "$RUN/$1.pid" ;;
+        slurmd) echo "$NODE_DIR/slurmd.pid" ;;
         *) die "unknown daemon $1" ;;
     esac
 }
@@ -217,10 +223,10 @@ CHANGED_DBD=0
 make_dirs() {
     mkdir -p "$STATE"
     chmod 755 "$STATE"
-    mkdir -p "$ETC" "$LOG" "$SPOOL/ctld" "$SPOOL/slurmd" "$SPOOL/munge" "$RUN/munge" "$DEV" "$MYSQL"
-    chmod 755 "$ETC" "$LOG" "$SPOOL" "$RUN" "$RUN/munge" "$DEV" "$MYSQL"
+    mkdir -p "$ETC" "$LOG" "$SPOOL/ctld" "$RUN" "$DEV" "$MYSQL" "$NODE_DIR/munge" "$NODE_DIR/slurmd" "$NODES_DIR"
+    chmod 755 "$ETC" "$LOG" "$SPOOL" "$RUN" "$DEV" "$MYSQL" "$NODE_DIR" "$NODES_DIR"
     mkdir -p "$ETC/munge"
-    chmod 700 "$ETC/munge" "$SPOOL/munge"
+    chmod 700 "$ETC/munge" "$NODE_DIR/munge"
 }
 
 make_devices() {
@@ -272,7 +278,8 @@ render_all() {
     check_socket_path "$MYSQL_SOCKET"
     check_socket_path "$socket"
 
-    export R_CLUSTER=$CLUSTER R_NODE=$node R_STATE=$STATE R_ETC=$ETC
+    export R_CLUSTER=$CLUSTER R_NODE=$node R_STATE=$STATE R_ETC=$ETC R_CTLD_ADDR=$(ctld_addr)
+    export R_SLURMD_TIMEOUT=$SLURMD_TIMEOUT R_PARTITION_NODES=$(partition_nodes)
     export R_CTLD_PORT=$CTLD_PORT R_SLURMD_PORT=$SLURMD_PORT R_DBD_PORT=$DBD_PORT R_DB_PORT=$DB_PORT
     export R_MUNGE_SOCKET=$MUNGE_SOCKET R_OVERSUBSCRIBE=$OVERSUBSCRIBE
     export R_DEF_MEM_PER_CPU=$DEF_MEM_PER_CPU R_MIN_JOB_AGE=$MIN_JOB_AGE
@@ -318,6 +325,8 @@ render_all() {
     local node_gres="" t
     for t in $(printf '%s\n' "${!per_type[@]}" | sort); do node_gres+="gpu:$t:${per_type[$t]},"; done
     export R_NODE_GRES="${node_gres}shard:32"
+    R_NODE_LINES=$(node_conf_lines "$R_NODE_HW" "$R_NODE_GRES")
+    export R_NODE_LINES
     for i in 0 1 2 3; do
         lines+="Name=shard Count=8 File=$DEV/nvidia$i"$'\n'
     done
@@ -372,21 +381,7 @@ STARTED=()
 
 munge_ok() { munge -S "$MUNGE_SOCKET" -n </dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null; }
 
-start_munge() {
-    if is_up munged; then return 0; fi
-    log "starting munged"
-    # munged runs as root here (it allows that): no ownership/traversal
-    # constraints on the state directory.
-    munged --force \
-        --key-file="$ETC/munge/munge.key" \
-        --socket="$MUNGE_SOCKET" \
-        --pid-file="$RUN/munge/munged.pid" \
-        --log-file="$LOG/munged.log" \
-        --seed-file="$SPOOL/munge/munged.seed" </dev/null >>"$LOG/munged.log" 2>&1 9>&- ||
-        die "munged failed to start; see $LOG/munged.log"
-    wait_daemon munged "$LOG/munged.log" munge_ok || die "munge not answering; see $LOG/munged.log"
-    STARTED+=(munged)
-}
+start_munge() { start_node_munge ""; }
 
 # shellcheck disable=SC2120 # called with arguments through wait_daemon
 mysql_root() { mariadb --no-defaults -S "$MYSQL_SOCKET" -u root "$@"; }
@@ -489,47 +484,10 @@ start_slurmctld() {
     STARTED+=(slurmctld)
 }
 
-node_state() { sinfo -h -N -n "$(node_name)" -o %t 2>/dev/null | head -n1; }
-
-node_ready() {
-    case $(node_state) in
-        idle | mix | mixed | alloc | allocated | comp | completing) return 0 ;;
-        *) return 1 ;;
-    esac
-}
-
-# node_registered [EPOCH]: the node answers (not unk, no '*'), and its
-# slurmd started at or after EPOCH (so a slurmd we just launched registered).
-node_registered() {
-    local st since=${1:-0} started
-    st=$(node_state)
-    [[ -n $st && $st != unk* && $st != *'*' ]] || return 1
-    ((since == 0)) && return 0
-    started=$(scontrol show node "$(node_name)" | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p')
-    [[ -n $started && $started != None ]] || return 1
-    (($(date -d "$started" +%s) >= since))
-}
-
+# start_slurmd: every compute node's slurmd (nodes.sh), registered and idle.
 start_slurmd() {
-    local since=0
-    if ! is_up slurmd; then
-        log "starting slurmd (port $SLURMD_PORT)"
-        since=$(($(date +%s) - 1))
-        slurmd </dev/null >>"$LOG/slurmd.stdout" 2>&1 9>&- || die "slurmd failed; see $LOG/slurmd.log"
-        STARTED+=(slurmd)
-    fi
-    wait_daemon slurmd "$LOG/slurmd.log" node_registered "$since" ||
-        die "node did not register; see $LOG/slurmd.log and $LOG/slurmctld.log"
-    if ! node_ready; then
-        local st reason
-        st=$(node_state)
-        reason=$(sinfo -h -N -n "$(node_name)" -o %E 2>/dev/null | head -n1)
-        log "node is '$st' (reason: $reason): resuming it"
-        scontrol update nodename="$(node_name)" state=resume 2>/dev/null ||
-            scontrol update nodename="$(node_name)" state=idle 2>/dev/null || true
-        wait_for "node idle" "$TIMEOUT_S" node_ready ||
-            die "node is '$(node_state)'; see $LOG/slurmd.log and $LOG/slurmctld.log"
-    fi
+    local name
+    for name in $(compute_nodes); do start_node_slurmd "$name"; done
 }
 
 restart_ctld() {
@@ -537,13 +495,17 @@ restart_ctld() {
     log "starting slurmctld"
     launch_slurmctld
     wait_daemon slurmctld "$LOG/slurmctld.log" ctld_ok || die "slurmctld not answering; see $LOG/slurmctld.log"
-    # A restarted slurmctld shows the node as 'unk' until slurmd re-registers
+    # A restarted slurmctld shows a node as 'unk' until its slurmd re-registers
     # (about 4 s); SIGHUP (reconfigure) makes slurmd register at once.
-    if is_up slurmd && ! node_ready; then
-        kill -HUP "$(pid_of slurmd)" 2>/dev/null || true
-        wait_for "node idle after slurmctld restart" "$TIMEOUT_S" node_ready ||
-            log "WARNING: node is '$(node_state)' after the restart; see $LOG/slurmctld.log"
-    fi
+    local name pid
+    for name in $(compute_nodes); do
+        pid=$(pid_in_node "$name" slurmd "$(slurmd_pidfile "$name")")
+        if [[ -n $pid ]] && ! node_ready_named "$name"; then
+            kill -HUP "$pid" 2>/dev/null || true
+            wait_for "node $name idle after slurmctld restart" "$TIMEOUT_S" node_ready_named "$name" ||
+                log "WARNING: node $name is '$(node_state_of "$name")' after the restart; see $LOG/slurmctld.log"
+        fi
+    done
 }
 
 # ---------------------------------------------------------------- commands
@@ -556,12 +518,16 @@ cmd_up() {
     make_secrets
     render_all
 
-    if ((CHANGED_SLURM)) && { is_up slurmctld || is_up slurmd; }; then
-        log "slurm.conf/gres.conf changed: restarting slurmctld and slurmd"
-        stop_daemons 20 slurmd slurmctld
+    if ((CHANGED_SLURM)); then
+        log "slurm.conf/gres.conf changed: restarting slurmctld and slurmd (if running)"
+        stop_all_slurmd
+        stop_daemons 20 slurmctld
     fi
+    nodes_down 0  # nodes of an earlier, larger cluster
+    echo "$NODES" >"$ETC/nodes"
 
     start_munge
+    nodes_up
     start_mariadb
     setup_db_user
     start_slurmdbd
@@ -576,8 +542,12 @@ cmd_up() {
     else
         echo "  all daemons were already running"
     fi
-    for d in munged mariadbd slurmdbd slurmctld slurmd; do
+    for d in munged mariadbd slurmdbd slurmctld; do
         printf '  %-9s pid %s\n' "$d" "$(pid_of "$d" || echo '?')"
+    done
+    for d in $(compute_nodes); do
+        printf '  slurmd    pid %s on %s (%s)\n' "$(pid_in_node "$d" slurmd "$(slurmd_pidfile "$d")")" "$d" \
+            "$(if multi_node; then node_addr "$d"; else echo 127.0.0.1; fi)"
     done
     echo "  config:   $ETC (slurm.conf, gres.conf, slurmdbd.conf, swapaware_plugin.conf)"
     echo "  logs:     $LOG"
@@ -601,8 +571,10 @@ cmd_down() {
         wait_for "jobs to end" 20 no_jobs || true
     fi
     # slurmctld flushes to slurmdbd, which writes to MariaDB; both need munge.
-    stop_daemons 20 slurmd slurmctld
+    stop_all_slurmd
+    stop_daemons 20 slurmctld
     stop_daemons 20 slurmdbd
+    nodes_down 1  # each node's munged, agent and whatever else runs there
     stop_daemons 30 mariadbd munged
     if ((purge)); then
         kill_stray_steps
@@ -644,9 +616,17 @@ kill_stray_steps() {
 }
 
 cmd_status() {
-    local d pid rc=0
+    local d pid rc=0 name
     echo "state dir: $STATE"
-    for d in munged mariadbd slurmdbd slurmctld slurmd; do
+    for name in $(compute_nodes); do
+        if pid=$(pid_in_node "$name" slurmd "$(slurmd_pidfile "$name")") && [[ -n $pid ]]; then
+            printf '  slurmd    up   (pid %s) on %s\n' "$pid" "$name"
+        else
+            printf '  slurmd    down on %s\n' "$name"
+            rc=1
+        fi
+    done
+    for d in munged mariadbd slurmdbd slurmctld; do
         if pid=$(pid_of "$d"); then
             printf '  %-9s up   (pid %s)\n' "$d" "$pid"
         elif [[ -e $(pidfile_of "$d") && ! -r $(pidfile_of "$d") ]]; then
@@ -719,6 +699,11 @@ usage: $(basename "$0") COMMAND
   env             print export lines (eval "\$($(basename "$0") env)")
   restart-ctld    restart slurmctld only
   plugin on|off   set/unset JobSubmitPlugins=lua and restart slurmctld
+  nodes           the compute nodes' names
+  node-exec NODE COMMAND...
+                  COMMAND inside a compute node's namespaces (network, host name, mounts)
+SWAPAWARE_DEV_NODES=N with up: N compute nodes, each in namespaces of its own (nodes.sh);
+0 (default) runs slurmd beside slurmctld. Other commands use what the last 'up' chose.
 EOF
 }
 
@@ -733,14 +718,17 @@ take_lock() {
 main() {
     local cmd=${1:-}
     shift || true
+    [[ $cmd == up ]] || nodes_init other
     case $cmd in
         install) cmd_install ;;
-        up) take_lock; cmd_up ;;
+        up) take_lock; nodes_init up; cmd_up ;;
         down) take_lock; cmd_down "$@" ;;
         status) cmd_status ;;
         env) cmd_env ;;
         restart-ctld) take_lock; cmd_restart_ctld ;;
         plugin) take_lock; cmd_plugin "$@" ;;
+        nodes) compute_nodes ;;
+        node-exec) exec_in_node "${1:?node-exec NODE COMMAND...}" "${@:2}" ;;
         -h | --help | help) usage ;;
         *) usage >&2; exit 2 ;;
     esac

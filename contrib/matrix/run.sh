@@ -66,7 +66,25 @@ netns_down() {
     ip netns delete "$NS"
 }
 
+# Compute nodes of a multi-node cluster (contrib/dev-cluster/nodes.sh) live in namespaces of their
+# own, not in $NS: whatever the suite left running in them ends here too, found by the pid files of
+# the nodes' namespace holders under this release's state directories.
+nodes_down() {
+    local f pid want p
+    for f in "$1"/var/tmp/swapaware-*-"${REL//./}"/nodes/*.pid; do
+        [[ -e $f ]] || continue
+        pid=$(tr -dc '0-9' <"$f")
+        want=$(readlink "/proc/$pid/ns/net" 2>/dev/null) || continue
+        for p in /proc/[0-9]*; do
+            [[ $(readlink "$p/ns/net" 2>/dev/null) == "$want" ]] && kill -KILL "${p#/proc/}" 2>/dev/null
+        done
+        mlog "ended the processes of node $(basename "$f" .pid) left by the suite"
+    done
+    return 0
+}
+
 cleanup() {
+    if ((ON_HOST)); then nodes_down ""; else nodes_down "$ROOT"; fi
     netns_down || true
     ((ON_HOST)) || umount_root "$ROOT" || true
 }

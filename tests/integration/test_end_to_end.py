@@ -73,7 +73,7 @@ def test_fail_open_and_spooled_observation_arrives_after_service_returns(stack):
         assert job_field(info, "TresPerNode") == stack.gres("gpu", 1)  # unchanged
         assert job_field(info, "AdminComment") in ("", "(null)")
         assert stack.wait_done(job) == "COMPLETED"
-        spool = stack.state / "spool" / "swapaware"
+        spool = stack.state / "node" / "spool"
         wait_for(lambda: any(spool.glob(f"*-finish-{job}-*.json")), 30,
                  lambda: f"the epilog to spool job {job}: {list(spool.iterdir())}", 0.3)
     finally:

@@ -1,0 +1,215 @@
+"""A real Slurm (munge, MariaDB, slurmdbd, slurmctld, slurmd) of the release installed where the
+tests run (22.05, 24.11 or 26.05: contrib/matrix/run.sh runs the suites once per release, each in
+its own network namespace), on fake GPUs, wired to swapaware by contrib/dev-stack.sh with its own
+state directory and ports: what the integration and multi-node suites drive. ``Stack.dialect`` is
+the running release's: tests spell GRES through it."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+from pathlib import Path
+
+import pytest
+
+from policy_service.adapters.slurm import cluster_release
+from policy_service.core.dialect import SlurmDialect
+from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+STACK = ROOT / "contrib" / "dev-stack.sh"
+CLUSTER = ROOT / "contrib" / "dev-cluster" / "cluster.sh"
+# One state directory per release: cleanup that scans /proc by SLURM_CONF path (chroots share the
+# host's /proc) never touches another release's cluster.
+_RELEASE_TAG = os.environ.get("SWAPAWARE_RELEASE", "").replace(".", "")
+
+
+def state_dir(kind: str = "test") -> Path:
+    """/var/tmp/swapaware-<kind>[-<release>], or SWAPAWARE_TEST_DIR for the single-node suite."""
+    default = f"/var/tmp/swapaware-{kind}" + (f"-{_RELEASE_TAG}" if _RELEASE_TAG else "")
+    return Path(os.environ.get("SWAPAWARE_TEST_DIR", default) if kind == "test" else default)
+
+
+STATE = state_dir()
+PORTS = {"SWAPAWARE_CTLD_PORT": "16817", "SWAPAWARE_SLURMD_PORT": "16818", "SWAPAWARE_DBD_PORT": "16819",
+         "SWAPAWARE_DB_PORT": "16816", "SWAPAWARE_GRPC_PORT": "56551"}
+GIB = 1024**3
+
+
+def skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "integration tests start Slurm's daemons and need root"
+    if shutil.which("slurmctld") is None:
+        return "Slurm is not installed (contrib/dev-cluster/cluster.sh install)"
+    return None
+
+
+def installed_dialect() -> SlurmDialect:
+    """The dialect of the Slurm whose daemons the tests start, read as the service reads it."""
+    release = cluster_release("", 30.0)
+    assert release.version is not None, release.source
+    return release.dialect
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    state: Path
+    dialect: SlurmDialect = dataclasses.field(default_factory=installed_dialect)
+
+    def gres(self, name: str, count: int, gres_type: str = "") -> str:
+        """A GRES entry as this release shows it in TresPerNode: 'gres:shard:1' / 'gres/shard:1'."""
+        return self.dialect.gres(name, count, gres_type)
+
+    @property
+    def whole_gpu_as_shards(self) -> bool:
+        """Whether a whole-GPU decision is held as all shards of the GPU on this release."""
+        return self.dialect.gpu_beside_shard_bug
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        r = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}")
+        return r
+
+    def stack(self, *args: str) -> subprocess.CompletedProcess:
+        return self.run("bash", str(STACK), *args, timeout=600)
+
+    def sbatch(self, script: str, *args: str) -> int:
+        path = self.state / "jobs" / f"{uuid.uuid4().hex[:8]}.sh"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(script)
+        out = self.run("sbatch", "--parsable", f"--chdir={path.parent}", *args, str(path)).stdout.strip()
+        return int(out.split(";")[0])
+
+    def show_job(self, job_id: int) -> str:
+        return self.run("scontrol", "show", "job", "-o", str(job_id)).stdout
+
+    def wait_done(self, job_id: int | str, timeout_s: float = 90) -> str:
+        final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
+
+        def state() -> str | None:
+            r = self.run("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "state", check=False)
+            words = r.stdout.split()
+            return words[0] if words and words[0] in final else None
+
+        return wait_for(state, timeout_s, lambda: f"job {job_id} to finish: {self.show_job(job_id)}", 0.5)
+
+    def sacct_admin_comment(self, job_id: int) -> str:
+        r = self.run("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "admincomment")
+        return r.stdout.strip()
+
+    def history(self) -> sqlite3.Connection:
+        return sqlite3.connect(f"file:{self.state}/lib/history.sqlite3?mode=ro", uri=True)
+
+    def wait_observation(self, job_id: int, timeout_s: float = 30) -> tuple:
+        def row() -> tuple | None:
+            with self.history() as db:
+                return db.execute("SELECT decision_id, runtime_s, exit_code, peak_bytes, gpu_indices, "
+                                  "telemetry_source FROM observations WHERE job_id=?", (job_id,)).fetchone()
+
+        return wait_for(row, timeout_s, lambda: f"an observation of job {job_id}; hooks log:\n"
+                        + (self.state / "log" / "hooks.log").read_text()[-3000:], 0.3)
+
+    def wait_for_decisions(self, *sbatch_args: str, timeout_s: float = 120) -> None:
+        """After a service outage job_submit.lua's circuit breaker lets GPU jobs pass undecided
+        for 10 s or more: submit held probes until one carries a decision again (each cancelled)."""
+        def decided() -> bool:
+            probe = self.held("#!/bin/sh\ntrue\n", "--gres=gpu:1", "--job-name=probe", *sbatch_args)
+            return bool(decision_of(job_field(probe, "AdminComment")))
+
+        wait_for(decided, timeout_s, "job_submit.lua to reach the service again", 2.0)
+
+    def held(self, script: str, *sbatch_args: str) -> str:
+        """Submit ``script`` held and cancel it; its ``scontrol show job -o`` line (the decision
+        is made at submit)."""
+        job = self.sbatch(script, "--hold", *sbatch_args)
+        try:
+            return self.show_job(job)
+        finally:
+            self.run("scancel", str(job))
+
+    @contextlib.contextmanager
+    def service_with(self, **env: str) -> Iterator[None]:
+        """The policy service restarted with extra environment (``SWAPAWARE_<SECTION>__<KEY>``)
+        for the block, then restarted as configured."""
+        self.stack("service-stop")
+        dataclasses.replace(self, env={**self.env, **env}).stack("service-start")
+        try:
+            self.wait_for_decisions()
+            yield
+        finally:
+            self.stack("service-stop")
+            self.stack("service-start")
+            self.wait_for_decisions()
+
+    def node(self, name: str, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        """``argv`` inside compute node ``name``'s namespaces (multi-node stacks)."""
+        return self.run("bash", str(CLUSTER), "node-exec", name, *argv, check=check, timeout=timeout)
+
+    def node_dir(self, name: str) -> Path:
+        """What node ``name`` keeps for itself (its spool, agent socket, fake GPUs), seen from here."""
+        return self.state / "nodes" / name
+
+    def observations(self, job_id: int) -> list[tuple]:
+        """(node, decision id, peak bytes, exit code) of every observation of ``job_id``."""
+        with self.history() as db:
+            return db.execute("SELECT node, decision_id, peak_bytes, exit_code FROM observations WHERE job_id=? "
+                              "ORDER BY node", (job_id,)).fetchall()
+
+    def swapaware(self, *args: str) -> subprocess.CompletedProcess:
+        return self.run(str(Path(sys.executable).parent / "swapaware"), *args)
+
+
+def job_field(oneliner: str, key: str) -> str:
+    from policy_service.adapters.slurm import scontrol_field
+
+    return scontrol_field(oneliner, key) or ""
+
+
+def fake_alloc_script(stack: Stack, gib: float, hold_s: float = 1.5, extra: str = "", busy_pct: float | None = None
+                      ) -> str:
+    py = Path(sys.executable)
+    busy = "" if busy_pct is None else f" --busy-pct {busy_pct}"
+    return f"""#!/bin/bash
+env | grep -E '^(CUDA_VISIBLE_DEVICES|SLURM_JOB_GPUS|SLURM_SHARDS_ON_NODE|SLURM_GPUS_ON_NODE|SWAPAWARE_GPU_MEM_LIMIT_BYTES)=' | sort
+{extra}
+exec {py} -m slurm_plugin.nvml fake-alloc --root {stack.state}/node/fake-nvml --gpu "${{CUDA_VISIBLE_DEVICES%%,*}}" \\
+    --bytes {int(gib * GIB)} --hold-seconds {hold_s}{busy}
+"""
+
+
+def decision_of(comment: str) -> dict[str, str]:
+    from policy_service.core.policy import parse_admin_comment
+
+    return parse_admin_comment(comment)
+
+
+def start_stack(state: Path, ports: dict[str, str], *up_args: str, **extra_env: str) -> Stack:
+    """A stack from an empty state (history and accounting), its client environment read back."""
+    reason = skip_reason()
+    if reason:
+        if os.environ.get("CI"):
+            raise RuntimeError(f"integration tests cannot run in CI: {reason}")
+        pytest.skip(reason)
+    env = {**os.environ, **ports, "SWAPAWARE_DEV_DIR": str(state), "SWAPAWARE_VENV": sys.prefix, **extra_env}
+    env.pop("SWAPAWARE_CONFIG", None)
+    s = Stack(env=env, state=state)
+    s.stack("down", "--purge")
+    up = s.stack("up", *up_args)
+    for line in s.stack("env").stdout.splitlines():
+        m = re.match(r"export (\w+)=(.*)", line)
+        if m:
+            env[m.group(1)] = m.group(2).strip("'\"")
+    assert "SLURM_CONF" in env and "SWAPAWARE_CONFIG" in env, up.stderr
+    return s
+
