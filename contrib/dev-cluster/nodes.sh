@@ -107,7 +107,8 @@ start_node_ns() {
     ip link set "$veth" master "$BRIDGE" up
     nsenter -t "$pid" -n ip addr add "$addr/24" dev eth0
     nsenter -t "$pid" -n ip link set eth0 up
-    nsenter -t "$pid" -n ip route add default via "$SUBNET.1"
+    # No default route: the controller is on the node's own subnet, and a name lookup that has no
+    # server to reach must fail at once (through a route to nowhere it would wait out its timeout).
 }
 
 # pids_in_netns PID: every process in the network namespace of PID (PID included).

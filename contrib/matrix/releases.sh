@@ -43,6 +43,15 @@ ns_name() { echo "swa-${1//./}"; }
 # mount_root ROOT / umount_root ROOT: the kernel file systems a Debian root needs to run daemons.
 mount_root() {
     local root=$1
+    # The root is a mount point of its own (a private bind mount of itself): inside the chroot, "/"
+    # is then a mount, so that a multi-node cluster's nodes can have mount namespaces of their own
+    # (unshare --propagation private needs "/" to be a mount point) without their mounts reaching
+    # the host's.
+    if ! mountpoint -q "$root"; then
+        : >"$root/.swapaware-bound"
+        mount --bind "$root" "$root"
+        mount --make-private "$root"
+    fi
     mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
     mountpoint -q "$root/sys" || mount -t sysfs sysfs "$root/sys"
     if ! mountpoint -q "$root/dev"; then
@@ -56,6 +65,10 @@ umount_root() {
     for m in dev sys proc; do
         if mountpoint -q "$root/$m"; then umount -R "$root/$m" 2>/dev/null || umount -lR "$root/$m"; fi
     done
+    if [[ -e $root/.swapaware-bound ]] && mountpoint -q "$root"; then
+        umount "$root" 2>/dev/null || umount -l "$root"
+        rm -f "$root/.swapaware-bound"
+    fi
 }
 
 # ensure_hosts ROOT: a root that debootstrap made on another suite may have no /etc/hosts (bookworm
