@@ -13,8 +13,8 @@ import grpc
 from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import PolicyClient
-from policy_service.config import Config, ConfigError, LinkKind, load_config
+from policy_service.client import configured_client
+from policy_service.config import Config, ConfigError, LinkKind, load_config, read_token
 from policy_service.core.request import script_fingerprint
 
 _SBATCH_RE = re.compile(r"^#SBATCH\s+(--?[\w-]+)(?:[= ]\s*(\S.*?))?\s*$")
@@ -44,7 +44,7 @@ def serve(config: str | None) -> None:
     logging.getLogger("swapaware.service").info("starting\n%s", cfg.summary())
     try:
         serve_forever(cfg)
-    except OSError as exc:
+    except (OSError, ConfigError) as exc:
         raise click.ClickException(f"cannot start: {exc}") from None
 
 
@@ -127,11 +127,23 @@ def explain(job_id, decision_id, script, gres, job_name, user, comment, as_json,
     else:
         req = pb.ExplainRequest(decision_id=decision_id)
     try:
-        with PolicyClient(cfg.hooks.service_address, max(cfg.hooks.deadline_s, 5.0)) as client:
+        with configured_client(cfg, cfg.hooks.service_address, max(cfg.hooks.deadline_s, 5.0),
+                               _readable_token(cfg.hooks.token_file)) as client:
             resp = client.explain(req)
+    except ConfigError as exc:
+        raise click.ClickException(f"configuration: {exc}") from None
     except grpc.RpcError as exc:
         raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
     click.echo(json_format.MessageToJson(resp) if as_json else render_explain(resp))
+
+
+def _readable_token(path: str) -> str | None:
+    """The hooks' token where this user may read it (root on a node: it may explain every job);
+    anyone else is identified by MUNGE."""
+    try:
+        return read_token(path)
+    except ConfigError:
+        return None
 
 
 @main.command("replay-spool")
@@ -141,7 +153,7 @@ def replay_spool(config: str | None) -> None:
     from slurm_plugin.hooks import replay_main
 
     cfg = _load(config)
-    result = replay_main(cfg.hooks)
+    result = replay_main(cfg.hooks, cfg.auth, cfg.tls)
     click.echo(json.dumps(result.__dict__))
     if result.stopped_by:
         sys.exit(1)

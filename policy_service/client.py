@@ -1,21 +1,48 @@
-"""gRPC client of the policy service, with a deadline on every call."""
+"""gRPC client of the policy service, with a deadline on every call; optionally TLS, the hooks'
+token and a fresh MUNGE credential on every call (a credential decodes once: munged keeps a
+replay cache)."""
 from __future__ import annotations
+
+import logging
 
 import grpc
 
+from policy_service import munge
+
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service._generated.swapaware.v1 import policy_pb2_grpc
+
+log = logging.getLogger("swapaware.client")
+MUNGE_METADATA = "x-swapaware-munge"  # the service reads a credential here (policy_service.access)
+MUNGE_TTL_S = 60  # each credential is used at once, and once
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
 
 
 class PolicyClient:
-    def __init__(self, address: str, deadline_s: float, token: str | None = None):
+    def __init__(self, address: str, deadline_s: float, token: str | None = None,
+                 munge_socket: str | None = None, tls: grpc.ChannelCredentials | None = None):
+        """``munge_socket``: attach a MUNGE credential made through this munged to every call
+        (None: none); ``tls``: channel credentials (``policy_service.tls.channel_credentials``)."""
         self.address, self.deadline_s = address, deadline_s
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
-        self._channel = grpc.insecure_channel(address, options=[("grpc.enable_retries", 0)])
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._munge_socket = munge_socket
+        options = [("grpc.enable_retries", 0)]
+        self._channel = (grpc.secure_channel(address, tls, options=options) if tls is not None
+                         else grpc.insecure_channel(address, options=options))
         self._stub = policy_pb2_grpc.PolicyServiceStub(self._channel)
+
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """The metadata of one call: the token, and a credential made now. A credential that cannot
+        be made (munged down) is left out and logged: the service then says what it needs."""
+        md = self._metadata
+        if self._munge_socket is not None:
+            try:
+                md = md + ((MUNGE_METADATA, munge.encode(socket=self._munge_socket, ttl=MUNGE_TTL_S)),)
+            except munge.MungeError as exc:
+                log.warning("no MUNGE credential for this call: %s", exc)
+        return md or None
 
     def close(self) -> None:
         self._channel.close()
@@ -28,10 +55,23 @@ class PolicyClient:
 
     def call(self, method: str, request):
         """Call an RPC by its proto name ('Admit', 'JobFinished', ...)."""
-        return getattr(self._stub, method)(request, timeout=self.deadline_s, metadata=self._metadata)
+        return getattr(self._stub, method)(request, timeout=self.deadline_s, metadata=self.metadata())
 
     def admit(self, job: pb.JobFacts, dry_run: bool = False) -> pb.AdmitResponse:
         return self.call("Admit", pb.AdmitRequest(job=job, dry_run=dry_run))
 
     def explain(self, request: pb.ExplainRequest) -> pb.ExplainResponse:
         return self.call("Explain", request)
+
+
+def configured_client(cfg, address: str, deadline_s: float, token: str | None = None) -> PolicyClient:
+    """A client as ``cfg`` (policy_service.config.Config) says: TLS from ``[tls]`` (a bad file
+    raises ConfigError), a MUNGE credential per call where ``[auth] munge`` says so (auto: where
+    libmunge and munged's socket exist; on: always, a failure to make one is logged per call)."""
+    from policy_service.auth_config import MungeMode
+    from policy_service.tls import channel_credentials
+
+    mode = cfg.auth.munge
+    use_munge = mode is MungeMode.ON or (mode is MungeMode.AUTO and munge.usable(cfg.auth.munge_socket))
+    return PolicyClient(address, deadline_s, token, munge_socket=str(cfg.auth.munge_socket) if use_munge else None,
+                        tls=channel_credentials(cfg.tls))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from policy_service.auth_config import AuthConfig, MungeMode, TlsConfig, auth_errors, tls_errors  # noqa: F401
 from policy_service.core.dialect import is_release
 
 GIB = 1024**3
@@ -214,6 +215,9 @@ class ServiceConfig:
     # The running Slurm's release ("24.11"), for hosts where `scontrol --version` does not work
     # (no scontrol, no slurm.conf). Empty: ask scontrol at start.
     slurm_release: str = ""
+    # A run whose JobFinished never came (node died, epilog never ran) stops counting as a co-runner
+    # this long after its start (sooner where its decision's facts give a time limit: limit + 1 h).
+    open_run_max_s: float = 7 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -251,6 +255,8 @@ class Config:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     hooks: HookConfig = field(default_factory=HookConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     source: str = "defaults"
 
     def summary(self) -> str:
@@ -336,6 +342,7 @@ def _validate(cfg: Config) -> None:
         (cfg.policy.overcommit_compute_min_queue >= 0, "policy.overcommit_compute_min_queue must be >= 0"),
         (cfg.policy.redecide_max_per_poll >= 1, "policy.redecide_max_per_poll must be >= 1"),
         (cfg.policy.admin_comment_max_chars >= 80, "policy.admin_comment_max_chars must be >= 80"),
+        (cfg.service.open_run_max_s > 0, "service.open_run_max_s must be > 0"),
         (cfg.hooks.deadline_s > 0, "hooks.deadline_s must be > 0"),
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),
         (cfg.swap_cost.fault_granularity_bytes > 0, "swap_cost.fault_granularity_bytes must be > 0"),
@@ -343,7 +350,7 @@ def _validate(cfg: Config) -> None:
         (not cfg.service.slurm_release or is_release(cfg.service.slurm_release),
          f"service.slurm_release: {cfg.service.slurm_release!r} is not a Slurm release (use e.g. 24.11, or empty)"),
     ]
-    errors = [msg for ok, msg in checks if not ok]
+    errors = [msg for ok, msg in checks if not ok] + auth_errors(cfg.auth) + tls_errors(cfg.tls)
     if errors:
         raise ConfigError("; ".join(errors))
 

@@ -19,14 +19,17 @@ from typing import Callable
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.history import HistoryStore, ObservationRow
+from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.queue import QueueMonitor
-from policy_service.adapters.slurm import SlurmAccess, SlurmError
+from policy_service.adapters.slurm import SlurmAccess
+from policy_service.authz import Owner
 from policy_service.config import Config
-from policy_service.core import estimator, policy
+from policy_service.core import policy
 from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.request import RequestError, history_keys, job_request
-from policy_service.core.types import Action, Decision, JobObservation, JobRequest, KeyLevel
+from policy_service.core.types import Action, Decision, JobRequest, KeyLevel, ReasonCode
+from policy_service.correlation import Correlator
+from policy_service.events import EventApplier, gpu_utilisation  # noqa: F401  (gpu_utilisation: API)
 from policy_service.limits import oversize
 
 log = logging.getLogger("swapaware.decisions")
@@ -37,7 +40,8 @@ _ACTION = {
     Action.SHARE: pb.ACTION_SHARE,
     Action.SHARE_OVERSUBSCRIBED: pb.ACTION_SHARE_OVERSUBSCRIBED,
 }
-_SHARED_ACTIONS = {Action.SHARE.value, Action.SHARE_OVERSUBSCRIBED.value}
+# google.rpc code number -> status (an EventResult's code back into a status for the single-event RPCs)
+_STATUS = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class HandlerError(Exception):
@@ -59,15 +63,6 @@ def gres_fields(job: pb.JobFacts) -> dict[str, str]:
 def is_batch(job: pb.JobFacts) -> bool:
     """Whether the job has a batch script; facts from a client that does not say count as batch."""
     return job.is_batch if job.HasField("is_batch") else True
-
-
-def gpu_utilisation(req: pb.JobFinishedRequest) -> float | None:
-    """Mean utilisation (0..1) of the job's GPUs as the node agent sampled it; None without
-    telemetry. Device-wide: the estimator uses it only for runs without co-runners."""
-    measured = [g.util_mean_pct for g in req.gpus if g.HasField("util_mean_pct")]
-    if not measured or req.telemetry_source in ("", "none"):
-        return None
-    return min(1.0, max(0.0, sum(measured) / len(measured) / 100.0))
 
 
 def decision_to_proto(d: Decision) -> pb.Decision:
@@ -101,16 +96,23 @@ class PendingRedecision:
 
 
 class PolicyHandler:
-    """Admit / JobStarted / JobFinished / Explain over core + store."""
+    """Admit / JobStarted / JobFinished / ReportEvents / Explain over core + store."""
 
     def __init__(self, cfg: Config, store: HistoryStore, slurm: SlurmAccess | None,
                  clock: Callable[[], float] = time.time, new_id: Callable[[], str] = _new_id,
-                 queue_monitor: QueueMonitor | None = None, dialect: SlurmDialect = SLURM_22_05):
+                 queue_monitor: QueueMonitor | None = None, dialect: SlurmDialect = SLURM_22_05,
+                 authorizer=None):
         self.cfg, self.store, self.slurm = cfg, store, slurm
+        # policy_service.access.Authorizer: who may record an Admit and see which Explain (callers
+        # come from the transports); None: every caller is trusted (tests, the simulator).
+        self.authorizer = authorizer
         self.dialect = dialect  # the running Slurm's, chosen once at start (server.start_service)
         self.queue = queue_monitor
         self.learned: collections.Counter = collections.Counter()  # history key -> observations folded
         self.clock, self.new_id = clock, new_id
+        # Events: job instances and their decisions resolved in bulk from Slurm (correlation.py).
+        self.correlation = Correlator(slurm, store, clock=clock, open_run_max_s=cfg.service.open_run_max_s)
+        self.events = EventApplier(cfg, store, self.correlation, clock, self.learned)
         # Decisions are recorded by a writer thread, off the reply's path: slurmctld waits
         # for Admit while holding its locks. Readers of decisions call flush() first.
         self._writes: queue.Queue = queue.Queue(maxsize=10_000)
@@ -152,15 +154,33 @@ class PolicyHandler:
         self._writer.join(5)
 
     # ------------------------------------------------------------------ Admit
-    def admit(self, req: pb.AdmitRequest) -> pb.AdmitResponse:
+    def admit(self, req: pb.AdmitRequest, caller=None) -> pb.AdmitResponse:
+        """``caller`` (policy_service.authz.Caller, from a transport): an Admit that is not
+        slurmctld's is answered as a dry run, recorded nowhere, with a reason saying so."""
         job = req.job
+        dry_run_why = self._not_slurmctld(caller) if not req.dry_run else None
         d, jr, keys = self._decide(job)
-        if not req.dry_run:
+        if not req.dry_run and dry_run_why is None:
             self._writes.put((d, jr, keys, job))
         if req.brief:  # the full message is built by the writer, off this path
-            return pb.AdmitResponse(decision=pb.Decision(decision_id=d.decision_id, action=_ACTION[d.action],
-                                                         shards=d.shards, rewrite=rewrite_to_proto(d.rewrite)))
-        return pb.AdmitResponse(decision=decision_to_proto(d))
+            reply = pb.AdmitResponse(decision=pb.Decision(decision_id=d.decision_id, action=_ACTION[d.action],
+                                                          shards=d.shards, rewrite=rewrite_to_proto(d.rewrite)))
+        else:
+            reply = pb.AdmitResponse(decision=decision_to_proto(d))
+        if dry_run_why is not None:
+            reply.decision.reasons.add(code=ReasonCode.DRY_RUN_NOT_SLURMCTLD.value, message=dry_run_why)
+        return reply
+
+    def _not_slurmctld(self, caller) -> str | None:
+        """Why an Admit from ``caller`` is answered as a dry run (None: it is recorded)."""
+        if caller is None or self.authorizer is None:
+            return None
+        v = self.authorizer.admit(caller)
+        if v.code is not None:
+            raise HandlerError(v.code, f"Admit refused: {v.reason}")
+        if v.allowed:
+            return None
+        return f"dry run, nothing recorded: only slurmctld's Admit is recorded, and {v.reason}"
 
     def _decide(self, job: pb.JobFacts, replaces: str = ""):
         fields = gres_fields(job)
@@ -220,77 +240,40 @@ class PolicyHandler:
 
     # ------------------------------------------------------------------ correlation
     def _decision_id_for_job(self, job_id: int) -> str:
+        """The decision of the job that has this id now (its newest instance in Slurm)."""
         self.flush()
-        run = self.store.run(job_id)
-        if run is not None and run.decision_id:
-            return run.decision_id
-        if self.slurm is None:
-            return ""
-        try:
-            comment = self.slurm.job_admin_comment(job_id) or ""
-        except SlurmError as exc:
-            log.warning("job %s: cannot read its decision from Slurm: %s", job_id, exc)
-            return ""
-        d_id = policy.parse_admin_comment(comment).get("id", "")
-        return d_id if d_id and self.store.decision(d_id) is not None else ""
+        return self.correlation.current_decision(job_id)
 
-    # ------------------------------------------------------------------ JobStarted
+    # ------------------------------------------------------------------ events
+    def _one_event(self, event: pb.JobEvent) -> pb.EventResult:
+        self.flush()  # decisions handed out so far are in the history before events name them
+        (result,) = self.events.apply([event])
+        if result.code:
+            raise HandlerError(_STATUS.get(result.code, grpc.StatusCode.INTERNAL), result.message)
+        return result
+
     def job_started(self, req: pb.JobStartedRequest) -> pb.JobStartedResponse:
-        if req.job_id == 0:
-            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
-        d_id = self._decision_id_for_job(req.job_id)
-        started = req.started_at or self.clock()
-        self.store.record_start(event_id=req.event_id, job_id=req.job_id, decision_id=d_id, node=req.node,
-                                gpus=list(req.gpu_indices), started_at=started, received_at=self.clock())
-        return pb.JobStartedResponse(decision_id=d_id)
+        return pb.JobStartedResponse(decision_id=self._one_event(pb.JobEvent(started=req)).decision_id)
 
-    # ------------------------------------------------------------------ JobFinished
     def job_finished(self, req: pb.JobFinishedRequest) -> pb.JobFinishedResponse:
-        if req.job_id == 0:
-            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
-        if not req.event_id:
-            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, "event_id is required (replays must be idempotent)")
-        now = self.clock()
-        finished = req.finished_at or now
-        run = self.store.run(req.job_id)
-        started = req.started_at or (run.started_at if run else None)
-        gpus = tuple(req.gpu_indices) or (run.gpu_indices if run else ())
-        d_id = self._decision_id_for_job(req.job_id)
-        row = self.store.decision(d_id) if d_id else None
-        shared = row is not None and row.action in _SHARED_ACTIONS
-        co = self.store.overlapping_runs(req.node, gpus, started or finished, finished, req.job_id)
-        peak = req.peak_gpu_bytes if req.HasField("peak_gpu_bytes") else None
-        oom, evidence = estimator.infer_oom(
-            reported=req.oom_detected, failed=req.exit_code != 0 or req.exit_signal != 0, peak_bytes=peak,
-            charged_bytes=row.shards * self.cfg.gpu.shard_bytes if shared else 0,
-            charge_frac=self.cfg.estimator.oom_charge_frac)
-        obs = ObservationRow(
-            event_id=req.event_id, job_id=req.job_id, decision_id=d_id, node=req.node, gpu_indices=gpus,
-            started_at=started, finished_at=finished, runtime_s=(finished - started) if started else None,
-            exit_code=req.exit_code, peak_bytes=peak, oom=oom, co_runners=len(co), shared=shared,
-            telemetry_source=req.telemetry_source or "none", received_at=now)
-        core_obs = JobObservation(runtime_s=obs.runtime_s or 0.0, exit_code=obs.exit_code, peak_bytes=peak,
-                                  oom=obs.oom, shared=shared, co_runners=obs.co_runners,
-                                  util_frac=gpu_utilisation(req))
-        keys = row.keys if row is not None else {}
-        applied = self.store.record_finish(obs, keys, lambda s: estimator.observe(s, core_obs, self.cfg.estimator))
-        if applied and keys:
-            self.learned.update(keys.values())  # pending jobs of these keys may share now
-        log.info("observation %s", json.dumps({
-            "job_id": req.job_id, "decision_id": d_id, "applied": applied, "runtime_s": obs.runtime_s,
-            "peak_bytes": peak, "oom": obs.oom, "oom_evidence": evidence or req.oom_evidence,
-            "co_runners": obs.co_runners, "exit_code": obs.exit_code,
-            "learned_keys": len(keys) if applied else 0}, sort_keys=True))
-        if row is None and applied:
-            log.warning("job %s finished without a known decision: observation kept, nothing learned", req.job_id)
-        return pb.JobFinishedResponse(applied=applied, decision_id=d_id)
+        result = self._one_event(pb.JobEvent(finished=req))
+        return pb.JobFinishedResponse(applied=result.applied, decision_id=result.decision_id)
+
+    def report_events(self, req: pb.ReportEventsRequest) -> pb.ReportEventsResponse:
+        """A batch of events (a node agent's spool): applied in order, each once, all job ids
+        resolved with one Slurm query; one result per event, a bad one never failing the rest."""
+        self.flush()
+        return pb.ReportEventsResponse(results=self.events.apply(req.events))
 
     # ------------------------------------------------------------------ Explain
-    def explain(self, req: pb.ExplainRequest) -> pb.ExplainResponse:
+    def explain(self, req: pb.ExplainRequest, caller=None) -> pb.ExplainResponse:
+        """Job facts (a what-if) are explained to anyone; a recorded decision only to whom
+        ``self.authorizer`` lets see it (``caller``: None, from inside the service: all)."""
         which = req.WhichOneof("target")
         if which == "job":
             return pb.ExplainResponse(decision=self.admit(pb.AdmitRequest(job=req.job, dry_run=True)).decision,
                                       job=req.job)
+        self._may_explain(caller, None)
         job_id = 0
         if which == "job_id":
             job_id = req.job_id
@@ -305,6 +288,7 @@ class PolicyHandler:
         row = self.store.decision(d_id)
         if row is None:
             raise HandlerError(grpc.StatusCode.NOT_FOUND, f"decision {d_id!r} is not in the history")
+        self._may_explain(caller, row.facts)
         out = pb.ExplainResponse(job_id=job_id)
         out.decision.CopyFrom(row.decision)
         out.job.CopyFrom(row.facts)
@@ -317,6 +301,13 @@ class PolicyHandler:
                 ob.peak_gpu_bytes = o.peak_bytes
         return out
 
+    def _may_explain(self, caller, facts: pb.JobFacts | None) -> None:
+        if caller is None or self.authorizer is None:
+            return
+        v = self.authorizer.explain(caller, None if facts is None else Owner(facts.uid, facts.user))
+        if not v.allowed:
+            raise HandlerError(v.code or grpc.StatusCode.PERMISSION_DENIED, f"Explain refused: {v.reason}")
+
 
 class Method(enum.Enum):
     """The RPCs, by their proto names: one table for both transports."""
@@ -325,6 +316,7 @@ class Method(enum.Enum):
     JOB_STARTED = ("JobStarted", pb.JobStartedRequest, "job_started")
     JOB_FINISHED = ("JobFinished", pb.JobFinishedRequest, "job_finished")
     EXPLAIN = ("Explain", pb.ExplainRequest, "explain")
+    REPORT_EVENTS = ("ReportEvents", pb.ReportEventsRequest, "report_events")
 
     @classmethod
     def by_name(cls, name: str) -> "Method":
@@ -336,12 +328,16 @@ class Method(enum.Enum):
     @property
     def is_event(self) -> bool:
         """An event feeds the model (observations): only the cluster's hooks may send one."""
-        return self in (Method.JOB_STARTED, Method.JOB_FINISHED)
+        return self in (Method.JOB_STARTED, Method.JOB_FINISHED, Method.REPORT_EVENTS)
 
-    def call(self, handler: PolicyHandler, request):
+    def call(self, handler: PolicyHandler, request, caller=None):
+        """``caller``: who sent it (policy_service.authz.Caller), for the methods whose answer
+        depends on it (Admit: recorded or a dry run; Explain: whose jobs)."""
         too_big = oversize(request)
         if too_big:
             log.warning("%s refused: %s", self.value[0], "; ".join(too_big))
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"{self.value[0]} refused, a field is too large: {'; '.join(too_big[:3])}")
+        if caller is not None and self in (Method.ADMIT, Method.EXPLAIN):
+            return getattr(handler, self.value[2])(request, caller=caller)
         return getattr(handler, self.value[2])(request)

@@ -21,8 +21,13 @@ STRING_BYTES: Mapping[str, int] = {
     "event_id": 128,
     "decision_id": 64,
     "telemetry_source": 64,
+    "sluid": 64,  # SLURM_JOB_SLUID: 13-14 characters ("sAK5M8XEFWTR00")
 }
 MAX_REPEATED = 1024  # GPU indices, per-GPU usage entries
+# Repeated fields with their own bound. ReportEvents' events are not descended into here: the
+# handler checks each event alone, so that one oversized event is refused and the rest applied.
+REPEATED_MAX: Mapping[str, int] = {"events": 500}
+CHECKED_PER_ITEM = frozenset({"events"})
 MAX_REQUEST_BYTES = 256 * 1024  # one whole request, on either transport
 
 
@@ -39,8 +44,11 @@ def oversize(msg: Message, prefix: str = "") -> list[str]:
         name = f"{prefix}{field.name}"
         repeated = _is_repeated(field)
         values = list(value) if repeated else [value]
-        if repeated and len(values) > MAX_REPEATED:
-            out.append(f"{name} has {len(values)} entries, at most {MAX_REPEATED}")
+        most = REPEATED_MAX.get(field.name, MAX_REPEATED)
+        if repeated and len(values) > most:
+            out.append(f"{name} has {len(values)} entries, at most {most}")
+            continue
+        if field.name in CHECKED_PER_ITEM:
             continue
         for v in values:
             if field.type == FieldDescriptor.TYPE_STRING:

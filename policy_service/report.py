@@ -105,6 +105,7 @@ class HistoryObservation:
     peak_bytes: int | None
     oom: bool
     telemetry_source: str
+    submit_time: int = 0  # of the job instance it belongs to; 0: not known (legacy or unresolved)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,9 @@ class HistorySnapshot:
     decisions: Mapping[str, HistoryDecision] = dataclasses.field(default_factory=dict)
     observations: Mapping[int, tuple[HistoryObservation, ...]] = dataclasses.field(default_factory=dict)
     run_decisions: Mapping[int, str] = dataclasses.field(default_factory=dict)  # job id -> decision id (runs)
+    # job id -> {submit time -> decision id}: the runs whose job instance is known (ids repeat after a
+    # Slurm state reset; a requeue gives a new submit time). Where an id has any, they alone count.
+    run_instances: Mapping[int, Mapping[int, str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -342,11 +346,13 @@ def judge(*, started: bool, tres: TresCounts, comment: Mapping[str, str] | None,
 
 
 def _pick_observation(obs: Sequence[HistoryObservation], decision_id: str,
-                      start_time: int) -> HistoryObservation | None:
-    """The newest observation of this job id that belongs to this job (same decision, not older
-    than the job's start)."""
+                      start_time: int, submit_time: int = 0) -> HistoryObservation | None:
+    """The newest observation of this job id that belongs to this job (same instance where both
+    know it, same decision, not older than the job's start)."""
     best = None
     for o in obs:
+        if submit_time > 0 and o.submit_time > 0 and o.submit_time != submit_time:
+            continue
         if decision_id and o.decision_id and o.decision_id != decision_id:
             continue
         if start_time > 0 and o.finished_at < start_time - STALE_OBSERVATION_S:
@@ -369,7 +375,11 @@ def join_job(job: AccountingJob, hist: HistorySnapshot, *, shards_per_gpu: int, 
     # An ended job's accounting record is authoritative; an unfinished one's lacks the comment.
     known = bool(job.admin_comment) or job.end_time > 0 or live_comment is not None
     comment = parse_admin_comment(text) if known else None
-    run_id = hist.run_decisions.get(job.job_id, "")
+    instances = hist.run_instances.get(job.job_id)
+    if instances and job.submit_time > 0:  # runs of this id by instance: only this instance's counts
+        run_id = instances.get(job.submit_time, "")
+    else:
+        run_id = hist.run_decisions.get(job.job_id, "")
     if not (alloc.any_gpu or req.any_gpu or comment or run_id):
         return None
     comment_fields = comment or {}
@@ -400,7 +410,7 @@ def join_job(job: AccountingJob, hist: HistorySnapshot, *, shards_per_gpu: int, 
     saved_h = 0.0
     if asked_one_gpu and shards > 0 and gpus == 0:
         saved_h = elapsed / HOUR_S * max(0.0, 1.0 - shards / spg)
-    o = _pick_observation(hist.observations.get(job.job_id, ()), decision_id, job.start_time)
+    o = _pick_observation(hist.observations.get(job.job_id, ()), decision_id, job.start_time, job.submit_time)
     observed = o.peak_bytes if o is not None and o.peak_bytes else None
     predicted = d.peak_bytes if d is not None and d.peak_bytes > 0 else None
     margin = d.margin_bytes if d is not None and predicted is not None else None
@@ -485,19 +495,25 @@ def read_history(path: Path | str, job_ids: Iterable[int], decision_ids: Iterabl
         with ReadOnlyHistory(path) as h:
             ids = list(job_ids)
             runs = h.run_decisions(ids)
+            by_instance: dict[int, dict[int, str]] = {}
+            for job_id, submit, d_id in h.run_instances(ids):
+                if submit > 0:
+                    by_instance.setdefault(job_id, {})[submit] = d_id
             obs: dict[int, list[HistoryObservation]] = {}
             for o in h.observations_of(ids):
                 obs.setdefault(o.job_id, []).append(HistoryObservation(
                     job_id=o.job_id, decision_id=o.decision_id or "", finished_at=float(o.finished_at),
-                    peak_bytes=o.peak_bytes, oom=o.oom, telemetry_source=o.telemetry_source or ""))
-            wanted = set(decision_ids) | set(runs.values()) | {o.decision_id for v in obs.values() for o in v}
+                    peak_bytes=o.peak_bytes, oom=o.oom, telemetry_source=o.telemetry_source or "",
+                    submit_time=o.submit_time))
+            wanted = (set(decision_ids) | set(runs.values()) | {d for v in by_instance.values() for d in v.values()}
+                      | {o.decision_id for v in obs.values() for o in v})
             decisions = {d_id: decision_from_row(d_id, r.action, r.shards, r.facts_json, r.decision_json)
                          for d_id, r in h.decisions_by_id(wanted).items()}
     except HistoryUnreadable as exc:
         raise HistoryUnavailable(str(exc)) from None
     return HistorySnapshot(decisions=decisions,
                            observations={k: tuple(sorted(v, key=lambda o: o.finished_at)) for k, v in obs.items()},
-                           run_decisions=runs)
+                           run_decisions=runs, run_instances=by_instance)
 
 
 def live_admin_comments(slurm: SlurmAccess, accounting: Sequence[AccountingJob],

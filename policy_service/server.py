@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2
 
+from policy_service.access import Authorizer
 from policy_service.adapters.grpc_server import start_grpc
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.local_socket import start_local_socket
@@ -19,6 +20,7 @@ from policy_service.adapters.redecide import PendingRedecider
 from policy_service.adapters.slurm import ClusterRelease, SlurmAccess, cluster_release, open_slurm
 from policy_service.config import Config, read_token
 from policy_service.handler import PolicyHandler
+from policy_service.tls import server_credentials, server_enabled
 
 log = logging.getLogger("swapaware.service")
 
@@ -60,20 +62,27 @@ def log_release(release: ClusterRelease) -> None:
 
 def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool = True) -> RunningService:
     token = read_token(cfg.service.token_file)
+    tls = server_credentials(cfg.tls) if server_enabled(cfg.tls) else None  # files checked before anything starts
     release = cluster_release(cfg.service.slurm_release, cfg.service.slurm_timeout_s)
     log_release(release)
     store = HistoryStore(cfg.service.db_path)
     if slurm is None and use_slurm:
         slurm = open_slurm(cfg.service.slurm_backend, cfg.service.slurm_timeout_s, release)
     monitor = QueueMonitor(slurm, cfg) if slurm is not None and reads_queue(cfg) else None
-    handler = PolicyHandler(cfg, store, slurm, queue_monitor=monitor, dialect=release.dialect)
+    try:
+        authorizer = Authorizer.from_config(cfg.auth, slurm, token)
+    except BaseException:
+        store.close()
+        raise
+    handler = PolicyHandler(cfg, store, slurm, queue_monitor=monitor, dialect=release.dialect, authorizer=authorizer)
     if monitor is not None and cfg.policy.redecide_pending:
         monitor.on_poll = PendingRedecider(handler, slurm, cfg)
     server = None
     try:
         if monitor is not None:  # the first Admit must see the queue, not "unknown": poll before serving
             monitor.start().wait_first_poll()
-        server, port, health_servicer = start_grpc(handler, cfg.service.grpc_address, cfg.service.max_workers, token)
+        server, port, health_servicer = start_grpc(handler, cfg.service.grpc_address, cfg.service.max_workers, token,
+                                                   authorizer, tls)
         sock_server, _ = start_local_socket(handler, cfg.service.socket_path)
     except BaseException:
         if server is not None:
@@ -83,8 +92,9 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         handler.close()
         store.close()
         raise
-    log.info("serving gRPC on %s (port %d), local socket %s, history %s",
-             cfg.service.grpc_address, port, cfg.service.socket_path, cfg.service.db_path)
+    log.info("serving gRPC on %s (port %d, %s), local socket %s, history %s",
+             cfg.service.grpc_address, port, "TLS" + (" with client certificates" if cfg.tls.client_ca else "")
+             if tls is not None else "plaintext", cfg.service.socket_path, cfg.service.db_path)
     return RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server)
 
 

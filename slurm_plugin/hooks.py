@@ -21,8 +21,8 @@ from typing import Mapping
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import PolicyClient
-from policy_service.config import Config, ConfigError, HookConfig, load_config, read_token
+from policy_service.client import PolicyClient, configured_client
+from policy_service.config import AuthConfig, Config, ConfigError, HookConfig, TlsConfig, load_config, read_token
 from slurm_plugin import agent_client, spool
 
 log = logging.getLogger("swapaware.hooks")
@@ -115,22 +115,30 @@ def apply_telemetry(req: pb.JobFinishedRequest, t: dict) -> None:
             log.info("job %s: agent suspected OOM (%s) but the job exited 0: not an OOM", req.job_id, evidence)
 
 
-def hook_client(hooks: HookConfig) -> PolicyClient:
-    """A client carrying the hooks' token when one is configured. An unreadable token file is
-    logged and the call goes out without it: the service refuses it and the event is spooled."""
+def hook_client(hooks: HookConfig, auth: AuthConfig | None = None, tls: TlsConfig | None = None) -> PolicyClient:
+    """A client carrying the hooks' token when one is configured and a MUNGE credential per call
+    where ``auth`` says (default: where munged runs), over TLS where ``tls.ca`` is set. An
+    unreadable token file or TLS file is logged and the call goes out without it: the service
+    refuses it and the event is spooled."""
     try:
         token = read_token(hooks.token_file)
     except ConfigError as exc:
         log.error("%s: events will be spooled until it is readable", exc)
         token = None
-    return PolicyClient(hooks.service_address, hooks.deadline_s, token)
+    cfg = Config(auth=auth or AuthConfig(), tls=tls or TlsConfig())
+    try:
+        return configured_client(cfg, hooks.service_address, hooks.deadline_s, token)
+    except ConfigError as exc:
+        log.error("%s: events will be spooled until it is fixed", exc)
+        return configured_client(Config(auth=cfg.auth), hooks.service_address, hooks.deadline_s, token)
 
 
-def deliver(hooks: HookConfig, method: str, request, client: PolicyClient | None = None) -> bool:
+def deliver(hooks: HookConfig, method: str, request, client: PolicyClient | None = None,
+            auth: AuthConfig | None = None, tls: TlsConfig | None = None) -> bool:
     """Replay what is spooled, then send ``request``; spool it if the service cannot take it.
     Returns True when the service took it now."""
     own = client is None
-    client = client or hook_client(hooks)
+    client = client or hook_client(hooks, auth, tls)
     try:
         result = spool.replay(hooks.spool_dir, client.call, hooks.replay_batch)
         if result.sent or result.rejected:
@@ -175,13 +183,13 @@ def run_prolog(env: Mapping[str, str], cfg: Config, now: float) -> None:
     uid = env.get("SLURM_JOB_UID", "")
     agent_client.notify_start(cfg.hooks, req.job_id, list(req.gpu_indices), int(uid) if uid.isdigit() else None,
                               sluid=env.get("SLURM_JOB_SLUID") or None)  # 25.11+; names the cgroup on 26.05
-    deliver(cfg.hooks, "JobStarted", req)
+    deliver(cfg.hooks, "JobStarted", req, auth=cfg.auth, tls=cfg.tls)
 
 
 def run_epilog(env: Mapping[str, str], cfg: Config, now: float) -> None:
     job_id = job_id_of(env)
     telemetry = agent_client.collect(cfg.hooks, job_id)
-    deliver(cfg.hooks, "JobFinished", finished_request(env, now, telemetry))
+    deliver(cfg.hooks, "JobFinished", finished_request(env, now, telemetry), auth=cfg.auth, tls=cfg.tls)
 
 
 def _main(name: str, fn) -> None:
@@ -201,7 +209,7 @@ def epilog_main() -> None:
     _main("epilog", run_epilog)
 
 
-def replay_main(hooks: HookConfig) -> spool.ReplayResult:
-    with hook_client(hooks) as client:
+def replay_main(hooks: HookConfig, auth: AuthConfig | None = None, tls: TlsConfig | None = None) -> spool.ReplayResult:
+    with hook_client(hooks, auth, tls) as client:
         return spool.replay(hooks.spool_dir, client.call, max_events=10**9)
 

@@ -9,6 +9,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2_grpc
+from policy_service.access import AccessUnavailable, Authorizer
+from policy_service.authz import credential_verdict
 from policy_service.handler import HandlerError, Method, PolicyHandler
 from policy_service.limits import MAX_REQUEST_BYTES
 
@@ -16,7 +18,9 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "swapaware.v1.PolicyService"
 
 
-# Events feed the model: with a token configured, only callers that hold it may send them.
+# Events feed the model. With an Authorizer (the service always has one) the caller is identified
+# (MUNGE credential, the hooks' token) and policy_service.authz decides; without one, the old rule:
+# with a token configured, only callers that hold it may send events.
 
 
 def authorized(metadata, token: str | None) -> bool:
@@ -27,15 +31,35 @@ def authorized(metadata, token: str | None) -> bool:
 
 
 class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
-    def __init__(self, handler: PolicyHandler, token: str | None = None):
+    def __init__(self, handler: PolicyHandler, token: str | None = None, authorizer: Authorizer | None = None):
         self._handler = handler
         self._token = token
+        self._authorizer = authorizer
+
+    def _caller(self, method: Method, context: grpc.ServicerContext):
+        """Who calls, once the checks that come before the handler passed (else the call is aborted)."""
+        name = method.value[0]
+        if self._authorizer is None:
+            if method.is_event and not authorized(context.invocation_metadata(), self._token):
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{name} needs the hooks' token")
+            return None
+        try:
+            caller = self._authorizer.identify(context.invocation_metadata())
+        except AccessUnavailable as exc:
+            log.error("%s from %s: %s", name, context.peer(), exc)
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        verdict = credential_verdict(caller)
+        if verdict.allowed and method.is_event:
+            verdict = self._authorizer.events(name, caller)
+        if not verdict.allowed:
+            log.warning("%s from %s refused: %s", name, context.peer(), verdict.reason)
+            context.abort(verdict.code, verdict.reason)
+        return caller
 
     def _call(self, method: Method, request, context: grpc.ServicerContext):
-        if method.is_event and not authorized(context.invocation_metadata(), self._token):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method.value[0]} needs the hooks' token")
+        caller = self._caller(method, context)
         try:
-            return method.call(self._handler, request)
+            return method.call(self._handler, request, caller)
         except HandlerError as exc:
             context.abort(exc.code, exc.message)
         except Exception:
@@ -54,18 +78,23 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
     def Explain(self, request, context):
         return self._call(Method.EXPLAIN, request, context)
 
+    def ReportEvents(self, request, context):
+        return self._call(Method.REPORT_EVENTS, request, context)
 
-def start_grpc(handler: PolicyHandler, address: str, max_workers: int,
-               token: str | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """Start serving on ``address`` ('host:0' picks a free port). Returns (server, port, health)."""
+
+def start_grpc(handler: PolicyHandler, address: str, max_workers: int, token: str | None = None,
+               authorizer: Authorizer | None = None, credentials: grpc.ServerCredentials | None = None,
+               ) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """Start serving on ``address`` ('host:0' picks a free port), over TLS with ``credentials``.
+    Returns (server, port, health)."""
     # The same bound as the local socket's: no request of this API comes near it, and a larger one
     # is refused (RESOURCE_EXHAUSTED) before it is parsed; fields within it have their own limits.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                          options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
-    policy_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(handler, token), server)
+    policy_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(handler, token, authorizer), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(address)
+    port = server.add_secure_port(address, credentials) if credentials is not None else server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind gRPC address {address}")
     server.start()

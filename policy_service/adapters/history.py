@@ -6,149 +6,38 @@ are applied once.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import sqlite3
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 from typing import Callable, Iterable, Iterator, Mapping
 
-from google.protobuf import json_format
-
-from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.history_read import HistoryUnreadable, ReadOnlyHistory  # noqa: F401  (API)
+from policy_service.adapters.history_schema import (  # noqa: F401  (the rows are part of this module's API)
+    DECISION_COLS,
+    LEGACY_PREFIX,
+    OBSERVATION_COLS,
+    RUN_COLS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    UNRESOLVED_PREFIX,
+    DecisionRow,
+    ObservationRow,
+    RunRow,
+    decision_row,
+    migrate,
+    observation_row,
+    run_row,
+    stats_from_json,
+    stats_to_json,
+    stored_version,
+    unresolved_key,
+)
 from policy_service.core.types import ClassStats, KeyLevel
 
 log = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 2  # 2: decisions keep facts and decision as serialized protobuf
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS decisions (
-    decision_id TEXT PRIMARY KEY,
-    decided_at REAL NOT NULL,
-    job_class TEXT NOT NULL,
-    user TEXT NOT NULL,
-    account TEXT NOT NULL,
-    partition TEXT NOT NULL,
-    job_name TEXT NOT NULL,
-    action TEXT NOT NULL,
-    shards INTEGER NOT NULL,
-    model_version TEXT NOT NULL,
-    keys_json TEXT NOT NULL,
-    facts_pb BLOB NOT NULL,
-    decision_pb BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS decisions_user ON decisions(user, decided_at);
-CREATE TABLE IF NOT EXISTS runs (
-    job_id INTEGER PRIMARY KEY,
-    decision_id TEXT NOT NULL DEFAULT '',
-    node TEXT NOT NULL DEFAULT '',
-    gpu_indices TEXT NOT NULL DEFAULT '[]',
-    started_at REAL,
-    finished_at REAL
-);
-CREATE INDEX IF NOT EXISTS runs_node ON runs(node, started_at);
-CREATE TABLE IF NOT EXISTS events (event_id TEXT PRIMARY KEY, kind TEXT NOT NULL, received_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS observations (
-    event_id TEXT PRIMARY KEY,
-    job_id INTEGER NOT NULL,
-    decision_id TEXT NOT NULL,
-    node TEXT NOT NULL,
-    gpu_indices TEXT NOT NULL,
-    started_at REAL,
-    finished_at REAL NOT NULL,
-    runtime_s REAL,
-    exit_code INTEGER NOT NULL,
-    peak_bytes INTEGER,
-    oom INTEGER NOT NULL,
-    co_runners INTEGER NOT NULL,
-    shared INTEGER NOT NULL,
-    telemetry_source TEXT NOT NULL,
-    received_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS observations_job ON observations(job_id);
-CREATE INDEX IF NOT EXISTS observations_decision ON observations(decision_id);
-CREATE TABLE IF NOT EXISTS class_stats (
-    level TEXT NOT NULL,
-    key TEXT NOT NULL,
-    stats_json TEXT NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (level, key)
-);
-"""
-
-
-@dataclass(frozen=True)
-class DecisionRow:
-    decision_id: str
-    decided_at: float
-    job_class: str
-    user: str
-    action: str
-    shards: int
-    keys: dict[KeyLevel, str]
-    facts_pb: bytes  # swapaware.v1.JobFacts, serialized (cheap to write on the Admit path)
-    decision_pb: bytes  # swapaware.v1.Decision, serialized
-
-    @property
-    def facts(self) -> pb.JobFacts:
-        return pb.JobFacts.FromString(self.facts_pb)
-
-    @property
-    def decision(self) -> pb.Decision:
-        return pb.Decision.FromString(self.decision_pb)
-
-    @property
-    def facts_json(self) -> str:
-        """Canonical proto3 JSON of the facts (for reports and people)."""
-        return json_format.MessageToJson(self.facts, indent=None)
-
-    @property
-    def decision_json(self) -> str:
-        return json_format.MessageToJson(self.decision, indent=None)
-
-
-@dataclass(frozen=True)
-class RunRow:
-    job_id: int
-    decision_id: str
-    node: str
-    gpu_indices: tuple[int, ...]
-    started_at: float | None
-    finished_at: float | None
-
-
-@dataclass(frozen=True)
-class ObservationRow:
-    event_id: str
-    job_id: int
-    decision_id: str
-    node: str
-    gpu_indices: tuple[int, ...]
-    started_at: float | None
-    finished_at: float
-    runtime_s: float | None
-    exit_code: int
-    peak_bytes: int | None
-    oom: bool
-    co_runners: int
-    shared: bool
-    telemetry_source: str
-    received_at: float
-
-
-def stats_to_json(s: ClassStats) -> str:
-    return json.dumps(dataclasses.asdict(s), sort_keys=True)
-
-
-def stats_from_json(text: str) -> ClassStats:
-    data = json.loads(text)
-    known = {f.name for f in dataclasses.fields(ClassStats)}
-    return ClassStats(**{k: v for k, v in data.items() if k in known})
 
 
 class HistoryOwnerError(RuntimeError):
@@ -190,11 +79,31 @@ class HistoryStore:
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.executescript(_SCHEMA)
+            before = stored_version(self._conn)
+            if before is not None and before < SCHEMA_VERSION:
+                self._backup(before)
+                migrate(self._conn)
+                log.warning("history %s: schema %d migrated to %d in place (runs and observations it held are "
+                            "kept as legacy: known by job id only)", self.path, before, stored_version(self._conn))
+            self._conn.executescript(SCHEMA)
             self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             found = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
         if int(found) != SCHEMA_VERSION:
             raise RuntimeError(f"{self.path}: history schema {found}, this build reads {SCHEMA_VERSION}")
+
+    def _backup(self, version: int) -> None:
+        """A copy of a history about to be migrated, beside it (``<path>.schema<N>.bak``, 0600)."""
+        if self.path == ":memory:":
+            return
+        copy = Path(f"{self.path}.schema{version}.bak")
+        if copy.exists():
+            return
+        private_history_file(copy)
+        dest = sqlite3.connect(str(copy))
+        try:
+            self._conn.backup(dest)
+        finally:
+            dest.close()
 
     def close(self) -> None:
         with self._lock:
@@ -215,8 +124,8 @@ class HistoryStore:
 
     def decision(self, decision_id: str) -> DecisionRow | None:
         with self._tx() as c:
-            row = c.execute(f"SELECT {_DECISION_COLS} FROM decisions WHERE decision_id=?", (decision_id,)).fetchone()
-        return None if row is None else _decision_row(row)
+            row = c.execute(f"SELECT {DECISION_COLS} FROM decisions WHERE decision_id=?", (decision_id,)).fetchone()
+        return None if row is None else decision_row(row)
 
     def decisions(self) -> Iterator[DecisionRow]:
         with self._tx() as c:
@@ -237,55 +146,101 @@ class HistoryStore:
         return {KeyLevel(level): stats_from_json(text) for level, text in rows}
 
     # --- runs and events -----------------------------------------------------------------
+    # A run is one job instance on one node (a multi-node job has one per node); its key is the
+    # instance's (history_schema). Events arrive in any order and more than once.
     def event_seen(self, event_id: str) -> bool:
-        with self._tx() as c:
-            return c.execute("SELECT 1 FROM events WHERE event_id=?", (event_id,)).fetchone() is not None
+        return event_id in self.events_seen([event_id])
+
+    def events_seen(self, event_ids: Iterable[str]) -> set[str]:
+        """Which of these event ids were already applied."""
+        ids = sorted({e for e in event_ids if e})
+        seen: set[str] = set()
+        with self._lock:
+            for i in range(0, len(ids), 500):
+                part = ids[i:i + 500]
+                seen.update(r[0] for r in self._conn.execute(
+                    f"SELECT event_id FROM events WHERE event_id IN ({','.join('?' * len(part))})", part))
+        return seen
 
     def record_start(self, *, event_id: str, job_id: int, decision_id: str, node: str, gpus: Iterable[int],
-                     started_at: float, received_at: float) -> bool:
-        """Record a job start; False when this event was already applied."""
+                     started_at: float, received_at: float, instance: str = "", submit_time: int = 0) -> bool:
+        """Record a job instance's start on a node; False when this event was already applied.
+        ``instance``: its key ("": unresolved, known by job id, node and start second only)."""
+        instance = instance or unresolved_key(job_id, node, started_at)
         with self._tx() as c:
             if not _claim_event(c, event_id, "start", received_at):
                 return False
-            c.execute("INSERT INTO runs (job_id, decision_id, node, gpu_indices, started_at) VALUES (?,?,?,?,?) "
-                      "ON CONFLICT(job_id) DO UPDATE SET decision_id=CASE WHEN excluded.decision_id!='' "
-                      "THEN excluded.decision_id ELSE runs.decision_id END, node=excluded.node, "
-                      "gpu_indices=excluded.gpu_indices, started_at=excluded.started_at",
-                      (job_id, decision_id, node, json.dumps(sorted(gpus)), started_at))
+            c.execute("INSERT INTO runs (instance, node, job_id, submit_time, decision_id, gpu_indices, started_at) "
+                      "VALUES (?,?,?,?,?,?,?) ON CONFLICT(instance, node) DO UPDATE SET "
+                      "decision_id=CASE WHEN excluded.decision_id!='' THEN excluded.decision_id ELSE runs.decision_id "
+                      "END, gpu_indices=excluded.gpu_indices, started_at=excluded.started_at, "
+                      "submit_time=MAX(runs.submit_time, excluded.submit_time)",
+                      (instance, node, job_id, submit_time, decision_id, json.dumps(sorted(gpus)), started_at))
         return True
 
     def run(self, job_id: int) -> RunRow | None:
-        with self._tx() as c:
-            row = c.execute("SELECT job_id, decision_id, node, gpu_indices, started_at, finished_at FROM runs "
-                            "WHERE job_id=?", (job_id,)).fetchone()
-        return None if row is None else _run_row(row)
+        """The newest run recorded under this job id, of any instance (for people and tests; events
+        go by instance: ``run_of``)."""
+        return self._one_run("job_id=?", (job_id,))
 
-    def overlapping_runs(self, node: str, gpus: Iterable[int], start: float, end: float,
-                         exclude_job: int) -> list[RunRow]:
-        """Runs on the same node and any of the same GPUs whose interval overlaps [start, end]."""
-        wanted = set(gpus)
+    def run_of(self, instance: str, node: str | None = None) -> RunRow | None:
+        """The run of a job instance (on ``node``; None: its newest on any node)."""
+        if node is None:
+            return self._one_run("instance=?", (instance,))
+        return self._one_run("instance=? AND node=?", (instance, node))
+
+    def _one_run(self, where: str, args: tuple) -> RunRow | None:
         with self._tx() as c:
-            rows = c.execute("SELECT job_id, decision_id, node, gpu_indices, started_at, finished_at FROM runs "
-                             "WHERE node=? AND job_id!=? AND started_at IS NOT NULL AND started_at < ? "
-                             "AND (finished_at IS NULL OR finished_at > ?)", (node, exclude_job, end, start)).fetchall()
-        return [r for r in map(_run_row, rows) if wanted & set(r.gpu_indices)]
+            row = c.execute(f"SELECT {RUN_COLS} FROM runs WHERE {where} "
+                            "ORDER BY started_at IS NULL, started_at DESC LIMIT 1", args).fetchone()
+        return None if row is None else run_row(row)
+
+    def open_runs_of(self, job_id: int, node: str) -> list[RunRow]:
+        """Runs of this job id on this node that have no finish yet, newest first (not legacy ones)."""
+        with self._tx() as c:
+            rows = c.execute(f"SELECT {RUN_COLS} FROM runs WHERE job_id=? AND node=? AND finished_at IS NULL "
+                             "AND started_at IS NOT NULL AND instance NOT LIKE ? ORDER BY started_at DESC",
+                             (job_id, node, LEGACY_PREFIX + "%")).fetchall()
+        return [run_row(r) for r in rows]
+
+    def overlapping_runs(self, node: str, gpus: Iterable[int], start: float, end: float, exclude_instance: str,
+                         open_since: float | None = None) -> list[RunRow]:
+        """Runs of other instances on the same node and any of the same GPUs whose interval overlaps
+        [start, end]. A run with no finish counts as running on, unless it started before
+        ``open_since`` (its JobFinished may never come: the node died, the epilog never ran)."""
+        wanted = set(gpus)
+        since = float("-inf") if open_since is None else open_since
+        with self._tx() as c:
+            rows = c.execute(f"SELECT {RUN_COLS} FROM runs WHERE node=? AND instance!=? AND started_at IS NOT NULL "
+                             "AND started_at < ? AND (finished_at > ? OR (finished_at IS NULL AND started_at >= ?))",
+                             (node, exclude_instance, end, start, since)).fetchall()
+        return [r for r in map(run_row, rows) if wanted & set(r.gpu_indices)]
 
     def record_finish(self, obs: ObservationRow, keys: Mapping[KeyLevel, str],
                       fold: Callable[[ClassStats], ClassStats]) -> bool:
         """Store an observation and fold it into each key's statistics, in one transaction
-        (no lost update between concurrent finishes of one class); False on replay."""
+        (no lost update between concurrent finishes of one class); False on replay. Closes the
+        instance's run on that node, and an unresolved run of the same job id there that started
+        after the instance was submitted (the same job, started while Slurm could not be asked)."""
+        instance = obs.instance or unresolved_key(obs.job_id, obs.node, obs.started_at)
         with self._tx() as c:
             if not _claim_event(c, obs.event_id, "finish", obs.received_at):
                 return False
-            c.execute("INSERT INTO observations VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            c.execute(f"INSERT INTO observations ({OBSERVATION_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                       (obs.event_id, obs.job_id, obs.decision_id, obs.node, json.dumps(list(obs.gpu_indices)),
                        obs.started_at, obs.finished_at, obs.runtime_s, obs.exit_code, obs.peak_bytes, int(obs.oom),
-                       obs.co_runners, int(obs.shared), obs.telemetry_source, obs.received_at))
-            c.execute("INSERT INTO runs (job_id, decision_id, node, gpu_indices, started_at, finished_at) "
-                      "VALUES (?,?,?,?,?,?) ON CONFLICT(job_id) DO UPDATE SET finished_at=excluded.finished_at, "
+                       obs.co_runners, int(obs.shared), obs.telemetry_source, obs.received_at, instance,
+                       obs.submit_time))
+            c.execute("INSERT INTO runs (instance, node, job_id, submit_time, decision_id, gpu_indices, started_at, "
+                      "finished_at) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(instance, node) DO UPDATE SET "
+                      "finished_at=excluded.finished_at, submit_time=MAX(runs.submit_time, excluded.submit_time), "
                       "decision_id=CASE WHEN runs.decision_id='' THEN excluded.decision_id ELSE runs.decision_id END",
-                      (obs.job_id, obs.decision_id, obs.node, json.dumps(list(obs.gpu_indices)), obs.started_at,
-                       obs.finished_at))
+                      (instance, obs.node, obs.job_id, obs.submit_time, obs.decision_id,
+                       json.dumps(list(obs.gpu_indices)), obs.started_at, obs.finished_at))
+            if obs.submit_time > 0:
+                c.execute("UPDATE runs SET finished_at=? WHERE job_id=? AND node=? AND finished_at IS NULL "
+                          "AND instance LIKE ? AND instance!=? AND started_at >= ?",
+                          (obs.finished_at, obs.job_id, obs.node, UNRESOLVED_PREFIX + "%", instance, obs.submit_time))
             for level, key in keys.items():
                 row = c.execute("SELECT stats_json FROM class_stats WHERE level=? AND key=?",
                                 (level.value, key)).fetchone()
@@ -294,91 +249,19 @@ class HistoryStore:
                           (level.value, key, stats_to_json(new), obs.received_at))
         return True
 
-    def observations(self, *, job_id: int | None = None, decision_id: str | None = None) -> list[ObservationRow]:
-        sql = "SELECT * FROM observations"
+    def observations(self, *, job_id: int | None = None, decision_id: str | None = None,
+                     instance: str | None = None) -> list[ObservationRow]:
+        sql = f"SELECT {OBSERVATION_COLS} FROM observations"
         args: tuple = ()
         if job_id is not None:
             sql, args = sql + " WHERE job_id=?", (job_id,)
         elif decision_id is not None:
             sql, args = sql + " WHERE decision_id=?", (decision_id,)
+        elif instance is not None:
+            sql, args = sql + " WHERE instance=?", (instance,)
         with self._tx() as c:
             rows = c.execute(sql + " ORDER BY finished_at", args).fetchall()
-        return [_observation_row(r) for r in rows]
-
-
-_DECISION_COLS = "decision_id, decided_at, job_class, user, action, shards, keys_json, facts_pb, decision_pb"
-
-
-def _decision_row(row: tuple) -> DecisionRow:
-    keys = {KeyLevel(k): v for k, v in json.loads(row[6]).items()}
-    return DecisionRow(row[0], row[1], row[2], row[3], row[4], row[5], keys, bytes(row[7]), bytes(row[8]))
-
-
-def _observation_row(r: tuple) -> ObservationRow:
-    return ObservationRow(r[0], r[1], r[2], r[3], tuple(json.loads(r[4])), r[5], r[6], r[7], r[8], r[9],
-                          bool(r[10]), r[11], bool(r[12]), r[13], r[14])
-
-
-class HistoryUnreadable(RuntimeError):
-    """The history file is missing, not ours, or of another schema version."""
-
-
-class ReadOnlyHistory:
-    """The history opened read-only (``mode=ro``) for reports: never creates or migrates it."""
-
-    CHUNK = 500  # ids per IN (...) query, below SQLite's variable limit
-
-    def __init__(self, path: Path | str):
-        path = Path(path)
-        if not path.is_file():
-            raise HistoryUnreadable(f"no history database at {path}")
-        try:
-            self._conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=10.0)
-            row = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        except sqlite3.Error as exc:
-            raise HistoryUnreadable(f"{path} is not a swapaware history database (or unreadable): {exc}") from None
-        if row is None or int(row[0]) != SCHEMA_VERSION:
-            self._conn.close()
-            raise HistoryUnreadable(f"{path}: history schema {row[0] if row else '?'}, this build reads "
-                                    f"{SCHEMA_VERSION}")
-
-    def close(self) -> None:
-        self._conn.close()
-
-    def __enter__(self) -> "ReadOnlyHistory":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _select_in(self, sql: str, values: Iterable) -> list[tuple]:
-        ids = sorted(set(values))
-        out: list[tuple] = []
-        try:
-            for i in range(0, len(ids), self.CHUNK):
-                part = ids[i:i + self.CHUNK]
-                out += self._conn.execute(sql.format(marks=",".join("?" * len(part))), part).fetchall()
-        except sqlite3.Error as exc:
-            raise HistoryUnreadable(f"cannot read the history: {exc}") from None
-        return out
-
-    def run_decisions(self, job_ids: Iterable[int]) -> dict[int, str]:
-        """Job id -> the decision its start record names (jobs with none are left out)."""
-        rows = self._select_in("SELECT job_id, decision_id FROM runs WHERE job_id IN ({marks})", job_ids)
-        return {int(j): d for j, d in rows if d}
-
-    def observations_of(self, job_ids: Iterable[int]) -> list[ObservationRow]:
-        return [_observation_row(r) for r in
-                self._select_in("SELECT * FROM observations WHERE job_id IN ({marks})", job_ids)]
-
-    def decisions_by_id(self, decision_ids: Iterable[str]) -> dict[str, DecisionRow]:
-        rows = self._select_in(f"SELECT {_DECISION_COLS} FROM decisions WHERE decision_id IN ({{marks}})",
-                               (d for d in decision_ids if d))
-        return {r[0]: _decision_row(r) for r in rows}
-
-
-def _run_row(row: tuple) -> RunRow:
-    return RunRow(row[0], row[1], row[2], tuple(json.loads(row[3])), row[4], row[5])
+        return [observation_row(r) for r in rows]
 
 
 def _claim_event(c: sqlite3.Connection, event_id: str, kind: str, now: float) -> bool:

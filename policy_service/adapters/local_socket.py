@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
+from policy_service.authz import Caller
 from policy_service.handler import HandlerError, Method, PolicyHandler
 from policy_service.limits import MAX_REQUEST_BYTES
 
@@ -29,16 +30,24 @@ IDLE_TIMEOUT_S = 600.0  # a kept connection with no request is closed after this
 
 
 # Events feed the model: over this socket only root and the service's own user may send them
-# (job_submit.lua, inside slurmctld, only sends Admit). The peer's uid comes from the kernel.
+# (job_submit.lua, inside slurmctld, only sends Admit). The peer's uid and gid come from the
+# kernel; the handler's authorizer decides with them whether an Admit is recorded (root,
+# SlurmUser, the service's user: slurmctld) and whose jobs an Explain may show.
+
+
+def peer_cred(sock: socket.socket) -> tuple[int | None, int | None]:
+    """(uid, gid) of the process at the other end of a Unix socket (SO_PEERCRED), or (None, None)."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None, None
+    _pid, uid, gid = struct.unpack("3i", creds)
+    return uid, gid
 
 
 def peer_uid(sock: socket.socket) -> int | None:
     """The uid of the process at the other end of a Unix socket (SO_PEERCRED), or None."""
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return None
-    return struct.unpack("3i", creds)[1]
+    return peer_cred(sock)[0]
 
 
 def may_send(method: Method, uid: int | None, own_uid: int) -> bool:
@@ -47,8 +56,8 @@ def may_send(method: Method, uid: int | None, own_uid: int) -> bool:
     return not method.is_event or uid in (0, own_uid)
 
 
-def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None) -> bytes:
-    """One request line -> one response line. Never raises. ``uid``: the peer's."""
+def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None, gid: int | None = None) -> bytes:
+    """One request line -> one response line. Never raises. ``uid``, ``gid``: the peer's."""
     try:
         try:
             envelope = json.loads(line)
@@ -67,7 +76,7 @@ def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None) -> 
             json_format.ParseDict(envelope.get("request") or {}, msg)
         except json_format.ParseError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, f"bad {method.value[0]} request: {exc}") from None
-        reply = method.call(handler, msg)
+        reply = method.call(handler, msg, Caller.peer(uid, gid))
         body = {"response": json_format.MessageToDict(reply)}
     except HandlerError as exc:
         body = {"error": {"code": exc.code.name, "message": exc.message}}
@@ -101,7 +110,7 @@ def start_local_socket(handler: PolicyHandler, path: Path, mode: int = 0o660) ->
         timeout = IDLE_TIMEOUT_S
 
         def handle(self) -> None:
-            uid = peer_uid(self.connection)
+            uid, gid = peer_cred(self.connection)
             while True:
                 try:
                     line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
@@ -115,7 +124,7 @@ def start_local_socket(handler: PolicyHandler, path: Path, mode: int = 0o660) ->
                     return  # the rest of that line cannot be framed: drop the connection
                 if not line.strip():
                     continue
-                if not self._reply(handle_line(handler, line, uid)):
+                if not self._reply(handle_line(handler, line, uid, gid)):
                     return
 
         def _reply(self, data: bytes) -> bool:

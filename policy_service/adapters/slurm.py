@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -19,17 +20,33 @@ from typing import Protocol, Sequence
 from policy_service.adapters.slurm_text import (  # noqa: F401  (the parsers are part of this module's API)
     SINFO_NODE_FORMAT,
     SQUEUE_PENDING_FORMAT,
+    SQUEUE_TIME_ENV,
     AccountingJob,
+    JobInstance,
     PendingJob,
     SlurmError,
     gres_detail_indices,
     job_gpu_indices,
     parse_qos_priorities,
+    parse_sacct_instances,
     parse_sacct_json,
     parse_sinfo_gpus,
+    parse_squeue_instances,
     parse_squeue_pending,
     scontrol_field,
+    squeue_instance_format,
 )
+from policy_service.adapters.slurm_hosts import (
+    SCONTROL_JSON_SINCE,
+    node_hosts,
+    parse_admin_level,
+    parse_config,
+    parse_nodes_json,
+    parse_nodes_oneliner,
+    resolve_ipv4,
+)
+from policy_service.adapters.slurm_hosts import controller_hosts as _controller_hosts
+from policy_service.adapters.slurm_hosts import slurm_user as _slurm_user
 from policy_service.config import SlurmBackend
 from policy_service.core.dialect import SlurmDialect, dialect_for, parse_release
 
@@ -51,6 +68,19 @@ class SlurmAccess(Protocol):
 
     def set_admin_comment(self, job_id: int, text: str) -> None: ...
 
+    def live_instances(self, job_ids: Sequence[int]) -> list[JobInstance]: ...
+
+    def ended_instances(self, job_ids: Sequence[int]) -> list[JobInstance]: ...
+
+    # Access checks (policy_service.access); a backend without them counts as "unknown".
+    def node_addresses(self) -> dict[str, str]: ...
+
+    def controller_addresses(self) -> dict[str, str]: ...
+
+    def slurm_user(self) -> tuple[str, int | None]: ...
+
+    def admin_level(self, user: str) -> str: ...
+
 
 class CliSlurm:
     """Slurm through its command-line tools (every call bounded by ``timeout_s``)."""
@@ -65,9 +95,10 @@ class CliSlurm:
     def sacct_json_arg(self) -> str:
         return self.dialect.sacct_json_arg if self.dialect is not None else "--json"
 
-    def _run(self, argv: list[str]) -> str:
+    def _run(self, argv: list[str], env_extra: dict[str, str] | None = None) -> str:
+        env = self.env if not env_extra else {**(self.env if self.env is not None else os.environ), **env_extra}
         try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s, env=self.env)
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s, env=env)
         except FileNotFoundError:
             raise SlurmError(f"{argv[0]} not found on PATH") from None
         except subprocess.TimeoutExpired:
@@ -97,6 +128,31 @@ class CliSlurm:
             argv += ["-E", end]
         return parse_sacct_json(self._run(argv))
 
+    def live_instances(self, job_ids: Sequence[int]) -> list[JobInstance]:
+        """The jobs of these ids that slurmctld holds (pending, running, or ended within MinJobAge):
+        one ``squeue`` for all of them. With a single id squeue asks for that job alone and fails
+        once it has gone: that is an empty answer."""
+        if not job_ids:
+            return []
+        sluid = self.dialect is not None and self.dialect.has_sluid
+        argv = ["squeue", "-h", "-a", "-t", "all", "-j", ",".join(str(j) for j in sorted(set(job_ids))),
+                "-O", squeue_instance_format(sluid)]
+        try:
+            out = self._run(argv, SQUEUE_TIME_ENV)
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):
+                return []
+            raise
+        return parse_squeue_instances(out, sluid)
+
+    def ended_instances(self, job_ids: Sequence[int]) -> list[JobInstance]:
+        """Every accounting record of these ids, in one ``sacct``: ``-D`` keeps the older jobs of an
+        id that a state reset made repeat (sacct -j shows only the newest otherwise)."""
+        if not job_ids:
+            return []
+        return parse_sacct_instances(self._run(["sacct", self.sacct_json_arg, "-X", "-D", "--allusers", "-j",
+                                                ",".join(str(j) for j in sorted(set(job_ids)))]))
+
     def pending_jobs(self) -> list[PendingJob]:
         return parse_squeue_pending(self._run(["squeue", "-h", "-a", "-t", "PENDING", "-O", SQUEUE_PENDING_FORMAT]))
 
@@ -118,6 +174,39 @@ class CliSlurm:
             self._run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={text}"])
         except SlurmError:
             self._run(["sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set", f"AdminComment={text}"])
+
+    # ------------------------------------------------------------------ hosts and users (access checks)
+    def node_addresses(self) -> dict[str, str]:
+        """IPv4 address -> node name, for every node slurmctld knows (NodeAddr and NodeHostName)."""
+        if self.dialect is not None and self.dialect.release < SCONTROL_JSON_SINCE:
+            nodes = parse_nodes_oneliner(self._run(["scontrol", "-o", "show", "nodes"]))
+        else:
+            try:
+                nodes = parse_nodes_json(self._run(["scontrol", "show", "nodes", self.sacct_json_arg]))
+            except SlurmError:
+                if self.dialect is not None:
+                    raise
+                nodes = parse_nodes_oneliner(self._run(["scontrol", "-o", "show", "nodes"]))  # release unknown
+        addrs, failed = resolve_ipv4(node_hosts(nodes))
+        if failed:
+            log.warning("node address(es) that do not resolve to IPv4: %s", ", ".join(failed[:10]))
+        return addrs
+
+    def controller_addresses(self) -> dict[str, str]:
+        """IPv4 address -> host name of the controllers (SlurmctldHost, SlurmctldAddr)."""
+        hosts = _controller_hosts(parse_config(self._run(["scontrol", "show", "config"])))
+        addrs, failed = resolve_ipv4((h, h) for h in hosts)
+        if failed:
+            log.warning("controller address(es) that do not resolve to IPv4: %s", ", ".join(failed))
+        return addrs
+
+    def slurm_user(self) -> tuple[str, int | None]:
+        """SlurmUser: (name, uid) from ``scontrol show config``."""
+        return _slurm_user(parse_config(self._run(["scontrol", "show", "config"])))
+
+    def admin_level(self, user: str) -> str:
+        """The user's Slurm AdminLevel ('Administrator', 'Operator', 'None'; '' without a record)."""
+        return parse_admin_level(self._run(["sacctmgr", "-n", "-P", "show", "user", user, "format=adminlevel"]))
 
 
 # ----------------------------------------------------------------------------- pyslurm
@@ -143,6 +232,12 @@ class PyslurmSlurm:
     def update_pending_job(self, job_id: int, tres_per_node: str, admin_comment: str) -> None:
         self._cli.update_pending_job(job_id, tres_per_node, admin_comment)
 
+    def live_instances(self, job_ids: Sequence[int]) -> list[JobInstance]:
+        return self._cli.live_instances(job_ids)
+
+    def ended_instances(self, job_ids: Sequence[int]) -> list[JobInstance]:
+        return self._cli.ended_instances(job_ids)
+
     def job_admin_comment(self, job_id: int) -> str | None:
         try:
             return self._pyslurm.Job.load(job_id).admin_comment
@@ -164,6 +259,19 @@ class PyslurmSlurm:
 
     def set_admin_comment(self, job_id: int, text: str) -> None:
         self._pyslurm.db.Job(job_id).modify(self._pyslurm.db.Job(admin_comment=text))
+
+    # Access checks: the command-line tools, as on every release.
+    def node_addresses(self) -> dict[str, str]:
+        return self._cli.node_addresses()
+
+    def controller_addresses(self) -> dict[str, str]:
+        return self._cli.controller_addresses()
+
+    def slurm_user(self) -> tuple[str, int | None]:
+        return self._cli.slurm_user()
+
+    def admin_level(self, user: str) -> str:
+        return self._cli.admin_level(user)
 
 
 # Commands that print the installed Slurm's version, tried in order. Slurm 22.05's clients need a

@@ -236,3 +236,111 @@ def parse_sinfo_gpus(text: str) -> int:
                 gpus += int(fields[-1])
         seen[node] = gpus
     return sum(seen.values())
+
+
+# ----------------------------------------------------------------------------- job instances
+# A job id repeats after a state reset (and a requeue gives the job a new submit time): one run of
+# a job is named by its cluster, id and submit time, or by its SLUID (25.11+) when the event has one.
+# Read in bulk for many ids: live jobs from squeue, ended ones from sacct.
+@dataclass(frozen=True)
+class JobInstance:
+    """One instance of a job id as Slurm reports it."""
+
+    job_id: int
+    cluster: str
+    submit_time: int  # Unix seconds; 0: unknown
+    start_time: int  # 0: not started (or unknown)
+    end_time: int  # 0: not ended
+    admin_comment: str
+    state: str = ""
+    sluid: str = ""  # squeue on 25.11+; sacct's JSON has none for jobs
+    source: str = ""  # "squeue" or "sacct"
+
+    @property
+    def key(self) -> str:
+        return instance_key(self.cluster, self.job_id, self.submit_time)
+
+
+def instance_key(cluster: str, job_id: int, submit_time: int) -> str:
+    """'<cluster>/<job id>/<submit time>': what tells two jobs of one id apart."""
+    return f"{cluster}/{job_id}/{submit_time}"
+
+
+def sluid_key(sluid: str) -> str:
+    return f"sluid/{sluid}"
+
+
+# States in which a job's end time is real (squeue prints an expected one before).
+ENDED_STATES = frozenset({"COMPLETING", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                          "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REQUEUED", "REVOKED", "SPECIAL_EXIT"})
+# squeue -O fields, "|"-separated (width 0: never cut). admin_comment last: it may hold anything.
+# "JobId" is the raw id on every release (JobArrayId prints 12_3). SLUID exists since 25.11.
+_SQUEUE_INSTANCE_FIELDS = ("JobId", "Cluster", "SubmitTime", "StartTime", "EndTime", "State")
+
+
+def squeue_instance_format(with_sluid: bool) -> str:
+    fields = _SQUEUE_INSTANCE_FIELDS + (("SLUID",) if with_sluid else ()) + ("admin_comment",)
+    return ",".join(f"{f}:|" for f in fields[:-1]) + f",{fields[-1]}:"
+
+
+# The environment squeue runs with: times as Unix seconds (SLURM_TIME_FORMAT is a strftime format).
+SQUEUE_TIME_ENV = {"SLURM_TIME_FORMAT": "%s"}
+
+
+def _clock_time(text: str) -> int:
+    """A squeue time: Unix seconds (SQUEUE_TIME_ENV), or the default local '2026-12-03T07:56:33';
+    'N/A', 'Unknown', 'None', 'NONE' -> 0."""
+    import time
+
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        return int(time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S")))
+    except (ValueError, OverflowError):
+        return 0
+
+
+def parse_squeue_instances(text: str, with_sluid: bool) -> list[JobInstance]:
+    """Rows of ``squeue -h -a -t all -j <ids> -O squeue_instance_format(with_sluid)``."""
+    width = len(_SQUEUE_INSTANCE_FIELDS) + (1 if with_sluid else 0) + 1
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cols = line.split("|", width - 1)
+        if len(cols) < width or not cols[0].strip().isdigit():
+            raise SlurmError(f"unexpected squeue line: {line!r}")
+        state = cols[5].strip().split()[0] if cols[5].strip() else ""
+        ended = state in ENDED_STATES
+        comment = cols[-1].strip()
+        out.append(JobInstance(
+            job_id=int(cols[0]), cluster=_na(cols[1]), submit_time=_clock_time(cols[2]),
+            start_time=_clock_time(cols[3]) if state != "PENDING" else 0,
+            end_time=_clock_time(cols[4]) if ended else 0, admin_comment="" if comment == "(null)" else comment,
+            state=state, sluid=_na(cols[6]) if with_sluid else "", source="squeue"))
+    return out
+
+
+def parse_sacct_instances(text: str) -> list[JobInstance]:
+    """``sacct --json[=v0.0.4X] -X -D -j <ids>`` (every record of each id: -D keeps the jobs of an
+    id that a state reset made repeat): 22.05 plain numbers, 24.11+ {set, infinite, number}."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmError(f"sacct --json printed invalid JSON: {exc}") from None
+    out = []
+    for j in data.get("jobs", []):
+        comment = j.get("comment") or {}
+        times = j.get("time") or {}
+        state = j.get("state") or {}
+        current = state.get("current", "") if isinstance(state, dict) else str(state)
+        if isinstance(current, list):
+            current = current[0] if current else ""
+        out.append(JobInstance(
+            job_id=int(j.get("job_id", 0)), cluster=j.get("cluster", "") or "",
+            submit_time=_time(times.get("submission")), start_time=_time(times.get("start")),
+            end_time=_time(times.get("end")),
+            admin_comment=(comment.get("administrator") if isinstance(comment, dict) else "") or "",
+            state=current or "", source="sacct"))
+    return out

@@ -76,6 +76,7 @@ class ReasonCode(enum.Enum):
     TYPED_GPU = "typed_gpu"  # gpu:<type>: shards carry no GPU type, the request stays
     INTERACTIVE = "interactive"  # no batch script (srun/salloc): its steps ask for GPUs by name
     HET_JOB = "het_job"  # a component of a heterogeneous job: the request stays
+    DRY_RUN_NOT_SLURMCTLD = "dry_run_not_slurmctld"  # an Admit not from slurmctld: answered, not recorded
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import socket
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from policy_service.adapters.slurm import PendingJob, SlurmError
+from policy_service.adapters.slurm import JobInstance, PendingJob, SlurmError
 from policy_service.client import PolicyClient
 from policy_service.config import load_config
 from policy_service.server import start_service
@@ -36,6 +37,29 @@ class SlurmJobs:
 
     def set_admin_comment(self, job_id: int, text: str) -> None:
         self.comments[job_id] = text
+
+    # Job instances as squeue shows them (correlation of hook events). A job id whose comment the
+    # test changes is a new job of that id: it gets a later submit time. Ended jobs: none.
+    submits: dict[int, tuple[str, int]] = field(default_factory=dict)
+    instance_reads: int = 0
+    _last_submit: int = 0
+
+    def _instance(self, job_id: int) -> JobInstance | None:
+        comment = self.comments.get(job_id)
+        if comment is None:
+            return None
+        known = self.submits.get(job_id)
+        if known is None or known[0] != comment:
+            self._last_submit = max(int(time.time()), self._last_submit + 1)
+            known = self.submits[job_id] = (comment, self._last_submit)
+        return JobInstance(job_id, "test", known[1], 1, 0, comment, "RUNNING", source="squeue")
+
+    def live_instances(self, job_ids) -> list[JobInstance]:
+        self.instance_reads += 1
+        return [inst for inst in map(self._instance, job_ids) if inst is not None]
+
+    def ended_instances(self, job_ids) -> list[JobInstance]:
+        return []
 
     # The queue as squeue/sinfo would show it; tests set these, None makes the call fail.
     pending: list[PendingJob] | None = field(default_factory=list)

@@ -10,6 +10,7 @@ from policy_service.client import PolicyClient
 from policy_service.config import ConfigError, load_config, read_token
 from policy_service.server import start_service
 from slurm_plugin import hooks, spool
+from .conftest import socket_call
 
 
 @pytest.fixture
@@ -22,9 +23,11 @@ def secured(service_env, slurm_jobs, tmp_path):
     svc.stop(0)
 
 
-def test_events_need_the_token_but_admit_and_explain_do_not(secured):
+def test_events_need_the_token_and_admit_over_grpc_is_only_a_dry_run(secured):
+    """Token mode (no MUNGE here): the token identifies the nodes' hooks, not slurmctld."""
     svc, _, _ = secured
     finish = pb.JobFinishedRequest(job_id=1, event_id="e1", finished_at=10.0)
+    facts = pb.JobFacts(user="u", uid=1000, tres_per_node="gres:gpu:1")
     with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as anon:
         with pytest.raises(grpc.RpcError) as err:
             anon.call("JobFinished", finish)
@@ -32,15 +35,29 @@ def test_events_need_the_token_but_admit_and_explain_do_not(secured):
         with pytest.raises(grpc.RpcError) as err:
             anon.call("JobStarted", pb.JobStartedRequest(job_id=1, event_id="s1"))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        d = anon.admit(pb.JobFacts(user="u", tres_per_node="gres:gpu:1")).decision
-        assert anon.explain(pb.ExplainRequest(decision_id=d.decision_id)).decision.decision_id == d.decision_id
-    with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0, token="wrong") as wrong:
-        with pytest.raises(grpc.RpcError) as err:
-            wrong.call("JobFinished", finish)
+        d = anon.admit(facts).decision
+        assert "dry_run_not_slurmctld" in [r.code for r in d.reasons]
+        with pytest.raises(grpc.RpcError) as err:  # recorded nowhere; and an anonymous caller sees no job
+            anon.explain(pb.ExplainRequest(decision_id=d.decision_id))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert anon.explain(pb.ExplainRequest(job=facts)).decision.action  # a what-if: open to all
+    recorded = socket_call(svc.socket_path, {"method": "Admit", "request": {"job": {
+        "user": "u", "uid": 1000, "tresPerNode": "gres:gpu:1"}}})["response"]["decision"]
+    assert "dry_run_not_slurmctld" not in [r["code"] for r in recorded.get("reasons", [])]
+    with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0, token="wrong") as wrong:
+        for call in (lambda: wrong.call("JobFinished", finish), lambda: wrong.admit(facts)):
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "not the hooks' token" in err.value.details()
     with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0, token="s3cret") as ok:
         assert ok.call("JobFinished", finish).applied
+        explained = ok.explain(pb.ExplainRequest(decision_id=recorded["decisionId"]))
+        assert explained.decision.decision_id == recorded["decisionId"]
+        assert "dry_run_not_slurmctld" in [r.code for r in ok.admit(facts).decision.reasons]
     assert [o.job_id for o in svc.store.observations()] == [1]
+    svc.handler.flush()
+    assert svc.store.decision(d.decision_id) is None
 
 
 def test_hooks_with_a_bad_token_spool_and_deliver_once_it_is_fixed(secured, tmp_path):

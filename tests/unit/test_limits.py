@@ -29,3 +29,21 @@ def test_every_named_limit_is_a_string_field_of_the_api():
               pb.GpuUsage):
         names |= {f.name for f in m.DESCRIPTOR.fields if f.type == f.TYPE_STRING}
     assert set(STRING_BYTES) <= names
+
+
+def test_report_events_batch_is_bounded_and_its_events_are_checked_one_by_one():
+    from policy_service.limits import REPEATED_MAX
+
+    one = pb.JobEvent(started=pb.JobStartedRequest(job_id=1, node="n1", event_id="e"))
+    most = REPEATED_MAX["events"]
+    assert most == 500 and oversize(pb.ReportEventsRequest(events=[one] * most)) == []
+    assert oversize(pb.ReportEventsRequest(events=[one] * (most + 1))) == [f"events has {most + 1} entries, at most {most}"]
+    # an oversized event does not refuse the batch: the handler refuses that event alone
+    big = pb.JobEvent(finished=pb.JobFinishedRequest(job_id=2, event_id="f", oom_evidence="x" * 5000))
+    assert oversize(pb.ReportEventsRequest(events=[one, big])) == []
+    assert oversize(big) == ["finished.oom_evidence is 5000 bytes, at most 4096"]
+
+
+def test_sluid_is_bounded():
+    assert oversize(pb.JobStartedRequest(job_id=1, sluid="s" * 64)) == []
+    assert oversize(pb.JobFinishedRequest(job_id=1, sluid="s" * 65)) == ["sluid is 65 bytes, at most 64"]

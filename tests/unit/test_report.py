@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from policy_service import report as R
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.history import HistoryStore
-from policy_service.adapters.slurm import ClusterRelease, parse_sacct_json
+from policy_service.adapters.slurm import ClusterRelease, JobInstance, parse_sacct_instances, parse_sacct_json
 from policy_service.core.dialect import parse_release
 from policy_service.config import load_config
 from policy_service.core.types import GresKind
@@ -141,6 +141,15 @@ class FakeSlurm:
     def set_admin_comment(self, job_id: int, text: str) -> None:
         self.comments[job_id] = text
 
+    # Job instances, for the service's correlation of hook events: squeue's (live) and sacct's.
+    live: dict[int, JobInstance] = field(default_factory=dict)
+
+    def live_instances(self, job_ids):
+        return [inst for j, inst in self.live.items() if j in job_ids]
+
+    def ended_instances(self, job_ids):
+        return [inst for inst in parse_sacct_instances(sacct_text(self.records)) if inst.job_id in job_ids]
+
 
 @dataclass
 class World:
@@ -173,6 +182,8 @@ class World:
             alloc = {"shard": d.shards} if d is not None and d.shards else {"gpu": 1}
         start = submit + wait_s if state != "PENDING" else 0
         end = start + run_s if state not in ("PENDING", "RUNNING") else 0
+        self.slurm.live[job_id] = JobInstance(job_id, "swapaware-dev", submit, start, 0, comment or "", "RUNNING",
+                                              source="squeue")
         if start:
             self.handler.job_started(pb.JobStartedRequest(job_id=job_id, node="vm", gpu_indices=[0],
                                                           started_at=start, event_id=f"s{job_id}"))
@@ -696,3 +707,29 @@ def test_command_is_registered_in_the_cli():
     from policy_service.cli import main
 
     assert "report" in main.commands
+
+
+def test_report_joins_a_reused_job_id_by_instance(world):
+    """Job 1 ran twice (ids restart after a Slurm state reset): each accounting record is joined with
+    its own instance's run and observation (job id + submit time), not with the newest job 1."""
+    h = world.handler
+    runs = {}
+    for tag, submit, peak in (("old", T0, 2 * GIB), ("new", T0 + 1000, 5 * GIB)):
+        d = h.admit(pb.AdmitRequest(job=pb.JobFacts(user="alice", job_name=tag, tres_per_node="gres:gpu:1"))).decision
+        world.slurm.live[1] = JobInstance(1, "swapaware-dev", submit, submit + 10, 0, d.rewrite.admin_comment,
+                                          "RUNNING", source="squeue")
+        h.report_events(pb.ReportEventsRequest(events=[
+            pb.JobEvent(started=pb.JobStartedRequest(job_id=1, node="vm", gpu_indices=[0], started_at=submit + 10,
+                                                     event_id=f"s-{tag}")),
+            pb.JobEvent(finished=pb.JobFinishedRequest(job_id=1, node="vm", gpu_indices=[0], finished_at=submit + 100,
+                                                       event_id=f"f-{tag}", peak_gpu_bytes=peak,
+                                                       telemetry_source="fake-nvml"))]))
+        runs[tag] = (d, submit, peak)
+    world.flush()
+    for tag in ("old", "new"):
+        d, submit, peak = runs[tag]
+        # the AdminComment was removed from accounting afterwards: only the history links the job
+        world.slurm.records = [sacct_record(1, user="alice", comment="", alloc={"gpu": 1}, submit=submit,
+                                            start=submit + 10, end=submit + 100)]
+        (job,) = build(world).jobs
+        assert (job.decision_id, job.observed_peak_bytes) == (d.decision_id, peak), tag
