@@ -59,9 +59,6 @@ write_config() {
     mkdir -p "$STATE/etc" "$STATE/bin" "$RUN" "$LOGDIR" "$STATE/lib"
     local addr
     addr=$(ctld_addr)
-    if [[ ! -s $STATE/etc/token ]]; then  # the hooks' shared secret with the service
-        (umask 077 && head -c 24 /dev/urandom | base64 >"$STATE/etc/token")
-    fi
     cat >"$CONF" <<EOF
 # written by contrib/dev-stack.sh
 [gpu]
@@ -79,14 +76,19 @@ grpc_address = "$addr:$GRPC_PORT"
 socket_path = "$SOCK"
 db_path = "$STATE/lib/history.sqlite3"
 slurm_backend = "cli"
-token_file = "$STATE/etc/token"
+
+[auth]
+# Events carry a MUNGE credential of the node's munged (its origin: the node's address); the
+# service takes them only from root or SlurmUser on a node of the cluster. (Sites without MUNGE
+# on the service host use service.token_file / hooks.token_file instead: docs/admin-guide.md.)
+munge = "on"
+munge_socket = "$NODE/munge/munge.socket.2"
 
 [hooks]
 service_address = "$addr:$GRPC_PORT"
 deadline_s = 2.0
 spool_dir = "$NODE/spool"
 agent_socket = "$AGENT_SOCK"
-token_file = "$STATE/etc/token"
 
 [agent]
 socket_path = "$AGENT_SOCK"

@@ -15,6 +15,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.history import HistoryStore, ObservationRow, RunRow
 from policy_service.config import Config
 from policy_service.core import estimator
+from policy_service.core.request import node_count
 from policy_service.core.types import Action, JobObservation
 from policy_service.correlation import Correlator, EventRef, Resolution
 from policy_service.limits import oversize
@@ -57,6 +58,15 @@ def event_ref(kind: str, req, now: float) -> EventRef:
     if kind == "started":
         return EventRef(req.job_id, req.node, req.sluid, started_at=req.started_at or now)
     return EventRef(req.job_id, req.node, req.sluid, started_at=req.started_at, finished_at=req.finished_at or now)
+
+
+def learn_keys(row) -> dict:
+    """The class keys an observation of ``row``'s job is folded into: none without a decision, and
+    none for a multi-node job (each node reports its own part; the policy never shares such jobs,
+    and folding three per-node peaks would teach the class three runs that never were)."""
+    if row is None or node_count(row.facts.min_nodes) > 1:
+        return {}
+    return dict(row.keys)
 
 
 class EventApplier:
@@ -135,7 +145,7 @@ class EventApplier:
         core_obs = JobObservation(runtime_s=obs.runtime_s or 0.0, exit_code=obs.exit_code, peak_bytes=peak,
                                   oom=obs.oom, shared=shared, co_runners=obs.co_runners,
                                   util_frac=gpu_utilisation(req))
-        keys = row.keys if row is not None else {}
+        keys = learn_keys(row)
         applied = self.store.record_finish(obs, keys, lambda s: estimator.observe(s, core_obs, self.cfg.estimator))
         if applied and keys:
             self.learned.update(keys.values())  # pending jobs of these keys may share now
@@ -144,6 +154,10 @@ class EventApplier:
             "runtime_s": obs.runtime_s, "peak_bytes": peak, "oom": obs.oom,
             "oom_evidence": evidence or req.oom_evidence, "co_runners": obs.co_runners, "exit_code": obs.exit_code,
             "learned_keys": len(keys) if applied else 0}, sort_keys=True))
+        if row is not None and not keys and applied:
+            log.info("job %s: a %d-node job's per-node observation from %s is kept, not learned (the policy keeps "
+                     "multi-node jobs whole, and one node's peak is not the job's)", req.job_id,
+                     node_count(row.facts.min_nodes), req.node)
         if row is None and applied:
             log.warning("job %s (instance %s) finished without a known decision (%s): observation kept, nothing "
                         "learned", req.job_id, res.instance, res.note or "none recorded")

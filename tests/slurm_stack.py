@@ -166,8 +166,8 @@ class Stack:
             return db.execute("SELECT node, decision_id, peak_bytes, exit_code FROM observations WHERE job_id=? "
                               "ORDER BY node", (job_id,)).fetchall()
 
-    def swapaware(self, *args: str) -> subprocess.CompletedProcess:
-        return self.run(str(Path(sys.executable).parent / "swapaware"), *args)
+    def swapaware(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self.run(str(Path(sys.executable).parent / "swapaware"), *args, check=check)
 
 
 def job_field(oneliner: str, key: str) -> str:

@@ -226,7 +226,10 @@ make_dirs() {
     mkdir -p "$ETC" "$LOG" "$SPOOL/ctld" "$RUN" "$DEV" "$MYSQL" "$NODE_DIR/munge" "$NODE_DIR/slurmd" "$NODES_DIR"
     chmod 755 "$ETC" "$LOG" "$SPOOL" "$RUN" "$DEV" "$MYSQL" "$NODE_DIR" "$NODES_DIR"
     mkdir -p "$ETC/munge"
-    chmod 700 "$ETC/munge" "$NODE_DIR/munge"
+    # The key stays private; munged's socket directory is open to every local user (as /run/munge
+    # is): users' `swapaware explain` and Slurm's commands make credentials through it.
+    chmod 700 "$ETC/munge"
+    chmod 755 "$NODE_DIR/munge"
 }
 
 make_devices() {

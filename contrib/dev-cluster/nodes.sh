@@ -91,7 +91,7 @@ start_node_ns() {
     addr=$(node_addr "$name")
     veth=swv${name#node}
     mkdir -p "$NODES_DIR/$name/munge" "$NODES_DIR/$name/slurmd"
-    chmod 700 "$NODES_DIR/$name/munge"
+    chmod 755 "$NODES_DIR/$name/munge"  # munged's socket: open to local users, as /run/munge is
     if pid=$(holder_pid "$name"); then return 0; fi
     log "node $name: namespaces, address $addr"
     # --propagation private: the node's mount of $NODE_DIR is its own.
@@ -149,7 +149,9 @@ node_munge_ok() { in_node "$1" munge -S "$MUNGE_SOCKET" -n </dev/null | unmunge 
 # munged for the controller (NAME empty) or for a compute node, always at $MUNGE_SOCKET as the
 # node sees it; a compute node's credentials carry the node's address as their origin.
 start_node_munge() {
-    local name=$1 origin=() logf=$LOG/munged.log
+    # Every credential names the address of the host that made it (its origin): the controller's
+    # SlurmctldHost address, or the node's NodeAddr. The service checks that origin.
+    local name=$1 origin=(--origin="$(ctld_addr)") logf=$LOG/munged.log
     if multi_node && [[ -n $name ]]; then
         origin=(--origin="$(node_addr "$name")")
         logf=$LOG/munged-$name.log

@@ -178,6 +178,11 @@ def _num(value: int, default: int) -> int:
     return default if value in (0, SLURM_NO_VAL, SLURM_NO_VAL + 1) else value
 
 
+def node_count(min_nodes: int) -> int:
+    """A job's minimum node count as Slurm's facts give it (NO_VAL and 0: one node)."""
+    return _num(min_nodes, 1)
+
+
 def job_request(*, user: str, account: str, partition: str, job_name: str, script_fingerprint: str,
                 gres_fields: dict[str, str], min_nodes: int = 1, num_tasks: int = 1, time_limit_min: int = 0,
                 comment: str = "", env_mem_hint: str = "", qos: str = "", is_batch: bool = True,

@@ -367,3 +367,27 @@ def test_a_history_of_an_unknown_schema_is_refused(tmp_path):
     os.chmod(path, 0o600)
     with pytest.raises(RuntimeError, match="history schema 1, this build reads 3"):
         HistoryStore(path)
+
+
+# ----------------------------------------------------------------------------- multi-node jobs
+def test_a_multi_node_jobs_per_node_observations_are_kept_and_not_learned(world):
+    """Each node of a 3-node job reports its own part (the batch script's node the allocation, the
+    others nothing): all three are kept with the job's decision; the class learns none of them, while
+    a one-node job of the same class is learned."""
+    handler, store, cli, clock = world
+    wide = admit(handler, "wide", min_nodes=3)
+    assert "multi_node" in [r.code for r in wide.reasons]
+    cli.live = [JobInstance(7, "c", 1000, 1002, 0, wide.rewrite.admin_comment, "COMPLETING", source="squeue")]
+    clock.t = 1100
+    events = [finished(7, 1090, f"f-{n}", node=n, peak=p, started_at=1002)
+              for n, p in (("n1", 2 * GIB), ("n2", 1), ("n3", 1))]
+    results = handler.report_events(pb.ReportEventsRequest(events=events)).results
+    assert [(r.code, r.applied, r.decision_id) for r in results] == [(0, True, wide.decision_id)] * 3
+    assert sorted(o.node for o in store.observations(job_id=7)) == ["n1", "n2", "n3"]
+    assert class_stats(store, wide) == {}
+    one = admit(handler, "wide")  # the same class, on one node
+    assert one.job_class == wide.job_class
+    cli.live = [JobInstance(8, "c", 1101, 1102, 0, one.rewrite.admin_comment, "COMPLETING", source="squeue")]
+    clock.t = 1200
+    handler.report_events(pb.ReportEventsRequest(events=[finished(8, 1190, "f-one", peak=2 * GIB, started_at=1102)]))
+    assert class_stats(store, one)["runs"] == 1
