@@ -14,6 +14,17 @@ from pathlib import Path
 from policy_service.munge import DEFAULT_SOCKET
 
 
+def bool_spelling(value: object) -> bool | None:
+    """A boolean in any TOML / environment spelling (1, true, yes, on / 0, false, no, off); None
+    for anything else. Tri-state settings (auto, on, off) accept these for on and off."""
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
 class MungeMode(enum.Enum):
     """auth.munge: auto (used where libmunge loads and munged's socket exists), on, off.
     Booleans are accepted in any TOML / environment spelling."""
@@ -24,12 +35,7 @@ class MungeMode(enum.Enum):
 
     @classmethod
     def _missing_(cls, value: object) -> "MungeMode | None":
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return cls.ON
-        if text in ("0", "false", "no", "off"):
-            return cls.OFF
-        return None
+        return {True: cls.ON, False: cls.OFF}.get(bool_spelling(value))
 
 
 @dataclass(frozen=True)

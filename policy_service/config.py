@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from policy_service.auth_config import AuthConfig, MungeMode, TlsConfig, auth_errors, tls_errors  # noqa: F401
+from policy_service.auth_config import (AuthConfig, MungeMode, TlsConfig, auth_errors, bool_spelling,  # noqa: F401
+                                       tls_errors)
 from policy_service.core.dialect import is_release
 
 GIB = 1024**3
@@ -78,12 +79,7 @@ class WholeGpuAsShards(enum.Enum):
 
     @classmethod
     def _missing_(cls, value: object) -> "WholeGpuAsShards | None":
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return cls.ON
-        if text in ("0", "false", "no", "off"):
-            return cls.OFF
-        return None
+        return {True: cls.ON, False: cls.OFF}.get(bool_spelling(value))
 
 
 @dataclass(frozen=True)

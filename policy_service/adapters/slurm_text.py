@@ -127,23 +127,35 @@ def _time(value: Any) -> int:
     return _number(value)
 
 
-def parse_sacct_json(text: str) -> list[AccountingJob]:
-    """Parse ``sacct --json``: 22.05 (state.current a string, plain numbers) and data_parser
-    v0.0.42 (24.11) to v0.0.45 (26.05): state.current a list, exit_code.return_code and times
-    as {set, infinite, number} or plain, tres lists of {type, name, count}."""
+def _sacct_jobs(text: str) -> list[dict]:
+    """The job records of ``sacct --json`` output, whichever release printed it."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SlurmError(f"sacct --json printed invalid JSON: {exc}") from None
+    jobs = data.get("jobs", []) if isinstance(data, dict) else []
+    return [j for j in jobs if isinstance(j, dict)]
+
+
+def _sacct_states(job: dict) -> list[str]:
+    """A record's state(s): 22.05 a string, 24.11+ a list (state.current)."""
+    state = job.get("state") or {}
+    current = state.get("current", "") if isinstance(state, dict) else str(state)
+    if isinstance(current, list):
+        return [str(c) for c in current]
+    return [current] if current else []
+
+
+def parse_sacct_json(text: str) -> list[AccountingJob]:
+    """Parse ``sacct --json``: 22.05 (state.current a string, plain numbers) and data_parser
+    v0.0.42 (24.11) to v0.0.45 (26.05): state.current a list, exit_code.return_code and times
+    as {set, infinite, number} or plain, tres lists of {type, name, count}."""
     out = []
-    for j in data.get("jobs", []):
+    for j in _sacct_jobs(text):
         comment = j.get("comment") or {}
         tres = j.get("tres") or {}
         time = j.get("time") or {}
-        state = j.get("state") or {}
-        state_text = state.get("current", "") if isinstance(state, dict) else str(state)
-        if isinstance(state_text, list):
-            state_text = ",".join(state_text)
+        state_text = ",".join(_sacct_states(j))
         out.append(AccountingJob(
             job_id=int(j.get("job_id", 0)), user=j.get("user", "") or "", account=j.get("account", "") or "",
             partition=j.get("partition", "") or "", job_name=j.get("name", "") or "", state=state_text,
@@ -325,18 +337,11 @@ def parse_squeue_instances(text: str, with_sluid: bool) -> list[JobInstance]:
 def parse_sacct_instances(text: str) -> list[JobInstance]:
     """``sacct --json[=v0.0.4X] -X -D -j <ids>`` (every record of each id: -D keeps the jobs of an
     id that a state reset made repeat): 22.05 plain numbers, 24.11+ {set, infinite, number}."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmError(f"sacct --json printed invalid JSON: {exc}") from None
     out = []
-    for j in data.get("jobs", []):
+    for j in _sacct_jobs(text):
         comment = j.get("comment") or {}
         times = j.get("time") or {}
-        state = j.get("state") or {}
-        current = state.get("current", "") if isinstance(state, dict) else str(state)
-        if isinstance(current, list):
-            current = current[0] if current else ""
+        current = (_sacct_states(j) or [""])[0]
         out.append(JobInstance(
             job_id=int(j.get("job_id", 0)), cluster=j.get("cluster", "") or "",
             submit_time=_time(times.get("submission")), start_time=_time(times.get("start")),
