@@ -217,14 +217,25 @@ FP_MOD1, FP_MUL1 = 2147483647, 31
 FP_MOD2, FP_MUL2 = 2147483629, 131
 
 
-FP_MAX_BYTES = 1024 * 1024  # job_submit.lua hashes at most this much of the script
+# The fingerprint reads at most FP_LIMIT bytes, so that job_submit.lua spends a bounded fraction
+# of a millisecond on any script: all of a script up to that size; of a longer one its first
+# FP_HEAD bytes, its last FP_TAIL bytes and its length in decimal digits.
+FP_LIMIT, FP_HEAD, FP_TAIL = 4096, 3072, 1024
+
+
+def _fp_update(h1: int, h2: int, data: bytes) -> tuple[int, int]:
+    for b in data:
+        h1 = (h1 * FP_MUL1 + b) % FP_MOD1
+        h2 = (h2 * FP_MUL2 + b) % FP_MOD2
+    return h1, h2
 
 
 def script_fingerprint(script: bytes) -> str:
-    """Fingerprint of a batch script's first MiB; job_submit.lua computes the same value in
-    Lua 5.1 (double arithmetic stays exact: every intermediate is below 2**53)."""
-    h1 = h2 = 0
-    for b in script[:FP_MAX_BYTES]:
-        h1 = (h1 * FP_MUL1 + b) % FP_MOD1
-        h2 = (h2 * FP_MUL2 + b) % FP_MOD2
+    """Fingerprint of a batch script (see FP_LIMIT); job_submit.lua computes the same value in Lua
+    5.1 (double arithmetic stays exact: every intermediate is below 2**53). Scripts up to
+    FP_LIMIT bytes keep the fingerprint of earlier releases."""
+    if len(script) <= FP_LIMIT:
+        h1, h2 = _fp_update(0, 0, script)
+    else:
+        h1, h2 = _fp_update(0, 0, script[:FP_HEAD] + script[-FP_TAIL:] + str(len(script)).encode())
     return f"{h1:08x}{h2:08x}" if script else ""

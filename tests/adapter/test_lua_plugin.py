@@ -252,3 +252,135 @@ def test_long_comment_and_name_are_capped_not_refused(service, tmp_path):
     res = out["results"][0]
     assert res["rc"] == 0 and "swapaware: job passes unchanged" not in " ".join(out["logs"]), out["logs"]
     assert "hint_used" in res["job"]["admin_comment"], res["job"]["admin_comment"]
+
+
+# ----------------------------------------------------------------------------- bounded, clean facts
+def test_fingerprint_of_any_script_reads_at_most_4_kib(tmp_path):
+    """Scripts up to 4 KiB keep their fingerprint (all of it hashed); a longer one is hashed by its
+    head, tail and length, the same in Lua and Python, stable for one script, and a change in its
+    middle is not seen (the price of a bounded cost) while one in its head, tail or length is."""
+    big = "#!/bin/sh\n" + "echo step\n" * 1_000_000  # 10 MB
+    variants = [big, big, big[:5000] + "Z" + big[5001:], "Z" + big[1:], big[:-1] + "Z", big + "\n",
+                "q" * 4096, "q" * 4097]
+    out = run_lua(tmp_path, [{"script": s} for s in variants], tmp_path / "none.sock")
+    got = [r["fingerprint"] for r in out["results"]]
+    assert got == [script_fingerprint(s.encode()) for s in variants]
+    assert got[0] == got[1] == got[2]
+    assert len({got[0], got[3], got[4], got[5]}) == 4
+    assert got[6] != got[7]
+
+
+def test_a_10_mb_script_costs_what_a_short_one_costs(tmp_path):
+    """The Lua side's time for the fingerprint, measured side by side in one run: a 10 MB script
+    against a 4 KiB one (ratio, not a wall-clock bound: the machine is shared)."""
+    lua = ('package.path = arg[1] .. "/?.lua;" .. package.path\n'
+           'local M = require("swapaware"); local socket = require("socket")\n'
+           'local function t(s) local t0 = socket.gettime(); for _ = 1, 20 do M.fingerprint(s) end\n'
+           '  return (socket.gettime() - t0) / 20 end\n'
+           'local small, big = string.rep("x", 4096), string.rep("echo step\\n", 1000000)\n'
+           'local a, b, c, d = t(small), t(big), t(small), t(big)\n'
+           'print(string.format("%.6f %.6f", math.min(a, c), math.min(b, d)))\n')
+    script = tmp_path / "t.lua"
+    script.write_text(lua)
+    r = subprocess.run(["lua5.1", str(script), str(ROOT / "slurm_plugin")], capture_output=True, text=True,
+                       timeout=60)
+    small_s, big_s = map(float, r.stdout.split())
+    print(f"\nfingerprint in Lua: 4 KiB script {small_s * 1e3:.3f} ms, 10 MB script {big_s * 1e3:.3f} ms")
+    assert big_s < 3 * small_s + 1e-4
+
+
+def valid_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8", errors="strict")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_utf8_clean_replaces_each_stray_byte_and_keeps_valid_text(tmp_path):
+    import random
+    rng = random.Random(7)
+    cases = [b"", b"plain", "caf\u00e9 \u4e2d\u6587 \U0001f600".encode(), b"\xff", b"a\xffb", b"\xc3",
+             b"\xc0\xaf", b"\xe0\x80\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80",
+             "ok\u00e9".encode() + b"\x80" + "\u00e9".encode()]
+    cases += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40))) for _ in range(600)]
+    cases += ["".join(chr(rng.choice([rng.randrange(32, 127), rng.randrange(160, 0xD7FF),
+                                      rng.randrange(0x10000, 0x10FFFF)])) for _ in range(20)).encode()
+              for _ in range(200)]
+    out = run_lua(tmp_path, [{"clean_hex": c.hex()} for c in cases], tmp_path / "none.sock")
+    for raw, res in zip(cases, out["results"]):
+        cleaned = bytes.fromhex(res["cleaned_hex"])
+        assert valid_utf8(cleaned), (raw, cleaned)
+        assert len(cleaned) == len(raw)
+        assert all(c == o or c == ord("?") for c, o in zip(cleaned, raw)), (raw, cleaned)
+        if valid_utf8(raw):
+            assert cleaned == raw
+    assert bytes.fromhex(out["results"][4]["cleaned_hex"]) == b"a?b"
+
+
+def test_invalid_utf8_in_a_jobs_fields_still_gets_a_decision(service, tmp_path):
+    """Before: `--comment $'\\xff'` made the service answer INVALID_ARGUMENT and the job skipped the policy."""
+    job = gpu_job(comment={"hex": b"run \xff\xfe mem=2G".hex()}, name={"hex": b"tr\xc3ain".hex()})
+    out = run_lua(tmp_path, [job], service.socket_path)
+    res = out["results"][0]
+    assert res["facts"]["comment"] == "run ?? mem=2G" and res["facts"]["jobName"] == "tr?ain"
+    assert res["job"]["admin_comment"].startswith("swapaware:v1"), out["logs"]
+    assert not any("passes unchanged" in line for line in out["logs"])
+
+
+@pytest.mark.parametrize("err, stale", [
+    ("receive: closed", True), ("send: closed", True), ("send: Broken pipe", True),
+    ("receive: Connection reset by peer", True),
+    ("timeout", False), ("receive: timeout", False), ("send: timeout", False), ("connect x: refused", False),
+])
+def test_only_a_closed_kept_connection_is_retried(tmp_path, err, stale):
+    """Before: the retry compared the error with "timeout", but a timed-out receive says "receive:
+    timeout": an Admit the service was still deciding was sent twice."""
+    out = run_lua(tmp_path, [{"stale_error": err}], tmp_path / "none.sock")
+    assert out["results"][0]["stale"] is stale
+
+
+def test_a_hung_kept_connection_sends_the_request_once(tmp_path):
+    """The first Admit is answered on a kept connection, then the service hangs: the second Admit
+    times out and is not sent again on a fresh connection (the service would decide it twice)."""
+    path = tmp_path / "s.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(8)
+    lines: list[bytes] = []
+    stop = threading.Event()
+    reply = {"response": {"decision": {"decisionId": "d1", "rewrite": {"adminComment": "swapaware:v1 id=d1"}}}}
+
+    def serve(conn):
+        f = conn.makefile("rb")
+        first = True
+        while not stop.is_set():
+            line = f.readline()
+            if not line:
+                return
+            lines.append(line)
+            if first:
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+                first = False  # then hang: read on, answer nothing
+
+    def loop():
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    try:
+        out = run_lua(tmp_path / "s", [gpu_job(), gpu_job(name="second")], path, timeout_ms=300)
+    finally:
+        stop.set()
+        srv.close()
+    first, second = out["results"]
+    assert first["job"]["admin_comment"] == "swapaware:v1 id=d1"
+    assert "admin_comment" not in second["job"]
+    assert len(lines) == 2 and b"second" in lines[1], lines
