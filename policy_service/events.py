@@ -5,6 +5,7 @@ gets its own code (3, INVALID_ARGUMENT) and never fails the others."""
 from __future__ import annotations
 
 import collections
+import math
 import json
 import logging
 from typing import Callable, Sequence
@@ -29,6 +30,8 @@ INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 # A run with no finish whose decision's facts give a time limit stops counting as a co-runner this
 # long after that limit (Slurm's OverTimeLimit and a slow epilog fit in it).
 OPEN_RUN_LIMIT_GRACE_S = 3600.0
+MAX_JOB_ID = 0xFFFFFFFF  # Slurm job ids are 32-bit
+MAX_TIME_S = 4102444800.0  # 2100-01-01: later "times" are garbage
 
 
 def gpu_utilisation(req: pb.JobFinishedRequest) -> float | None:
@@ -49,6 +52,12 @@ def invalid(kind: str | None, req) -> str:
         return f"a field is too large: {'; '.join(too_big[:3])}"
     if req.job_id == 0:
         return "job_id is required"
+    if req.job_id > MAX_JOB_ID:
+        return f"job_id {req.job_id} is not a Slurm job id (at most {MAX_JOB_ID})"
+    for name in ("started_at", "finished_at"):
+        t = getattr(req, name, 0.0)
+        if not (math.isfinite(t) and 0.0 <= t <= MAX_TIME_S):
+            return f"{name} {t} is not a time (Unix seconds, 0 for unknown)"
     if kind == "finished" and not req.event_id:
         return "event_id is required (replays must be idempotent)"
     return ""

@@ -29,7 +29,7 @@ from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.request import RequestError, history_keys, job_request
 from policy_service.core.types import Action, Decision, JobRequest, KeyLevel, ReasonCode
 from policy_service.correlation import Correlator
-from policy_service.events import EventApplier, gpu_utilisation  # noqa: F401  (gpu_utilisation: API)
+from policy_service.events import MAX_JOB_ID, EventApplier, gpu_utilisation  # noqa: F401  (gpu_utilisation: API)
 from policy_service.limits import oversize
 
 log = logging.getLogger("swapaware.decisions")
@@ -277,6 +277,8 @@ class PolicyHandler:
         job_id = 0
         if which == "job_id":
             job_id = req.job_id
+            if job_id > MAX_JOB_ID:
+                raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, f"{job_id} is not a Slurm job id")
             d_id = self._decision_id_for_job(job_id)
             if not d_id:
                 raise HandlerError(grpc.StatusCode.NOT_FOUND, f"no swapaware decision is known for job {job_id}")

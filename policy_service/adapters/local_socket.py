@@ -61,9 +61,10 @@ def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None, gid
     try:
         try:
             envelope = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, f"request is not JSON: {exc}") from None
-        if not isinstance(envelope, dict) or not isinstance(envelope.get("method"), str):
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep, a 5000-digit number
+            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, f"request is not JSON: {str(exc)[:200]}") from None
+        if (not isinstance(envelope, dict) or not isinstance(envelope.get("method"), str)
+                or not isinstance(envelope.get("request", {}), (dict, type(None)))):
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, 'request must be {"method": ..., "request": {...}}')
         method = Method.by_name(envelope["method"])
         if not may_send(method, uid, os.geteuid()):
@@ -74,8 +75,9 @@ def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None, gid
         msg = method.value[1]()
         try:
             json_format.ParseDict(envelope.get("request") or {}, msg)
-        except json_format.ParseError as exc:
-            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, f"bad {method.value[0]} request: {exc}") from None
+        except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+            raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"bad {method.value[0]} request: {str(exc)[:300]}") from None
         reply = method.call(handler, msg, Caller.peer(uid, gid))
         body = {"response": json_format.MessageToDict(reply)}
     except HandlerError as exc:

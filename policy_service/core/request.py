@@ -47,12 +47,22 @@ class GresEntry:
         return self.text
 
 
+MAX_SIZE_BYTES = 1 << 60  # 1 EiB: no GPU memory hint is larger
+
+
 def parse_size_bytes(text: str) -> int:
     """'12G' -> 12 GiB. Slurm convention: suffixes are binary (K=KiB, M=MiB, ...)."""
     m = _SIZE_RE.match(text)
     if not m:
         raise RequestError(f"not a memory size: {text!r} (use e.g. 12G, 800M, 1.5T)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    try:
+        size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    except (OverflowError, ValueError):
+        size = MAX_SIZE_BYTES + 1
+    if size > MAX_SIZE_BYTES:
+        raise RequestError(f"not a plausible memory size: {text[:40]!r}{'...' if len(text) > 40 else ''} "
+                           f"(at most 1E)")
+    return size
 
 
 _GRES_PREFIXES = ("gres:", "gres/")
