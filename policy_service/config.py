@@ -214,6 +214,11 @@ class ServiceConfig:
     # A run whose JobFinished never came (node died, epilog never ran) stops counting as a co-runner
     # this long after its start (sooner where its decision's facts give a time limit: limit + 1 h).
     open_run_max_s: float = 7 * 86400.0
+    # Each decision is journaled beside the history before Admit answers (it survives a crash of
+    # the service); true adds an fdatasync per decision, so that it survives a power loss too.
+    journal_fsync: bool = False
+    # How often the service checks that its history file is still there (and restores it).
+    history_check_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -339,6 +344,7 @@ def _validate(cfg: Config) -> None:
         (cfg.policy.redecide_max_per_poll >= 1, "policy.redecide_max_per_poll must be >= 1"),
         (cfg.policy.admin_comment_max_chars >= 80, "policy.admin_comment_max_chars must be >= 80"),
         (cfg.service.open_run_max_s > 0, "service.open_run_max_s must be > 0"),
+        (cfg.service.history_check_s > 0, "service.history_check_s must be > 0"),
         (cfg.hooks.deadline_s > 0, "hooks.deadline_s must be > 0"),
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),
         (cfg.swap_cost.fault_granularity_bytes > 0, "swap_cost.fault_granularity_bytes must be > 0"),

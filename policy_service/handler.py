@@ -10,15 +10,15 @@ import dataclasses
 import enum
 import json
 import logging
-import queue
-import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Callable
 
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.decision_log import DecisionLog, DecisionRecord, JournalError
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.queue import QueueMonitor
 from policy_service.adapters.slurm import SlurmAccess
@@ -113,31 +113,23 @@ class PolicyHandler:
         # Events: job instances and their decisions resolved in bulk from Slurm (correlation.py).
         self.correlation = Correlator(slurm, store, clock=clock, open_run_max_s=cfg.service.open_run_max_s)
         self.events = EventApplier(cfg, store, self.correlation, clock, self.learned)
-        # Decisions are recorded by a writer thread, off the reply's path: slurmctld waits
-        # for Admit while holding its locks. Readers of decisions call flush() first.
-        self._writes: queue.Queue = queue.Queue(maxsize=10_000)
-        self._writer = threading.Thread(target=self._write_loop, name="decision-writer", daemon=True)
-        self._writer.start()
-
-    def _write_loop(self) -> None:
-        while True:
-            item = self._writes.get()
-            try:
-                if item is None:
-                    return
-                self._record(*item)
-            except Exception:
-                log.exception("could not record a decision")
-            finally:
-                self._writes.task_done()
+        # Decisions are journaled before Admit answers and put into SQLite by a writer thread
+        # (adapters/decision_log.py): slurmctld waits for Admit holding its locks, and never for
+        # SQLite. Readers of decisions call flush() first.
+        journal = None if store.path == ":memory:" else Path(f"{store.path}.journal")
+        self.decisions = DecisionLog(journal, store.record, fsync=cfg.service.journal_fsync)
 
     def _record(self, d: Decision, jr, keys, job: pb.JobFacts) -> None:
-        msg = decision_to_proto(d)
-        self.store.record_decision(
-            decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
-            account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
-            shards=d.shards, model_version=d.model_version, keys=keys,
-            facts_pb=job.SerializeToString(), decision_pb=msg.SerializeToString())
+        """Durable before it returns (HandlerError UNAVAILABLE when it cannot be)."""
+        try:
+            self.decisions.record(DecisionRecord(
+                decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
+                account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
+                shards=d.shards, model_version=d.model_version, keys={k.value: v for k, v in keys.items()},
+                facts_pb=job.SerializeToString(), decision_pb=decision_to_proto(d).SerializeToString()))
+        except JournalError as exc:
+            log.error("decision %s not made: %s", d.decision_id, exc)
+            raise HandlerError(grpc.StatusCode.UNAVAILABLE, f"the decision cannot be recorded: {exc}") from None
         log.info("decision %s", json.dumps({
             "decision_id": d.decision_id, "model_version": d.model_version, "user": jr.user,
             "job_name": jr.job_name, "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards,
@@ -146,12 +138,10 @@ class PolicyHandler:
 
     def flush(self) -> None:
         """Wait until every decision handed out so far is in the history."""
-        self._writes.join()
+        self.decisions.flush()
 
     def close(self) -> None:
-        self.flush()
-        self._writes.put(None)
-        self._writer.join(5)
+        self.decisions.close()
 
     # ------------------------------------------------------------------ Admit
     def admit(self, req: pb.AdmitRequest, caller=None) -> pb.AdmitResponse:
@@ -161,7 +151,7 @@ class PolicyHandler:
         dry_run_why = self._not_slurmctld(caller) if not req.dry_run else None
         d, jr, keys = self._decide(job)
         if not req.dry_run and dry_run_why is None:
-            self._writes.put((d, jr, keys, job))
+            self._record(d, jr, keys, job)
         if req.brief:  # the full message is built by the writer, off this path
             reply = pb.AdmitResponse(decision=pb.Decision(decision_id=d.decision_id, action=_ACTION[d.action],
                                                           shards=d.shards, rewrite=rewrite_to_proto(d.rewrite)))
@@ -236,7 +226,7 @@ class PolicyHandler:
 
     def adopt(self, r: PendingRedecision) -> None:
         """Record a re-decision once Slurm holds it."""
-        self._writes.put((r.decision, r.request, r.keys, r.facts))
+        self._record(r.decision, r.request, r.keys, r.facts)
 
     # ------------------------------------------------------------------ correlation
     def _decision_id_for_job(self, job_id: int) -> str:

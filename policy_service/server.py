@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -35,8 +35,10 @@ class RunningService:
     queue_monitor: QueueMonitor | None
     _health: health.HealthServicer
     _socket_server: object
+    _watch_stop: threading.Event = field(default_factory=threading.Event)
 
     def stop(self, grace_s: float = 2.0) -> None:
+        self._watch_stop.set()
         self._health.enter_graceful_shutdown()
         self._socket_server.shutdown()  # type: ignore[attr-defined]
         self._socket_server.server_close()  # type: ignore[attr-defined]
@@ -49,6 +51,35 @@ class RunningService:
         except FileNotFoundError:
             pass
         self.store.close()
+
+
+HISTORY_HEALTH = "swapaware.history"  # health entry: NOT_SERVING while the history cannot be kept
+
+
+def watch_history(svc: "RunningService", every_s: float) -> threading.Thread:
+    """Check every ``every_s`` that the history file is still the one the service writes
+    (HistoryStore.check_file restores a removed or replaced one); health entry HISTORY_HEALTH
+    turns NOT_SERVING when it cannot be restored, SERVING again once it is."""
+    def loop() -> None:
+        ok = True
+        while not svc._watch_stop.wait(every_s):
+            try:
+                svc.store.check_file()
+                now_ok = True
+            except Exception as exc:
+                now_ok = False
+                if ok:
+                    log.error("history %s is gone and cannot be restored: %s; decisions are kept in the journal",
+                              svc.store.path, exc)
+            if now_ok != ok:
+                svc._health.set(HISTORY_HEALTH, health_pb2.HealthCheckResponse.SERVING if now_ok
+                                else health_pb2.HealthCheckResponse.NOT_SERVING)
+                ok = now_ok
+
+    svc._health.set(HISTORY_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+    t = threading.Thread(target=loop, name="history-watch", daemon=True)
+    t.start()
+    return t
 
 
 def log_release(release: ClusterRelease) -> None:
@@ -95,7 +126,9 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     log.info("serving gRPC on %s (port %d, %s), local socket %s, history %s",
              cfg.service.grpc_address, port, "TLS" + (" with client certificates" if cfg.tls.client_ca else "")
              if tls is not None else "plaintext", cfg.service.socket_path, cfg.service.db_path)
-    return RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server)
+    svc = RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server)
+    watch_history(svc, cfg.service.history_check_s)
+    return svc
 
 
 def serve_forever(cfg: Config) -> None:

@@ -1,8 +1,9 @@
 """History store: decisions, job runs, observations and per-key statistics in SQLite (WAL).
 
-One connection guarded by a lock: every operation is a short transaction, so the store
-serves the gRPC thread pool and the local socket at once. Replayed events (same event id)
-are applied once.
+Two connections, each behind its own lock: writes are short transactions on one; reads go
+through the other, so a write that waits for SQLite's file lock (another process holding it, a
+slow disk) never holds up a read (WAL: readers run beside a writer). Admit only reads. Replayed
+events (same event id) are applied once.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -90,6 +92,62 @@ class HistoryStore:
             found = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
         if int(found) != SCHEMA_VERSION:
             raise RuntimeError(f"{self.path}: history schema {found}, this build reads {SCHEMA_VERSION}")
+        self._rconn, self._rlock = self._conn, self._lock
+        self._ident: tuple[int, int] | None = None
+        if self.path != ":memory:":  # (an in-memory database is one connection's own)
+            self._rconn = self._reader()
+            self._rlock = threading.Lock()
+            self._ident = _identity(self.path)
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
+        conn.execute("PRAGMA query_only=1")
+        return conn
+
+    def check_file(self) -> str:
+        """Whether the file at ``path`` is still the database this store has open. When it was
+        removed or replaced while the service ran, the open database (its connections keep the
+        old file alive) is copied back to ``path`` (a replacing file is kept beside it as
+        ``<path>.replaced-<time>``) and the store reopens it. Returns what happened ("": nothing)."""
+        if self._ident is None or _identity(self.path) == self._ident:
+            return ""
+        with self._lock, self._rlock:
+            now = _identity(self.path)
+            if now == self._ident:
+                return ""
+            what = "was removed" if now is None else "was replaced by another file"
+            if now is not None:
+                aside = f"{self.path}.replaced-{int(time.time())}"
+                os.replace(self.path, aside)
+                what += f" (kept as {aside})"
+            tmp = Path(f"{self.path}.restoring")
+            tmp.unlink(missing_ok=True)
+            private_history_file(tmp)
+            dest = sqlite3.connect(str(tmp))
+            try:
+                self._conn.backup(dest)
+                decisions = dest.execute("SELECT count(*) FROM decisions").fetchone()[0]
+            finally:
+                dest.close()
+            self._conn.close()
+            self._rconn.close()
+            for leftover in ("-wal", "-shm"):  # a stray WAL must never be applied to the restored file
+                Path(self.path + leftover).unlink(missing_ok=True)
+            os.replace(tmp, self.path)
+            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._rconn = self._reader()
+            self._ident = _identity(self.path)
+        message = f"history {self.path} {what} while the service ran: restored from the open database " \
+                  f"({decisions} decisions)"
+        log.error("%s", message)
+        return message
+
+    def _read(self, sql: str, args=()) -> list[tuple]:
+        """One statement on the read connection (its own snapshot; never waits for a writer)."""
+        with self._rlock:
+            return self._rconn.execute(sql, args).fetchall()
 
     def _backup(self, version: int) -> None:
         """A copy of a history about to be migrated, beside it (``<path>.schema<N>.bak``, 0600)."""
@@ -108,6 +166,9 @@ class HistoryStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+        if self._rconn is not self._conn:
+            with self._rlock:
+                self._rconn.close()
 
     def _tx(self) -> "_Tx":
         return _Tx(self._conn, self._lock)
@@ -122,14 +183,21 @@ class HistoryStore:
                                (decision_id, decided_at, job_class, user, account, partition, job_name, action,
                                 shards, model_version, keys_json, facts_pb, decision_pb))
 
+    def record(self, rec) -> None:
+        """One decision from the decision journal (adapters.decision_log.DecisionRecord); a
+        decision recorded again (journal replay) is the same row."""
+        self.record_decision(decision_id=rec.decision_id, decided_at=rec.decided_at, job_class=rec.job_class,
+                             user=rec.user, account=rec.account, partition=rec.partition, job_name=rec.job_name,
+                             action=rec.action, shards=rec.shards, model_version=rec.model_version,
+                             keys={KeyLevel(k): v for k, v in rec.keys.items()}, facts_pb=rec.facts_pb,
+                             decision_pb=rec.decision_pb)
+
     def decision(self, decision_id: str) -> DecisionRow | None:
-        with self._tx() as c:
-            row = c.execute(f"SELECT {DECISION_COLS} FROM decisions WHERE decision_id=?", (decision_id,)).fetchone()
-        return None if row is None else decision_row(row)
+        rows = self._read(f"SELECT {DECISION_COLS} FROM decisions WHERE decision_id=?", (decision_id,))
+        return decision_row(rows[0]) if rows else None
 
     def decisions(self) -> Iterator[DecisionRow]:
-        with self._tx() as c:
-            ids = [r[0] for r in c.execute("SELECT decision_id FROM decisions ORDER BY decided_at")]
+        ids = [r[0] for r in self._read("SELECT decision_id FROM decisions ORDER BY decided_at")]
         for d_id in ids:
             row = self.decision(d_id)
             if row is not None:
@@ -141,8 +209,7 @@ class HistoryStore:
             return {}
         where = " OR ".join("(level=? AND key=?)" for _ in keys)
         args = [x for level, key in keys.items() for x in (level.value, key)]
-        with self._lock:  # a single read needs no write transaction
-            rows = self._conn.execute(f"SELECT level, stats_json FROM class_stats WHERE {where}", args).fetchall()
+        rows = self._read(f"SELECT level, stats_json FROM class_stats WHERE {where}", args)
         return {KeyLevel(level): stats_from_json(text) for level, text in rows}
 
     # --- runs and events -----------------------------------------------------------------
@@ -155,11 +222,10 @@ class HistoryStore:
         """Which of these event ids were already applied."""
         ids = sorted({e for e in event_ids if e})
         seen: set[str] = set()
-        with self._lock:
-            for i in range(0, len(ids), 500):
-                part = ids[i:i + 500]
-                seen.update(r[0] for r in self._conn.execute(
-                    f"SELECT event_id FROM events WHERE event_id IN ({','.join('?' * len(part))})", part))
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            seen.update(r[0] for r in self._read(
+                f"SELECT event_id FROM events WHERE event_id IN ({','.join('?' * len(part))})", part))
         return seen
 
     def record_start(self, *, event_id: str, job_id: int, decision_id: str, node: str, gpus: Iterable[int],
@@ -190,17 +256,15 @@ class HistoryStore:
         return self._one_run("instance=? AND node=?", (instance, node))
 
     def _one_run(self, where: str, args: tuple) -> RunRow | None:
-        with self._tx() as c:
-            row = c.execute(f"SELECT {RUN_COLS} FROM runs WHERE {where} "
-                            "ORDER BY started_at IS NULL, started_at DESC LIMIT 1", args).fetchone()
-        return None if row is None else run_row(row)
+        rows = self._read(f"SELECT {RUN_COLS} FROM runs WHERE {where} "
+                          "ORDER BY started_at IS NULL, started_at DESC LIMIT 1", args)
+        return run_row(rows[0]) if rows else None
 
     def open_runs_of(self, job_id: int, node: str) -> list[RunRow]:
         """Runs of this job id on this node that have no finish yet, newest first (not legacy ones)."""
-        with self._tx() as c:
-            rows = c.execute(f"SELECT {RUN_COLS} FROM runs WHERE job_id=? AND node=? AND finished_at IS NULL "
-                             "AND started_at IS NOT NULL AND instance NOT LIKE ? ORDER BY started_at DESC",
-                             (job_id, node, LEGACY_PREFIX + "%")).fetchall()
+        rows = self._read(f"SELECT {RUN_COLS} FROM runs WHERE job_id=? AND node=? AND finished_at IS NULL "
+                          "AND started_at IS NOT NULL AND instance NOT LIKE ? ORDER BY started_at DESC",
+                          (job_id, node, LEGACY_PREFIX + "%"))
         return [run_row(r) for r in rows]
 
     def overlapping_runs(self, node: str, gpus: Iterable[int], start: float, end: float, exclude_instance: str,
@@ -210,10 +274,9 @@ class HistoryStore:
         ``open_since`` (its JobFinished may never come: the node died, the epilog never ran)."""
         wanted = set(gpus)
         since = float("-inf") if open_since is None else open_since
-        with self._tx() as c:
-            rows = c.execute(f"SELECT {RUN_COLS} FROM runs WHERE node=? AND instance!=? AND started_at IS NOT NULL "
-                             "AND started_at < ? AND (finished_at > ? OR (finished_at IS NULL AND started_at >= ?))",
-                             (node, exclude_instance, end, start, since)).fetchall()
+        rows = self._read(f"SELECT {RUN_COLS} FROM runs WHERE node=? AND instance!=? AND started_at IS NOT NULL "
+                          "AND started_at < ? AND (finished_at > ? OR (finished_at IS NULL AND started_at >= ?))",
+                          (node, exclude_instance, end, start, since))
         return [r for r in map(run_row, rows) if wanted & set(r.gpu_indices)]
 
     def record_finish(self, obs: ObservationRow, keys: Mapping[KeyLevel, str],
@@ -259,9 +322,15 @@ class HistoryStore:
             sql, args = sql + " WHERE decision_id=?", (decision_id,)
         elif instance is not None:
             sql, args = sql + " WHERE instance=?", (instance,)
-        with self._tx() as c:
-            rows = c.execute(sql + " ORDER BY finished_at", args).fetchall()
-        return [observation_row(r) for r in rows]
+        return [observation_row(r) for r in self._read(sql + " ORDER BY finished_at", args)]
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _claim_event(c: sqlite3.Connection, event_id: str, kind: str, now: float) -> bool:

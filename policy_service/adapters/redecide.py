@@ -23,6 +23,7 @@ from policy_service.config import Config
 from policy_service.core.policy import whole_gpu_as_shards
 from policy_service.core.request import RequestError, parse_gres_entries
 from policy_service.core.types import QueueState
+from policy_service.handler import HandlerError
 
 log = logging.getLogger("swapaware.decisions")
 
@@ -97,12 +98,17 @@ class PendingRedecider:
         if r is None:
             return
         rewrite = r.decision.rewrite
+        try:  # recorded (journaled) before Slurm holds it: a record Slurm has is never lost
+            self.handler.adopt(r)
+        except HandlerError as exc:
+            log.warning("pending job %s: not re-decided (%s)", job_id, exc.message)
+            return
         try:
             self.slurm.update_pending_job(job_id, rewrite.tres_per_node or "", rewrite.admin_comment or "")
         except SlurmError as exc:  # it started, or was cancelled or changed, meanwhile
-            log.info("pending job %s: not rewritten (%s)", job_id, exc)
+            log.info("pending job %s: not rewritten (%s); decision %s stays unused", job_id, exc,
+                     r.decision.decision_id)
             return
-        self.handler.adopt(r)
         self.rewritten += 1
         log.info("pending job %s re-decided: whole GPU -> %s (decision %s replaces %s)", job_id,
                  rewrite.tres_per_node, r.decision.decision_id, r.replaces)

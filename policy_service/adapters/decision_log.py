@@ -1,0 +1,212 @@
+"""Decisions reach the history through a journal: nothing slurmctld was told is lost.
+
+Admit appends the decision to a journal file beside the history (``<db_path>.journal``, 0600)
+before it answers: one ``write`` on an O_APPEND descriptor, which the kernel keeps through a
+crash of the service (``service.journal_fsync`` adds an ``fdatasync`` for power loss, at the cost
+of a disk flush per Admit). A writer thread then puts each decision into SQLite, retrying while
+the database is locked, full or failing, and empties the journal once everything in it is
+committed. At start, whatever the journal still holds is committed first. So Admit waits for the
+page cache, never for SQLite, and a decision whose record reached Slurm survives ``kill -9``
+whatever the writer was doing. A decision that cannot be journaled (the disk is full) is refused:
+the job then passes unchanged (fail-open) and no record names a decision that was never kept.
+
+Record framing: 4-byte little-endian length, 4-byte CRC-32, then a JSON object. A torn last
+record (a crash inside ``write``) fails its length or CRC and is dropped: its Admit never got an
+answer, so Slurm never held it.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+log = logging.getLogger("swapaware.decisions")
+
+_HEADER = struct.Struct("<II")
+MAX_RECORD_BYTES = 4 << 20  # far above any decision (requests are at most 256 KiB)
+RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
+
+
+class JournalError(Exception):
+    """A decision could not be made durable (disk full, journal unwritable, writer backlog full)."""
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One decision as the history stores it (HistoryStore.record_decision's arguments)."""
+
+    decision_id: str
+    decided_at: float
+    job_class: str
+    user: str
+    account: str
+    partition: str
+    job_name: str
+    action: str
+    shards: int
+    model_version: str
+    keys: dict  # KeyLevel value -> key
+    facts_pb: bytes
+    decision_pb: bytes
+
+    def encode(self) -> bytes:
+        d = asdict(self)
+        d["facts_pb"] = base64.b64encode(self.facts_pb).decode()
+        d["decision_pb"] = base64.b64encode(self.decision_pb).decode()
+        body = json.dumps(d, separators=(",", ":"), sort_keys=True).encode()
+        return _HEADER.pack(len(body), zlib.crc32(body)) + body
+
+    @classmethod
+    def decode(cls, body: bytes) -> "DecisionRecord":
+        d = json.loads(body)
+        d["facts_pb"] = base64.b64decode(d["facts_pb"])
+        d["decision_pb"] = base64.b64decode(d["decision_pb"])
+        return cls(**d)
+
+
+def read_journal(data: bytes) -> tuple[list[DecisionRecord], int]:
+    """The whole records in ``data`` and how many bytes at its end were torn or corrupt."""
+    out, pos = [], 0
+    while pos + _HEADER.size <= len(data):
+        size, crc = _HEADER.unpack_from(data, pos)
+        body = data[pos + _HEADER.size: pos + _HEADER.size + size]
+        if size > MAX_RECORD_BYTES or len(body) < size or zlib.crc32(body) != crc:
+            break
+        try:
+            out.append(DecisionRecord.decode(body))
+        except (ValueError, TypeError, KeyError):
+            break
+        pos += _HEADER.size + size
+    return out, len(data) - pos
+
+
+def backoff(attempt: int) -> float:
+    """Seconds before retry ``attempt`` (1, 2, ...) of a failed write: doubling, bounded."""
+    return min(RETRY_MAX_S, RETRY_MIN_S * (2 ** max(0, attempt - 1)))
+
+
+class DecisionLog:
+    """Journal + writer thread. ``write``: puts one record into the history (raises on failure)."""
+
+    def __init__(self, path: Path | None, write: Callable[[DecisionRecord], None], fsync: bool = False,
+                 backlog: int = 10_000, on_record: Callable[[DecisionRecord], None] | None = None):
+        self.path, self._write, self._fsync = path, write, fsync
+        self._on_record = on_record  # after a record is in the history (the decision's log line)
+        self._lock = threading.Lock()  # journal append + enqueue, and the journal's truncation
+        self._queue: queue.Queue = queue.Queue(maxsize=backlog)
+        self._fd: int | None = None
+        self.failing = ""  # why the last history write failed ("" while they succeed)
+        if path is not None:
+            self._recover()
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._thread = threading.Thread(target=self._loop, name="decision-writer", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ start
+    def _recover(self) -> None:
+        """Commit what a previous run journaled and did not commit, then empty the journal."""
+        assert self.path is not None
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        records, torn = read_journal(data)
+        for rec in records:
+            self._write(rec)  # a failure here stops the start: the journal stays as it is
+        if records or torn:
+            log.warning("decision journal %s: %d decision(s) of the previous run committed to the history%s",
+                        self.path, len(records), f"; {torn} torn byte(s) at its end dropped" if torn else "")
+        os.truncate(self.path, 0)
+
+    # ------------------------------------------------------------------ Admit's path
+    def record(self, rec: DecisionRecord) -> None:
+        """Durable (journaled) before this returns; in the history soon after. Raises JournalError."""
+        data = rec.encode()
+        with self._lock:
+            if self._fd is not None:
+                start = None
+                try:
+                    start = os.fstat(self._fd).st_size
+                    written = os.write(self._fd, data)
+                    if written != len(data):
+                        raise OSError(f"short write ({written} of {len(data)} bytes: the disk is full)")
+                    if self._fsync:
+                        os.fdatasync(self._fd)
+                except OSError as exc:
+                    if start is not None:  # a full disk may have taken part of it: cut that
+                        try:
+                            os.ftruncate(self._fd, start)
+                        except OSError:
+                            pass
+                    raise JournalError(f"cannot journal decision {rec.decision_id}: {exc}") from None
+            try:
+                self._queue.put_nowait(rec)
+            except queue.Full:
+                raise JournalError(f"{self._queue.maxsize} decisions wait for the history ({self.failing or 'slow'}); "
+                                   "refusing more until it catches up") from None
+
+    # ------------------------------------------------------------------ the writer
+    def _loop(self) -> None:
+        while True:
+            rec = self._queue.get()
+            if rec is None:
+                self._queue.task_done()
+                return
+            attempt = 0
+            while True:
+                try:
+                    self._write(rec)
+                    break
+                except Exception as exc:  # locked, full, gone: keep it and try again
+                    attempt += 1
+                    why = f"{type(exc).__name__}: {exc}"
+                    if why != self.failing:
+                        log.error("cannot record decision %s in the history (%s); kept in the journal, retrying",
+                                  rec.decision_id, why)
+                    self.failing = why
+                    time.sleep(backoff(attempt))
+            if self.failing:
+                log.warning("decisions are recorded in the history again")
+                self.failing = ""
+            if self._on_record is not None:
+                self._on_record(rec)
+            self._queue.task_done()
+            self._maybe_truncate()
+
+    def _maybe_truncate(self) -> None:
+        """Empty the journal once every record in it is in the history."""
+        if self._fd is None:
+            return
+        with self._lock:
+            if self._queue.unfinished_tasks == 0:
+                os.ftruncate(self._fd, 0)
+
+    def pending(self) -> int:
+        return self._queue.unfinished_tasks
+
+    def flush(self) -> None:
+        """Wait until every decision recorded so far is in the history."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self.flush()
+        self._queue.put(None)
+        self._thread.join(5)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def records(self) -> Iterator[DecisionRecord]:
+        """What the journal holds now (for tests and `swapaware doctor`)."""
+        if self.path is None:
+            return iter(())
+        return iter(read_journal(self.path.read_bytes())[0])
