@@ -219,6 +219,11 @@ class ServiceConfig:
     journal_fsync: bool = False
     # How often the service checks that its history file is still there (and restores it).
     history_check_s: float = 10.0
+    # Decisions are checked against the AdminComments Slurm holds (adapters/reconcile.py) every
+    # reconcile_s, those made between reconcile_window_s and reconcile_settle_s ago.
+    reconcile_s: float = 300.0
+    reconcile_window_s: float = 86400.0
+    reconcile_settle_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -345,6 +350,9 @@ def _validate(cfg: Config) -> None:
         (cfg.policy.admin_comment_max_chars >= 80, "policy.admin_comment_max_chars must be >= 80"),
         (cfg.service.open_run_max_s > 0, "service.open_run_max_s must be > 0"),
         (cfg.service.history_check_s > 0, "service.history_check_s must be > 0"),
+        (cfg.service.reconcile_s > 0, "service.reconcile_s must be > 0"),
+        (cfg.service.reconcile_window_s > cfg.service.reconcile_settle_s >= 0,
+         "service.reconcile_window_s must be > service.reconcile_settle_s >= 0"),
         (cfg.hooks.deadline_s > 0, "hooks.deadline_s must be > 0"),
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),
         (cfg.swap_cost.fault_granularity_bytes > 0, "swap_cost.fault_granularity_bytes must be > 0"),

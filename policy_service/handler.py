@@ -283,6 +283,9 @@ class PolicyHandler:
         self._may_explain(caller, row.facts)
         out = pb.ExplainResponse(job_id=job_id)
         out.decision.CopyFrom(row.decision)
+        if self.store.decision_status(d_id) == "never_held":
+            out.decision.reasons.add(code="never_held", message="no job in Slurm ever held this decision (the job "
+                                     "was refused after the plugin ran, or slurmctld stopped waiting for the answer)")
         out.job.CopyFrom(row.facts)
         for o in self.store.observations(decision_id=d_id):
             ob = out.observations.add(job_id=o.job_id, decision_id=o.decision_id, node=o.node,

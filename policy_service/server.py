@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from policy_service.adapters.grpc_server import start_grpc
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.local_socket import start_local_socket
 from policy_service.adapters.queue import QueueMonitor, reads_queue
+from policy_service.adapters.reconcile import Reconciler
 from policy_service.adapters.redecide import PendingRedecider
 from policy_service.adapters.slurm import ClusterRelease, SlurmAccess, cluster_release, open_slurm
 from policy_service.config import Config, read_token
@@ -128,6 +130,9 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
              if tls is not None else "plaintext", cfg.service.socket_path, cfg.service.db_path)
     svc = RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server)
     watch_history(svc, cfg.service.history_check_s)
+    if slurm is not None:
+        Reconciler(store, slurm, cfg.service.reconcile_window_s, cfg.service.reconcile_settle_s,
+                   time.time).start(cfg.service.reconcile_s, svc._watch_stop)
     return svc
 
 

@@ -203,6 +203,21 @@ class HistoryStore:
             if row is not None:
                 yield row
 
+    # --- whether Slurm held a decision (adapters/reconcile.py) -------------------------------
+    def unchecked_decisions(self, since: float, until: float) -> list[str]:
+        """Decisions made in [since, until] whose status is not known yet."""
+        return [r[0] for r in self._read(
+            "SELECT d.decision_id FROM decisions d LEFT JOIN decision_status s USING (decision_id) "
+            "WHERE s.decision_id IS NULL AND d.decided_at BETWEEN ? AND ?", (since, until))]
+
+    def mark_decisions(self, ids: Iterable[str], status: str, at: float) -> None:
+        with self._tx() as c:
+            c.executemany("INSERT OR REPLACE INTO decision_status VALUES (?,?,?)", [(i, status, at) for i in ids])
+
+    def decision_status(self, decision_id: str) -> str:
+        rows = self._read("SELECT status FROM decision_status WHERE decision_id=?", (decision_id,))
+        return rows[0][0] if rows else ""
+
     # --- class statistics ----------------------------------------------------------------
     def stats(self, keys: Mapping[KeyLevel, str]) -> dict[KeyLevel, ClassStats]:
         if not keys:

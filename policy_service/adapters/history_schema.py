@@ -88,6 +88,14 @@ CREATE TABLE IF NOT EXISTS class_stats (
     updated_at REAL NOT NULL,
     PRIMARY KEY (level, key)
 );
+-- Whether Slurm ever held a decision (adapters/reconcile.py): 'held' when a job's AdminComment
+-- named it, 'never_held' when none did once slurmctld had long answered (the job was refused
+-- after the plugin ran, or slurmctld gave up waiting for the answer). Added in place: no version.
+CREATE TABLE IF NOT EXISTS decision_status (
+    decision_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    checked_at REAL NOT NULL
+);
 """
 
 # Schema 2 -> 3, in place, in one transaction: runs are re-keyed (instance, node) with every old

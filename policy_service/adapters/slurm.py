@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -25,6 +26,7 @@ from policy_service.adapters.slurm_text import (  # noqa: F401  (the parsers are
     JobInstance,
     PendingJob,
     SlurmError,
+    decision_ids_in,
     gres_detail_indices,
     job_gpu_indices,
     parse_qos_priorities,
@@ -71,6 +73,8 @@ class SlurmAccess(Protocol):
     def live_instances(self, job_ids: Sequence[int]) -> list[JobInstance]: ...
 
     def ended_instances(self, job_ids: Sequence[int]) -> list[JobInstance]: ...
+
+    def held_decision_ids(self, since: float) -> set[str]: ...
 
     # Access checks (policy_service.access); a backend without them counts as "unknown".
     def node_addresses(self) -> dict[str, str]: ...
@@ -152,6 +156,14 @@ class CliSlurm:
             return []
         return parse_sacct_instances(self._run(["sacct", self.sacct_json_arg, "-X", "-D", "--allusers", "-j",
                                                 ",".join(str(j) for j in sorted(set(job_ids)))]))
+
+    def held_decision_ids(self, since: float) -> set[str]:
+        """The decision ids named by the AdminComment of every job slurmctld holds (one squeue) and
+        of every job in the accounting since ``since`` (one sacct)."""
+        live = self._run(["squeue", "-h", "-a", "-t", "all", "-O", "admin_comment:"])
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
+        ended = self._run(["sacct", "-a", "-X", "-n", "-P", "-D", "-S", start, "-o", "AdminComment"])
+        return decision_ids_in(live) | decision_ids_in(ended)
 
     def pending_jobs(self) -> list[PendingJob]:
         return parse_squeue_pending(self._run(["squeue", "-h", "-a", "-t", "PENDING", "-O", SQUEUE_PENDING_FORMAT]))

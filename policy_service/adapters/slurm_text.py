@@ -349,3 +349,11 @@ def parse_sacct_instances(text: str) -> list[JobInstance]:
             admin_comment=(comment.get("administrator") if isinstance(comment, dict) else "") or "",
             state=current or "", source="sacct"))
     return out
+
+
+_DECISION_ID_RE = re.compile(r"swapaware:v1 id=([0-9a-f]{8,32})\b")
+
+
+def decision_ids_in(text: str) -> set[str]:
+    """The swapaware decision ids named in AdminComment text (one job per line, any release)."""
+    return set(_DECISION_ID_RE.findall(text))

@@ -61,6 +61,15 @@ class SlurmJobs:
     def ended_instances(self, job_ids) -> list[JobInstance]:
         return []
 
+    # What squeue/sacct show of every job's AdminComment (reconciliation); None makes it fail.
+    held_failure: str | None = None
+
+    def held_decision_ids(self, since: float) -> set[str]:
+        from policy_service.adapters.slurm_text import decision_ids_in
+        if self.held_failure:
+            raise SlurmError(self.held_failure)
+        return decision_ids_in("\n".join(self.comments.values()))
+
     # The queue as squeue/sinfo would show it; tests set these, None makes the call fail.
     pending: list[PendingJob] | None = field(default_factory=list)
     gpus: int = 4

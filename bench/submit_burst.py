@@ -1,0 +1,143 @@
+"""A burst of submissions against the real dev cluster: N `sbatch --hold --gres=gpu:1` from 8
+parallel submitters, with the plugin off, on, and on with the service hung (SIGSTOP), interleaved
+in rounds so machine noise hits every mode alike. Printed per mode: p50/p99 sbatch latency and
+their ratios against plugin-off, errors, `squeue` latency sampled during the burst, and for the
+modes with the plugin on: the decisions the history recorded in the round against the
+AdminComments Slurm holds (equal: nothing lost, nothing extra).
+
+    bash contrib/dev-stack.sh up
+    .venv/bin/python bench/submit_burst.py --jobs 10000 --rounds 5
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from submit_overhead import STACK, set_mode, sh  # noqa: E402  (the modes are switched the same way)
+
+ID_RE = re.compile(r"swapaware:v1 id=([0-9a-f]+)")
+MODES = ("off", "on", "hung")
+
+
+def stack_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for line in sh("bash", str(STACK), "env", env=env).splitlines():
+        if line.startswith("export "):
+            k, _, v = line[len("export "):].partition("=")
+            env[k] = v.strip("'\"")
+    return env
+
+
+def percentile(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
+
+
+def submit(env: dict[str, str], tag: str, i: int) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    r = subprocess.run(["sbatch", "--hold", "--gres=gpu:1", f"--job-name={tag}-{i % 20}", "--wrap=true",
+                        "--output=/dev/null"], env=env, capture_output=True, text=True, timeout=120)
+    return time.perf_counter() - t0, "" if r.returncode == 0 else (r.stderr.strip() or f"exit {r.returncode}")
+
+
+def squeue_sampler(env: dict[str, str], stop: threading.Event, out: list[float]) -> None:
+    while not stop.wait(0.5):
+        t0 = time.perf_counter()
+        subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, timeout=120)
+        out.append(time.perf_counter() - t0)
+
+
+def held_comments(env: dict[str, str], tag: str) -> set[str]:
+    out = sh("squeue", "-h", "-t", "PD", "-n", ",".join(f"{tag}-{k}" for k in range(20)), "-O",
+             "admin_comment:400", env=env)
+    return {m.group(1) for m in ID_RE.finditer(out)}
+
+
+def recorded(db: Path, tag: str) -> set[str]:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        return {r[0] for r in conn.execute("SELECT decision_id FROM decisions WHERE job_name LIKE ?", (f"{tag}-%",))}
+
+
+def service_pid(env: dict[str, str]) -> int:
+    return int((Path(env["SWAPAWARE_DEV_DIR"]) / "run" / "swapaware.pid").read_text())
+
+
+def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int) -> dict:
+    stop, sq = threading.Event(), []
+    sampler = threading.Thread(target=squeue_sampler, args=(env, stop, sq), daemon=True)
+    sampler.start()
+    if mode == "hung":
+        os.kill(service_pid(env), signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(submitters) as pool:
+            results = list(pool.map(lambda i: submit(env, tag, i), range(n)))
+    finally:
+        if mode == "hung":
+            os.kill(service_pid(env), signal.SIGCONT)
+        stop.set()
+        sampler.join()
+    out = {"lat": [r[0] for r in results], "errors": [r[1] for r in results if r[1]], "squeue": sq}
+    if mode != "off":
+        db = Path(env["SWAPAWARE_DEV_DIR"]) / "lib" / "history.sqlite3"
+        comments = held_comments(env, tag)
+        # Wait for the writer to catch up, and (hung) for what the service decides of the requests
+        # slurmctld gave up on while it was stopped: those are the decisions Slurm never held.
+        deadline = time.monotonic() + (30 if mode == "on" else 5)
+        while time.monotonic() < deadline and (mode == "hung" or not comments <= recorded(db, tag)):
+            time.sleep(0.2)
+        hist = recorded(db, tag)
+        out.update(comments=len(comments), recorded=len(hist), lost=len(comments - hist), extra=len(hist - comments))
+    subprocess.run(["scancel", "--user=root", "--state=PENDING"], env=env, timeout=300)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=10_000, help="submissions in all (split over modes and rounds)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--submitters", type=int, default=8)
+    args = ap.parse_args()
+    env = stack_env()
+    per_block = max(1, args.jobs // (len(MODES) * args.rounds))
+    stats = {m: {"lat": [], "errors": [], "squeue": [], "comments": 0, "recorded": 0, "lost": 0, "extra": 0}
+             for m in MODES}
+    run_tag = f"burst{int(time.time()) % 100000}"
+    for r in range(args.rounds):
+        for mode in (MODES if r % 2 == 0 else tuple(reversed(MODES))):
+            set_mode("off" if mode == "off" else "on", env)
+            block(env, mode, args.submitters, f"{run_tag}w{r}{mode}", args.submitters)  # warm-up, not counted
+            res = block(env, mode, per_block, f"{run_tag}r{r}{mode}", args.submitters)
+            for k, v in res.items():
+                stats[mode][k] += v
+            print(f"round {r + 1}/{args.rounds} {mode:4s}: p50 {1e3 * percentile(res['lat'], 0.5):.1f} ms, "
+                  f"p99 {1e3 * percentile(res['lat'], 0.99):.1f} ms, errors {len(res['errors'])}", file=sys.stderr)
+    set_mode("on", env)
+    base50, base99 = percentile(stats["off"]["lat"], 0.5), percentile(stats["off"]["lat"], 0.99)
+    print(f"{per_block * args.rounds} sbatch per mode from {args.submitters} submitters, {args.rounds} interleaved rounds")
+    print(f"{'mode':5s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50/off':>8s} {'p99/off':>8s} {'errors':>7s} "
+          f"{'squeue p50/p99 ms':>18s} {'AdminComments':>14s} {'recorded':>9s} {'lost':>5s} {'extra':>6s}")
+    for mode in MODES:
+        s = stats[mode]
+        p50, p99 = percentile(s["lat"], 0.5), percentile(s["lat"], 0.99)
+        sq = f"{1e3 * percentile(s['squeue'], 0.5):.0f}/{1e3 * percentile(s['squeue'], 0.99):.0f}"
+        tail = ("" if mode == "off" else
+                f" {s['comments']:14d} {s['recorded']:9d} {s['lost']:5d} {s['extra']:6d}")
+        print(f"{mode:5s} {1e3 * p50:8.1f} {1e3 * p99:8.1f} {p50 / base50:8.3f} {p99 / base99:8.3f} "
+              f"{len(s['errors']):7d} {sq:>18s}{tail}")
+        for e in sorted(set(s["errors"]))[:3]:
+            print(f"      error: {e[:200]}")
+    print("target: p99 on/off <= 1.15; lost = extra = 0")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Decisions no job in Slurm ever held (refused after the plugin ran, answered after slurmctld
+stopped waiting) are found against Slurm's AdminComments and marked; Explain says so."""
+from __future__ import annotations
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.reconcile import Reconciler
+from policy_service.adapters.slurm_text import decision_ids_in
+from policy_service.config import load_config
+from policy_service.server import start_service
+
+
+def test_decision_ids_in_squeue_and_sacct_output():
+    squeue = ("swapaware:v1 id=01ac691e3d9a4bec model=swapaware-model/1+586156c0 action=whole_gpu shards=8   \n"
+              "(null)\n\nswapaware:v1 id=ffee00112233aabb action=share shards=2\n")
+    sacct = "swapaware:v1 id=0123456789abcdef model=m action=share\n\nsite note, not ours: id=deadbeefdeadbeef\n"
+    assert decision_ids_in(squeue) == {"01ac691e3d9a4bec", "ffee00112233aabb"}
+    assert decision_ids_in(sacct) == {"0123456789abcdef"}
+
+
+def test_decisions_no_job_holds_are_marked_never_held(service_env, slurm_jobs):
+    svc = start_service(load_config(env=service_env), slurm=slurm_jobs)
+    try:
+        h = svc.handler
+        facts = pb.JobFacts(user="alice", uid=1000, tres_per_node="gres:gpu:1", job_name="j")
+        kept = [h.admit(pb.AdmitRequest(job=facts)).decision for _ in range(3)]
+        orphan = h.admit(pb.AdmitRequest(job=facts)).decision  # slurmctld refused this job after the plugin
+        for job_id, d in enumerate(kept, start=1):
+            slurm_jobs.comments[job_id] = d.rewrite.admin_comment
+        h.flush()
+        now = kept[0].decided_at
+        rec = Reconciler(svc.store, slurm_jobs, window_s=3600, settle_s=60, clock=lambda: now + 30)
+        assert rec.run_once().checked == 0  # too recent: slurmctld may still be deciding
+        rec.clock = lambda: now + 120
+        slurm_jobs.held_failure = "squeue: error: Unable to contact slurm controller"
+        failed = rec.run_once()
+        assert failed.error and svc.store.decision_status(orphan.decision_id) == ""  # nothing marked blind
+        slurm_jobs.held_failure = None
+        done = rec.run_once()
+        assert (done.checked, done.held, done.never_held) == (4, 3, (orphan.decision_id,))
+        assert [svc.store.decision_status(d.decision_id) for d in kept] == ["held"] * 3
+        assert rec.run_once().checked == 0  # each decision is checked once
+        explained = h.explain(pb.ExplainRequest(decision_id=orphan.decision_id)).decision
+        assert "never_held" in [r.code for r in explained.reasons]
+        assert "never_held" not in [r.code for r in h.explain(pb.ExplainRequest(
+            decision_id=kept[0].decision_id)).decision.reasons]
+    finally:
+        svc.stop(0)
