@@ -25,7 +25,7 @@ import struct
 import threading
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -34,6 +34,7 @@ log = logging.getLogger("swapaware.decisions")
 _HEADER = struct.Struct("<II")
 MAX_RECORD_BYTES = 4 << 20  # far above any decision (requests are at most 256 KiB)
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
+WRITE_BATCH = 256  # decisions per history transaction at most
 
 
 class JournalError(Exception):
@@ -59,7 +60,7 @@ class DecisionRecord:
     decision_pb: bytes
 
     def encode(self) -> bytes:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}  # shallow: asdict deep-copies
         d["facts_pb"] = base64.b64encode(self.facts_pb).decode()
         d["decision_pb"] = base64.b64encode(self.decision_pb).decode()
         body = json.dumps(d, separators=(",", ":"), sort_keys=True).encode()
@@ -95,12 +96,12 @@ def backoff(attempt: int) -> float:
 
 
 class DecisionLog:
-    """Journal + writer thread. ``write``: puts one record into the history (raises on failure)."""
+    """Journal + writer thread. ``write``: puts records into the history in one transaction (raises
+    on failure, and then has put none)."""
 
-    def __init__(self, path: Path | None, write: Callable[[DecisionRecord], None], fsync: bool = False,
-                 backlog: int = 10_000, on_record: Callable[[DecisionRecord], None] | None = None):
+    def __init__(self, path: Path | None, write: Callable[[list[DecisionRecord]], None], fsync: bool = False,
+                 backlog: int = 10_000):
         self.path, self._write, self._fsync = path, write, fsync
-        self._on_record = on_record  # after a record is in the history (the decision's log line)
         self._lock = threading.Lock()  # journal append + enqueue, and the journal's truncation
         self._queue: queue.Queue = queue.Queue(maxsize=backlog)
         self._fd: int | None = None
@@ -120,8 +121,8 @@ class DecisionLog:
         except FileNotFoundError:
             return
         records, torn = read_journal(data)
-        for rec in records:
-            self._write(rec)  # a failure here stops the start: the journal stays as it is
+        if records:
+            self._write(records)  # a failure here stops the start: the journal stays as it is
         if records or torn:
             log.warning("decision journal %s: %d decision(s) of the previous run committed to the history%s",
                         self.path, len(records), f"; {torn} torn byte(s) at its end dropped" if torn else "")
@@ -157,30 +158,39 @@ class DecisionLog:
     # ------------------------------------------------------------------ the writer
     def _loop(self) -> None:
         while True:
-            rec = self._queue.get()
-            if rec is None:
-                self._queue.task_done()
-                return
-            attempt = 0
-            while True:
+            batch = [self._queue.get()]
+            while len(batch) < WRITE_BATCH:  # what else waits goes into the same transaction
                 try:
-                    self._write(rec)
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
                     break
-                except Exception as exc:  # locked, full, gone: keep it and try again
-                    attempt += 1
-                    why = f"{type(exc).__name__}: {exc}"
-                    if why != self.failing:
-                        log.error("cannot record decision %s in the history (%s); kept in the journal, retrying",
-                                  rec.decision_id, why)
-                    self.failing = why
-                    time.sleep(backoff(attempt))
-            if self.failing:
-                log.warning("decisions are recorded in the history again")
-                self.failing = ""
-            if self._on_record is not None:
-                self._on_record(rec)
-            self._queue.task_done()
+            records = [r for r in batch if r is not None]
+            if records:
+                self._commit(records)
+            for _ in batch:
+                self._queue.task_done()
+            if len(records) < len(batch):  # close() asked to stop
+                return
             self._maybe_truncate()
+
+    def _commit(self, records: list[DecisionRecord]) -> None:
+        """Put ``records`` into the history, retrying until it takes them (they stay journaled)."""
+        attempt = 0
+        while True:
+            try:
+                self._write(records)
+                break
+            except Exception as exc:  # locked, full, gone: keep them and try again
+                attempt += 1
+                why = f"{type(exc).__name__}: {exc}"
+                if why != self.failing:
+                    log.error("cannot record %d decision(s) in the history (%s, first %s); kept in the journal, "
+                              "retrying", len(records), why, records[0].decision_id)
+                self.failing = why
+                time.sleep(backoff(attempt))
+        if self.failing:
+            log.warning("decisions are recorded in the history again")
+            self.failing = ""
 
     def _maybe_truncate(self) -> None:
         """Empty the journal once every record in it is in the history."""

@@ -183,14 +183,14 @@ class HistoryStore:
                                (decision_id, decided_at, job_class, user, account, partition, job_name, action,
                                 shards, model_version, keys_json, facts_pb, decision_pb))
 
-    def record(self, rec) -> None:
-        """One decision from the decision journal (adapters.decision_log.DecisionRecord); a
-        decision recorded again (journal replay) is the same row."""
-        self.record_decision(decision_id=rec.decision_id, decided_at=rec.decided_at, job_class=rec.job_class,
-                             user=rec.user, account=rec.account, partition=rec.partition, job_name=rec.job_name,
-                             action=rec.action, shards=rec.shards, model_version=rec.model_version,
-                             keys={KeyLevel(k): v for k, v in rec.keys.items()}, facts_pb=rec.facts_pb,
-                             decision_pb=rec.decision_pb)
+    def record(self, records) -> None:
+        """Decisions from the decision journal (adapters.decision_log.DecisionRecord), in one
+        transaction; a decision recorded again (journal replay) is the same row."""
+        rows = [(r.decision_id, r.decided_at, r.job_class, r.user, r.account, r.partition, r.job_name, r.action,
+                 r.shards, r.model_version, json.dumps(r.keys, sort_keys=True), r.facts_pb, r.decision_pb)
+                for r in records]
+        with self._tx() as c:
+            c.executemany("INSERT OR REPLACE INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
 
     def decision(self, decision_id: str) -> DecisionRow | None:
         rows = self._read(f"SELECT {DECISION_COLS} FROM decisions WHERE decision_id=?", (decision_id,))
