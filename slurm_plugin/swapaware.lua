@@ -16,6 +16,8 @@ holds its locks during this call, is never stalled by repeated timeouts.
 
 Settings come from swapaware_plugin.conf beside slurm.conf (key=value lines):
     socket=/run/swapaware/policy.sock   timeout_ms=200   breaker_s=10   enabled=1
+    max_script_bytes=4194304   (Slurm's max_script_size: a larger script is refused by slurmctld
+                                after this plugin ran, so such a job is not decided at all)
 ]]
 
 local M = {}
@@ -29,7 +31,8 @@ M.FP_LIMIT, M.FP_HEAD, M.FP_TAIL = 4096, 3072, 1024
 M.FP_MOD1, M.FP_MUL1 = 2147483647, 31
 M.FP_MOD2, M.FP_MUL2 = 2147483629, 131
 
-M.settings = { socket = "/run/swapaware/policy.sock", timeout_ms = 200, breaker_s = 10, enabled = true }
+M.settings = { socket = "/run/swapaware/policy.sock", timeout_ms = 200, breaker_s = 10, enabled = true,
+               max_script_bytes = 4194304 }
 M.state = { open_until = 0, failures = 0, logged_open = false }
 
 local GRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
@@ -64,6 +67,7 @@ function M.parse_settings(text, base)
     if k == "socket" then out.socket = v
     elseif k == "timeout_ms" and tonumber(v) then out.timeout_ms = tonumber(v)
     elseif k == "breaker_s" and tonumber(v) then out.breaker_s = tonumber(v)
+    elseif k == "max_script_bytes" and tonumber(v) then out.max_script_bytes = tonumber(v)
     elseif k == "enabled" then out.enabled = (v == "1" or v == "true" or v == "yes")
     end
   end
@@ -357,6 +361,12 @@ end
 local function decide(job_desc, submit_uid)
   if not M.settings.enabled then return end
   if not M.wants_gpu(job_desc) then return end
+  local script = job_desc.script
+  if script ~= nil and #script > M.settings.max_script_bytes then
+    log_info("job passes unchanged: its batch script is %d bytes, over max_script_bytes=%d (Slurm's " ..
+             "max_script_size refuses it)", #script, M.settings.max_script_bytes)
+    return
+  end
   if not have_cjson then
     log_error("lua-cjson is not installed; job passes unchanged")
     return

@@ -384,3 +384,15 @@ def test_a_hung_kept_connection_sends_the_request_once(tmp_path):
     assert first["job"]["admin_comment"] == "swapaware:v1 id=d1"
     assert "admin_comment" not in second["job"]
     assert len(lines) == 2 and b"second" in lines[1], lines
+
+
+def test_a_script_slurm_will_refuse_is_not_decided(service, tmp_path):
+    """Before: a 10 MB script got a recorded decision (and "gpu request rewritten") for a job that
+    slurmctld then refused for its max_script_size (4 MiB by default)."""
+    big = gpu_job(script="#!/bin/sh\n" + "x" * (4 * 1024 * 1024))
+    out = run_lua(tmp_path, [big, gpu_job()], service.socket_path)
+    refused, normal = out["results"]
+    assert "admin_comment" not in refused["job"] and normal["job"]["admin_comment"].startswith("swapaware:v1")
+    assert any("over max_script_bytes=4194304" in line for line in out["logs"])
+    service.handler.flush()
+    assert len(list(service.store.decisions())) == 1
