@@ -95,6 +95,9 @@ socket_path = "$AGENT_SOCK"
 sample_period_s = 0.2
 nvml_backend = "fake"
 fake_nvml_dir = "$FAKE"
+# Spooled events are delivered by the agent within a few seconds of the service's return.
+replay_interval_s = 1.0
+replay_max_backoff_s = 4.0
 EOF
     local hook
     for hook in prolog epilog; do

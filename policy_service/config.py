@@ -250,6 +250,12 @@ class AgentConfig:
     enforcement: Enforcement = Enforcement.FRAMEWORK_ENV
     # CUDA_MPS_PIPE_DIRECTORY of the site's nvidia-cuda-mps-control daemon (enforcement = mps).
     mps_pipe_dir: Path = Path("/tmp/nvidia-mps")
+    # The agent delivers the hooks' spooled events itself (slurm_plugin/replayer.py): it looks at
+    # hooks.spool_dir every replay_interval_s; while the service cannot take them, the wait doubles
+    # up to replay_max_backoff_s (with jitter).
+    replay: bool = True
+    replay_interval_s: float = 5.0
+    replay_max_backoff_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -355,6 +361,8 @@ def _validate(cfg: Config) -> None:
          "service.reconcile_window_s must be > service.reconcile_settle_s >= 0"),
         (cfg.hooks.deadline_s > 0, "hooks.deadline_s must be > 0"),
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),
+        (0 < cfg.agent.replay_interval_s <= cfg.agent.replay_max_backoff_s,
+         "agent.replay_interval_s must be > 0 and <= agent.replay_max_backoff_s"),
         (cfg.swap_cost.fault_granularity_bytes > 0, "swap_cost.fault_granularity_bytes must be > 0"),
         (cfg.service.max_workers >= 1, "service.max_workers must be >= 1"),
         (not cfg.service.slurm_release or is_release(cfg.service.slurm_release),

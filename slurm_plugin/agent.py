@@ -337,6 +337,7 @@ class Agent:
         self._pid_cache = PidJobCache(proc_root)
         self._logged: set[str] = set()
         self._kernel = self._open_kernel_log(kernel_log)
+        self.replayer = None  # slurm_plugin.replayer.SpoolReplayer, set by main()
 
     def _open_kernel_log(self, path: Path | None) -> KernelLogTail | None:
         if path is None or self.telemetry is None:
@@ -412,7 +413,10 @@ class Agent:
         with self._lock:
             jobs = [{"job_id": j.job_id, "gpus": list(j.gpus), "uid": j.uid, "samples": j.total.samples,
                      "started_at": j.started_at_s, "sluid": j.sluid} for j in self._jobs.values()]
-        return {"ok": True, "source": self.source, "sample_period_s": self.cfg.sample_period_s, "jobs": jobs}
+        out = {"ok": True, "source": self.source, "sample_period_s": self.cfg.sample_period_s, "jobs": jobs}
+        if self.replayer is not None:  # the hooks' spool, delivered by this agent (slurm_plugin/replayer.py)
+            out.update(self.replayer.status())
+        return out
 
     def _forget_expired(self) -> None:
         for job_id in expired_jobs(self._jobs, self._mono(), self._max_job_age_s):
@@ -625,6 +629,11 @@ def _setup_logging(level: str, foreground: bool) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler], force=True)
 
 
+# A batch of 500 events may take the service seconds (each is its own transaction); the agent is
+# not in a job's way, unlike the hooks, so it waits longer than hooks.deadline_s.
+REPLAY_DEADLINE_S = 60.0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``swapaware-agent``."""
     parser = argparse.ArgumentParser(prog="swapaware-agent", description="swapaware per-node GPU telemetry agent")
@@ -648,11 +657,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TelemetryError as exc:
         log.error("%s", exc)
         return 1
-    return _serve(Agent(agent_cfg, telemetry), agent_cfg.socket_path)
-
-
-def _serve(agent: Agent, socket_path: Path) -> int:
+    agent = Agent(agent_cfg, telemetry)
     done = threading.Event()
+    if agent_cfg.replay:
+        from slurm_plugin.hooks import hook_client
+        from slurm_plugin.replayer import SpoolReplayer
+
+        replay_hooks = dataclasses.replace(cfg.hooks, deadline_s=max(cfg.hooks.deadline_s, REPLAY_DEADLINE_S))
+        agent.replayer = SpoolReplayer(cfg.hooks.spool_dir, lambda: hook_client(replay_hooks, cfg.auth, cfg.tls),
+                                       agent_cfg.replay_interval_s, agent_cfg.replay_max_backoff_s)
+        agent.replayer.start(done)
+        log.info("delivering the hooks' spool %s every %.0f s (backoff up to %.0f s)", cfg.hooks.spool_dir,
+                 agent_cfg.replay_interval_s, agent_cfg.replay_max_backoff_s)
+    return _serve(agent, agent_cfg.socket_path, done)
+
+
+def _serve(agent: Agent, socket_path: Path, done: threading.Event | None = None) -> int:
+    done = done or threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: done.set())
     server = AgentServer(agent, socket_path)

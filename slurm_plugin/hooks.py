@@ -78,7 +78,7 @@ def started_request(env: Mapping[str, str], now: float) -> pb.JobStartedRequest:
     job_id = job_id_of(env)
     return pb.JobStartedRequest(job_id=job_id, node=node_name(env), gpu_indices=parse_gpu_indices(env),
                                 started_at=now, user=env.get("SLURM_JOB_USER", ""),
-                                event_id=f"start-{job_id}-{uuid.uuid4().hex[:12]}")
+                                event_id=f"start-{job_id}-{uuid.uuid4().hex[:12]}", sluid=sluid_of(env))
 
 
 def finished_request(env: Mapping[str, str], now: float, telemetry: dict | None) -> pb.JobFinishedRequest:
@@ -86,10 +86,18 @@ def finished_request(env: Mapping[str, str], now: float, telemetry: dict | None)
     code, sig, derived = parse_exit(env)
     req = pb.JobFinishedRequest(job_id=job_id, node=node_name(env), gpu_indices=parse_gpu_indices(env),
                                 finished_at=now, exit_code=code, exit_signal=sig, derived_exit_code=derived,
-                                event_id=f"finish-{job_id}-{uuid.uuid4().hex[:12]}", telemetry_source="none")
+                                event_id=f"finish-{job_id}-{uuid.uuid4().hex[:12]}", telemetry_source="none",
+                                sluid=sluid_of(env))
     if telemetry:
         apply_telemetry(req, telemetry)
     return req
+
+
+def sluid_of(env: Mapping[str, str]) -> str:
+    """The job's SLUID (Slurm 25.11+ exports SLURM_JOB_SLUID to prolog and epilog), "" before:
+    with it the service names the job instance without asking Slurm. At most 64 characters."""
+    value = env.get("SLURM_JOB_SLUID", "").strip()
+    return value if len(value) <= 64 else ""
 
 
 def apply_telemetry(req: pb.JobFinishedRequest, t: dict) -> None:
@@ -182,7 +190,7 @@ def run_prolog(env: Mapping[str, str], cfg: Config, now: float) -> None:
     req = started_request(env, now)
     uid = env.get("SLURM_JOB_UID", "")
     agent_client.notify_start(cfg.hooks, req.job_id, list(req.gpu_indices), int(uid) if uid.isdigit() else None,
-                              sluid=env.get("SLURM_JOB_SLUID") or None)  # 25.11+; names the cgroup on 26.05
+                              sluid=sluid_of(env) or None)  # 25.11+; names the cgroup on 26.05
     deliver(cfg.hooks, "JobStarted", req, auth=cfg.auth, tls=cfg.tls)
 
 

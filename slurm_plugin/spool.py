@@ -21,8 +21,10 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.client import RETRYABLE
 from policy_service.handler import Method
+from policy_service.limits import MAX_REQUEST_BYTES
 
 log = logging.getLogger("swapaware.spool")
 
@@ -62,8 +64,114 @@ def pending(spool_dir: Path) -> list[Path]:
     return sorted(p for p in spool_dir.glob("*.json") if not p.name.startswith("."))
 
 
-def replay(spool_dir: Path, send: Callable[[str, Message], object], max_events: int) -> ReplayResult:
-    """Send spooled events through ``send(method, request)``; bounded by ``max_events``."""
+# EventResult codes (google.rpc numbers) an event is set aside for: it will never be taken.
+PERMANENT = {grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.FAILED_PRECONDITION.value[0]}
+BATCH_EVENTS = 500  # the service's limit per ReportEvents call (policy_service.limits)
+# A batch also stays under the service's message size (else RESOURCE_EXHAUSTED for every try, and
+# the spool never drains): 500 finished events with 8 GPUs' telemetry and OOM evidence are ~450 KB.
+BATCH_BYTES = MAX_REQUEST_BYTES - 4096
+_STOPPING = RETRYABLE | {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
+
+
+def _status(exc: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    return code, f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
+
+
+def _load(spool_dir: Path, path: Path) -> tuple[Method, Message] | None:
+    try:
+        data = json.loads(path.read_text())
+        method = Method.by_name(data["method"])
+        msg = method.value[1]()
+        json_format.ParseDict(data["request"], msg)
+        return method, msg
+    except Exception as exc:  # unreadable file: keep it aside, never drop it silently
+        _reject(spool_dir, path, f"unreadable spool file: {exc}")
+        return None
+
+
+def _as_event(method: Method, msg: Message) -> pb.JobEvent | None:
+    if method is Method.JOB_STARTED:
+        return pb.JobEvent(started=msg)
+    if method is Method.JOB_FINISHED:
+        return pb.JobEvent(finished=msg)
+    return None
+
+
+_CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+
+def _chunk(items: list, start: int, most: int) -> list:
+    """The next batch from ``items[start:]``: at most ``most`` events and ``BATCH_BYTES`` (at least one)."""
+    size, end = 0, start
+    while end < len(items) and end - start < most:
+        _path, m, msg = items[end]
+        size += msg.ByteSize() + 8  # the JobEvent and events field framing
+        if end > start and size > BATCH_BYTES:
+            break
+        end += 1
+    return items[start:end]
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.sent = self.rejected = 0
+        self.stopped = ""
+
+
+def _one(spool_dir: Path, send, path: Path, method: Method, msg: Message, t: _Tally) -> bool:
+    """Send one event by its own RPC; False when replay must stop (the service cannot take it now)."""
+    try:
+        send(method.value[0], msg)
+    except grpc.RpcError as exc:
+        code, text = _status(exc)
+        if code in _STOPPING:
+            t.stopped = text
+            return False
+        _reject(spool_dir, path, text)
+        t.rejected += 1
+        return True
+    path.unlink()
+    t.sent += 1
+    return True
+
+
+def _batch(spool_dir: Path, send, chunk: list, t: _Tally) -> bool | None:
+    """Send ``chunk`` ([(path, method, msg)]) as one ReportEvents. False: stop; None: the service
+    has no ReportEvents (older release): send these one by one."""
+    req = pb.ReportEventsRequest(events=[_as_event(m, msg) for _, m, msg in chunk])
+    try:
+        resp = send("ReportEvents", req)
+    except grpc.RpcError as exc:
+        code, text = _status(exc)
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            return None
+        if code in _STOPPING:
+            t.stopped = text
+            return False
+        return None  # the batch as a whole was refused: find the event at fault one by one
+    if len(resp.results) != len(chunk):
+        t.stopped = f"ReportEvents answered {len(resp.results)} results for {len(chunk)} events"
+        return False
+    go_on = True
+    for (path, _m, _msg), res in zip(chunk, resp.results):
+        if res.code == 0:
+            path.unlink()
+            t.sent += 1
+        elif res.code in PERMANENT:
+            _reject(spool_dir, path, f"{_CODE_NAMES.get(res.code, res.code)}: {res.message}")
+            t.rejected += 1
+        else:  # the service failed on it (INTERNAL): keep it, and try again later
+            t.stopped = f"code {res.code}: {res.message}"
+            go_on = False
+    return go_on
+
+
+def replay(spool_dir: Path, send: Callable[[str, Message], object], max_events: int,
+           batch: int = BATCH_EVENTS) -> ReplayResult:
+    """Send spooled events through ``send(method, request)``, oldest first, at most ``max_events``:
+    ``batch`` at a time in one ReportEvents (the service resolves a batch with one Slurm query),
+    one RPC each against a service without it. Holds the spool's lock (one replay at a time)."""
     files = pending(spool_dir)
     if not files:
         return ReplayResult(0, 0, 0, "")
@@ -73,31 +181,31 @@ def replay(spool_dir: Path, send: Callable[[str, Message], object], max_events: 
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return ReplayResult(0, 0, len(files), "another replay holds the spool lock")
-        sent = rejected = 0
-        stopped = ""
+        t = _Tally()
+        items = []
         for path in pending(spool_dir)[:max_events]:
-            try:
-                data = json.loads(path.read_text())
-                method = Method.by_name(data["method"])
-                msg = method.value[1]()
-                json_format.ParseDict(data["request"], msg)
-            except Exception as exc:  # unreadable file: keep it aside, never drop it silently
-                _reject(spool_dir, path, f"unreadable spool file: {exc}")
-                rejected += 1
-                continue
-            try:
-                send(method.value[0], msg)
-            except grpc.RpcError as exc:
-                code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-                if code in RETRYABLE or code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                    stopped = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
-                    break
-                _reject(spool_dir, path, f"{code.name}: {exc.details()}")
-                rejected += 1
-                continue
-            path.unlink()
-            sent += 1
-        return ReplayResult(sent, rejected, len(pending(spool_dir)), stopped)
+            loaded = _load(spool_dir, path)
+            if loaded is None:
+                t.rejected += 1
+            else:
+                items.append((path, *loaded))
+        batched = batch > 1
+        i = 0
+        while i < len(items):
+            chunk = _chunk(items, i, batch if batched else 1)
+            if batched and all(_as_event(m, msg) is not None for _, m, msg in chunk):
+                done = _batch(spool_dir, send, chunk, t)
+                if done is None:  # send these one by one (and later ones too, on an older service)
+                    batched = False
+                    continue
+            else:
+                chunk = chunk[:1]
+                path, m, msg = chunk[0]
+                done = _one(spool_dir, send, path, m, msg, t)
+            if not done:
+                break
+            i += len(chunk)
+        return ReplayResult(t.sent, t.rejected, len(pending(spool_dir)), t.stopped)
 
 
 def _reject(spool_dir: Path, path: Path, why: str) -> None:
