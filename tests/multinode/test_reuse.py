@@ -31,7 +31,12 @@ def class_samples(cluster, decision_id: str) -> int:
 def run_to_end(cluster, name: str, gib: float) -> tuple[int, str]:
     job = cluster.sbatch(fake_alloc_script(cluster, gib, hold_s=0.5), "--gres=gpu:1", f"--job-name={name}")
     decision = decision_of(job_field(cluster.show_job(job), "AdminComment"))["id"]
-    assert cluster.wait_done(job) == "COMPLETED"
+    # Not `sacct -j`: after a reset the accounting also holds older jobs of this id (they may be
+    # all it shows until this one is flushed to it); slurmctld knows only this one.
+    final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    state = wait_for(lambda: (st := job_field(cluster.show_job(job), "JobState")) in final and st, 90,
+                     lambda: f"job {job} to end: {cluster.show_job(job)}", 0.3)
+    assert state == "COMPLETED"
     wait_for(lambda: any(r[1] == decision for r in cluster.observations(job)), 60,
              lambda: f"job {job}'s observation under decision {decision}: {cluster.observations(job)}", 0.3)
     return job, decision
