@@ -164,10 +164,12 @@ def event_verdict(method: str, caller: Caller, trust: Trust, addrs: Addresses) -
         return _ok(f"{caller.describe()} ({host})")
     if trust.open:
         return _ok("no identity mechanism is configured (MUNGE off or unavailable, no token): callers are trusted")
-    needs = "a MUNGE credential (metadata x-swapaware-munge) from root or SlurmUser on a cluster node"
+    needs = []
+    if trust.munge:
+        needs.append("a MUNGE credential (metadata x-swapaware-munge) from root or SlurmUser on a cluster node")
     if trust.token:
-        needs += ", or the hooks' token"
-    return _no(grpc.StatusCode.UNAUTHENTICATED, f"{method} needs {needs}; the caller sent none")
+        needs.append("the hooks' token (metadata authorization: Bearer <token>)")
+    return _no(grpc.StatusCode.UNAUTHENTICATED, f"{method} needs {', or '.join(needs)}; the caller sent none")
 
 
 def admit_verdict(caller: Caller, trust: Trust, addrs: Addresses) -> Verdict:
@@ -227,6 +229,10 @@ def explain_precheck(caller: Caller, trust: Trust) -> Verdict:
     if caller.problem:
         return credential_verdict(caller)
     if caller.via is Via.ANONYMOUS and not trust.open:
+        if not trust.munge:  # the token alone: only its holders (root on the nodes) are identified
+            return _no(grpc.StatusCode.UNAUTHENTICATED,
+                       "explaining a recorded job needs your identity, and this service checks no MUNGE "
+                       "credentials (auth.munge): only holders of the hooks' token may; the caller sent none")
         return _no(grpc.StatusCode.UNAUTHENTICATED,
                    "explaining a recorded job needs your identity: a MUNGE credential "
                    "(swapaware explain sends one where munged runs); the caller sent none")

@@ -68,10 +68,17 @@ def configured_client(cfg, address: str, deadline_s: float, token: str | None = 
     """A client as ``cfg`` (policy_service.config.Config) says: TLS from ``[tls]`` (a bad file
     raises ConfigError), a MUNGE credential per call where ``[auth] munge`` says so (auto: where
     libmunge and munged's socket exist; on: always, a failure to make one is logged per call)."""
-    from policy_service.auth_config import MungeMode
     from policy_service.tls import channel_credentials
 
-    mode = cfg.auth.munge
-    use_munge = mode is MungeMode.ON or (mode is MungeMode.AUTO and munge.usable(cfg.auth.munge_socket))
-    return PolicyClient(address, deadline_s, token, munge_socket=str(cfg.auth.munge_socket) if use_munge else None,
+    return PolicyClient(address, deadline_s, token, munge_socket=munge_socket_for(cfg.auth),
                         tls=channel_credentials(cfg.tls))
+
+
+def munge_socket_for(auth) -> str | None:
+    """munged's socket where ``auth`` (policy_service.auth_config.AuthConfig) has clients attach
+    credentials (auto: where libmunge and munged's socket exist; on: always), else None."""
+    from policy_service.auth_config import MungeMode
+
+    mode = auth.munge
+    use_munge = mode is MungeMode.ON or (mode is MungeMode.AUTO and munge.usable(auth.munge_socket))
+    return str(auth.munge_socket) if use_munge else None

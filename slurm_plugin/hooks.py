@@ -21,7 +21,7 @@ from typing import Mapping
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import PolicyClient, configured_client
+from policy_service.client import PolicyClient, configured_client, munge_socket_for
 from policy_service.config import AuthConfig, Config, ConfigError, HookConfig, TlsConfig, load_config, read_token
 from slurm_plugin import agent_client, spool
 
@@ -137,8 +137,11 @@ def hook_client(hooks: HookConfig, auth: AuthConfig | None = None, tls: TlsConfi
     try:
         return configured_client(cfg, hooks.service_address, hooks.deadline_s, token)
     except ConfigError as exc:
+        # Never plaintext where TLS is configured (the token and the events would go to whoever
+        # answers): TLS that trusts only the system's CAs, which fails against the cluster's own CA.
         log.error("%s: events will be spooled until it is fixed", exc)
-        return configured_client(Config(auth=cfg.auth), hooks.service_address, hooks.deadline_s, token)
+        return PolicyClient(hooks.service_address, hooks.deadline_s, token, munge_socket=munge_socket_for(cfg.auth),
+                            tls=grpc.ssl_channel_credentials())
 
 
 def deliver(hooks: HookConfig, method: str, request, client: PolicyClient | None = None,

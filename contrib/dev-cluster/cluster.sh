@@ -38,8 +38,10 @@ MUNGE_SOCKET=$STATE/node/munge/munge.socket.2  # per node: see nodes.sh
 MYSQL_SOCKET=$MYSQL/mysqld.sock
 export SLURM_CONF=$SLURM_CONF_PATH
 
-PACKAGES=(munge slurm-client slurmctld slurmd slurmdbd mariadb-server mariadb-client
-          lua5.1 lua-socket lua-cjson util-linux iproute2)
+# munge + libmunge2: also the tests' private munged (tests/adapter/test_munge.py); openssl: the
+# TLS tests' certificates (tests/adapter/test_tls.py).
+PACKAGES=(munge libmunge2 slurm-client slurmctld slurmd slurmdbd mariadb-server mariadb-client
+          lua5.1 lua-socket lua-cjson util-linux iproute2 openssl)
 
 log() { printf '[dev-cluster] %s\n' "$*" >&2; }
 die() { printf '[dev-cluster] ERROR: %s\n' "$*" >&2; exit 1; }

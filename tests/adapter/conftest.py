@@ -16,6 +16,9 @@ from typing import Iterator
 import pytest
 
 from policy_service.adapters.slurm import JobInstance, PendingJob, SlurmError
+from policy_service.adapters.slurm_hosts import (controller_hosts, node_hosts, parse_config, parse_nodes_oneliner,
+                                                  resolve_ipv4)
+from policy_service.adapters.slurm_hosts import slurm_user as _slurm_user
 from policy_service.client import PolicyClient
 from policy_service.config import load_config
 from policy_service.server import start_service
@@ -99,6 +102,36 @@ class SlurmJobs:
         self.tres[job_id] = tres_per_node
         self.comments[job_id] = admin_comment
 
+    # The cluster's hosts and users, for the access checks, as scontrol and sacctmgr print them and
+    # parsed and resolved as CliSlurm does (policy_service.adapters.slurm_hosts): a MUNGE
+    # credential's origin must be a node's address (events) or a controller's (a recorded Admit).
+    # Like the single-host dev cluster: one node and the controller, both on this host (127.0.0.1).
+    # Tests change these to move hosts in or out of the cluster; ``hosts_failure`` makes scontrol fail.
+    nodes_text: str = ("NodeName=node1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=127.0.0.1 "
+                       "NodeHostName=localhost Version=22.05.8 OS=Linux State=IDLE Partitions=debug\n")
+    config_text: str = "SlurmctldHost[0]    = ctl(127.0.0.1)\nSlurmctldAddr       = (null)\nSlurmUser           = slurm(64030)\n"
+    admin_levels: dict[str, str] = field(default_factory=dict)  # user name -> sacctmgr AdminLevel
+    hosts_failure: str | None = None
+    host_reads: int = 0
+
+    def _scontrol(self, text: str) -> str:
+        self.host_reads += 1
+        if self.hosts_failure:
+            raise SlurmError(self.hosts_failure)
+        return text
+
+    def node_addresses(self) -> dict[str, str]:
+        return resolve_ipv4(node_hosts(parse_nodes_oneliner(self._scontrol(self.nodes_text))))[0]
+
+    def controller_addresses(self) -> dict[str, str]:
+        return resolve_ipv4((h, h) for h in controller_hosts(parse_config(self._scontrol(self.config_text))))[0]
+
+    def slurm_user(self) -> tuple[str, int | None]:
+        return _slurm_user(parse_config(self._scontrol(self.config_text)))
+
+    def admin_level(self, user: str) -> str:
+        return self.admin_levels.get(user, "None")
+
 
 @pytest.fixture
 def service_env(tmp_path: Path) -> dict[str, str]:
@@ -116,6 +149,9 @@ def service_env(tmp_path: Path) -> dict[str, str]:
         "SWAPAWARE_POLICY__REDECIDE_PENDING": "false",
         # The dev stack's release (the tests spell GRES as 22.05 does); never ask this host's scontrol.
         "SWAPAWARE_SERVICE__SLURM_RELEASE": "22.05",
+        # No MUNGE unless a test starts its own munged (test_munge.py): "auto" would turn it on
+        # wherever this host runs a munged at the default socket.
+        "SWAPAWARE_AUTH__MUNGE": "off",
     }
 
 
