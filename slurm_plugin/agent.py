@@ -681,11 +681,14 @@ def _serve(agent: Agent, socket_path: Path, done: threading.Event | None = None)
         server.start()
     except (OSError, RuntimeError) as exc:
         log.error("cannot listen on %s: %s", socket_path, exc)
+        done.set()  # the spool replayer stops too
         return 1
     while not done.wait(1.0):
         pass
     log.info("stopping (signal)")
     server.stop()
+    if agent.replayer is not None and not agent.replayer.join(10.0):
+        log.warning("the spool replayer is still in a replay; leaving it (the spool keeps what it did not send)")
     return 0
 
 

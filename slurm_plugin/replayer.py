@@ -56,6 +56,7 @@ class SpoolReplayer:
         self.rand, self.wall = rand, wall
         self.state = ReplayState()
         self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     def run_once(self) -> spool.ReplayResult | None:
         """Replay what waits (None: the spool is empty)."""
@@ -91,11 +92,22 @@ class SpoolReplayer:
     def start(self, stop: threading.Event) -> threading.Thread:
         t = threading.Thread(target=self.loop, args=(stop,), name="spool-replay", daemon=True)
         t.start()
+        self._thread = t
         return t
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the thread (after its stop event was set); False if it is still in a replay."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        return True
 
     def status(self) -> dict[str, Any]:
         with self._lock:
             s = self.state
         return {"spool_depth": len(spool.pending(self.spool_dir)), "replay_failures": s.failures,
                 "replay_delivered": s.delivered, "replay_rejected": s.rejected, "replay_last_error": s.last_error,
-                "replay_last_try_at": s.last_try_at}
+                "replay_last_try_at": s.last_try_at,
+                "replay_last": None if s.last_result is None else {
+                    "sent": s.last_result.sent, "rejected": s.last_result.rejected, "left": s.last_result.left,
+                    "stopped_by": s.last_result.stopped_by}}

@@ -7,7 +7,6 @@ import socket
 import threading
 from pathlib import Path
 
-import grpc
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
@@ -30,36 +29,22 @@ def spool_jobs(spool_dir: Path, jobs: range) -> int:
 
 
 class Counting:
-    """``client.call`` that counts calls per method and can refuse ReportEvents (an older service)."""
+    """``client.call`` that counts calls per method."""
 
-    def __init__(self, client: PolicyClient, has_batch: bool = True):
-        self.client, self.has_batch, self.calls = client, has_batch, {}
+    def __init__(self, client: PolicyClient):
+        self.client, self.calls = client, {}
 
     def __call__(self, method: str, request):
         self.calls[method] = self.calls.get(method, 0) + 1
-        if method == "ReportEvents" and not self.has_batch:
-            raise FakeRpcError(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         return self.client.call(method, request)
 
 
-class FakeRpcError(grpc.RpcError):
-    def __init__(self, code, details):
-        self._code, self._details = code, details
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
-
-
-@pytest.mark.parametrize("has_batch, expect_calls", [(True, {"ReportEvents": 2}),
-                                                      (False, {"ReportEvents": 1, "JobStarted": 300,
-                                                               "JobFinished": 300})])
-def test_spooled_events_are_delivered_once_in_batches(service, client, tmp_path, has_batch, expect_calls):
+def test_spooled_events_are_delivered_once_in_batches(service, client, tmp_path):
+    """(An older service without ReportEvents: test_replay_batches.py.)"""
     spool_dir = tmp_path / "spool"
     n = spool_jobs(spool_dir, range(1, 301))
-    send = Counting(client, has_batch)
+    send = Counting(client)
+    expect_calls = {"ReportEvents": 2}
     result = spool.replay(spool_dir, send, max_events=10_000)
     assert (result.sent, result.rejected, result.left, result.stopped_by) == (n, 0, 0, "")
     assert send.calls == expect_calls
