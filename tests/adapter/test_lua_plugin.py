@@ -173,23 +173,15 @@ def test_invalid_reply_applies_nothing(tmp_path, reply):
     assert any("passes unchanged" in line for line in out["logs"])
 
 
-def counting_server(path: Path, close_after_each: bool):
-    """A service stand-in that answers every line with a share decision and counts connections."""
+def unix_server(path: Path, serve) -> tuple[socket.socket, threading.Event, dict]:
+    """A service stand-in on ``path``: each connection handled by ``serve(conn)`` in its own thread;
+    counts connections."""
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(str(path))
     srv.listen(8)
     srv.settimeout(0.1)
-    stats = {"connections": 0, "requests": 0}
+    stats = {"connections": 0}
     stop = threading.Event()
-    reply = json.dumps({"response": {"decision": {"decisionId": "x", "rewrite": {"tresPerNode": "gres:shard:2"}}}})
-
-    def serve(conn):
-        with conn:
-            for _line in conn.makefile("rb"):
-                stats["requests"] += 1
-                conn.sendall(reply.encode() + b"\n")
-                if close_after_each:
-                    return
 
     def loop():
         while not stop.is_set():
@@ -206,6 +198,23 @@ def counting_server(path: Path, close_after_each: bool):
     return srv, stop, stats
 
 
+def counting_server(path: Path, close_after_each: bool):
+    """Answers every line with a share decision; counts connections and requests."""
+    reply = json.dumps({"response": {"decision": {"decisionId": "x", "rewrite": {"tresPerNode": "gres:shard:2"}}}})
+    requests = {"requests": 0}
+
+    def serve(conn):
+        with conn:
+            for _line in conn.makefile("rb"):
+                requests["requests"] += 1
+                conn.sendall(reply.encode() + b"\n")
+                if close_after_each:
+                    return
+
+    srv, stop, stats = unix_server(path, serve)
+    return srv, stop, (stats, requests)
+
+
 @pytest.mark.parametrize("close_after_each,connections", [(False, 1), (True, 3)])
 def test_connection_is_kept_and_a_stale_one_replaced(tmp_path, close_after_each, connections):
     path = tmp_path / "svc.sock"
@@ -216,7 +225,7 @@ def test_connection_is_kept_and_a_stale_one_replaced(tmp_path, close_after_each,
         stop.set()
         srv.close()
     assert [r["job"]["tres_per_node"] for r in out["results"]] == ["gres:shard:2"] * 3
-    assert stats == {"connections": connections, "requests": 3}
+    assert (stats[0]["connections"], stats[1]["requests"]) == (connections, 3)
     assert not any("fail-open" in line for line in out["logs"])
 
 
@@ -344,11 +353,7 @@ def test_a_hung_kept_connection_sends_the_request_once(tmp_path):
     """The first Admit is answered on a kept connection, then the service hangs: the second Admit
     times out and is not sent again on a fresh connection (the service would decide it twice)."""
     path = tmp_path / "s.sock"
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(str(path))
-    srv.listen(8)
     lines: list[bytes] = []
-    stop = threading.Event()
     reply = {"response": {"decision": {"decisionId": "d1", "rewrite": {"adminComment": "swapaware:v1 id=d1"}}}}
 
     def serve(conn):
@@ -363,18 +368,7 @@ def test_a_hung_kept_connection_sends_the_request_once(tmp_path):
                 conn.sendall(json.dumps(reply).encode() + b"\n")
                 first = False  # then hang: read on, answer nothing
 
-    def loop():
-        srv.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=loop, daemon=True).start()
+    srv, stop, _stats = unix_server(path, serve)
     try:
         out = run_lua(tmp_path / "s", [gpu_job(), gpu_job(name="second")], path, timeout_ms=300)
     finally:
