@@ -162,7 +162,8 @@ EOF
 }
 
 service_start() {
-    start_daemon swapaware "$RUN/swapaware.pid" "$VENV/bin/swapaware" serve --config "$CONF"
+    # Nice -5, as contrib/systemd/swapaware.service: slurmctld waits for Admit holding its job lock.
+    start_daemon swapaware "$RUN/swapaware.pid" nice -n -5 "$VENV/bin/swapaware" serve --config "$CONF"
     wait_service
 }
 
