@@ -223,7 +223,7 @@ class ServiceConfig:
     # reconcile_s, those made between reconcile_window_s and reconcile_settle_s ago.
     reconcile_s: float = 300.0
     reconcile_window_s: float = 86400.0
-    reconcile_settle_s: float = 120.0
+    reconcile_settle_s: float = 600.0
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,10 @@ class SlurmAccess(Protocol):
     def admin_level(self, user: str) -> str: ...
 
 
+# Every job state sacct knows (the short codes of 22.05 to 26.05), for "any state" queries.
+SACCT_ALL_STATES = "PD,R,RQ,RS,S,CA,CD,DL,F,NF,OOM,PR,TO,BF,RV"
+
+
 class CliSlurm:
     """Slurm through its command-line tools (every call bounded by ``timeout_s``)."""
 
@@ -161,9 +165,16 @@ class CliSlurm:
         """The decision ids named by the AdminComment of every job slurmctld holds (one squeue) and
         of every job in the accounting since ``since`` (one sacct)."""
         live = self._run(["squeue", "-h", "-a", "-t", "all", "-O", "admin_comment:"])
+        return decision_ids_in(live) | self.accounted_decision_ids(since)
+
+    def accounted_decision_ids(self, since: float) -> set[str]:
+        """The decision ids in the AdminComments of the accounting's jobs submitted since ``since``.
+        The states are named: without ``-s`` sacct lists only jobs that became eligible, and a job
+        held and cancelled never did (measured on 22.05)."""
         start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
-        ended = self._run(["sacct", "-a", "-X", "-n", "-P", "-D", "-S", start, "-o", "AdminComment"])
-        return decision_ids_in(live) | decision_ids_in(ended)
+        out = self._run(["sacct", "-a", "-X", "-n", "-P", "-D", "-S", start, "-E", "now", "-s", SACCT_ALL_STATES,
+                         "-o", "AdminComment"])
+        return decision_ids_in(out)
 
     def pending_jobs(self) -> list[PendingJob]:
         return parse_squeue_pending(self._run(["squeue", "-h", "-a", "-t", "PENDING", "-O", SQUEUE_PENDING_FORMAT]))
