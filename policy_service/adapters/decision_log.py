@@ -34,6 +34,7 @@ log = logging.getLogger("swapaware.decisions")
 _HEADER = struct.Struct("<II")
 MAX_RECORD_BYTES = 4 << 20  # far above any decision (requests are at most 256 KiB)
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
+WRITE_INTERVAL_S = 0.05  # how often the writer looks for decisions to commit
 WRITE_BATCH = 256  # decisions per history transaction at most
 
 
@@ -104,6 +105,7 @@ class DecisionLog:
         self.path, self._write, self._fsync = path, write, fsync
         self._lock = threading.Lock()  # journal append + enqueue, and the journal's truncation
         self._queue: queue.Queue = queue.Queue(maxsize=backlog)
+        self._wake = threading.Event()  # flush() and close(): commit now
         self._fd: int | None = None
         self.failing = ""  # why the last history write failed ("" while they succeed)
         if path is not None:
@@ -157,21 +159,30 @@ class DecisionLog:
 
     # ------------------------------------------------------------------ the writer
     def _loop(self) -> None:
+        # The writer looks for work every WRITE_INTERVAL_S instead of being woken by each Admit:
+        # a wake-up per decision put this thread beside Admit's own, contending for the GIL while
+        # slurmctld waited for the answer. flush() and close() wake it at once.
         while True:
-            batch = [self._queue.get()]
-            while len(batch) < WRITE_BATCH:  # what else waits goes into the same transaction
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
+            self._wake.wait(WRITE_INTERVAL_S)
+            self._wake.clear()
+            while True:
+                batch = []
+                while len(batch) < WRITE_BATCH:  # what waits goes into one transaction
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                records = [r for r in batch if r is not None]
+                if records:
+                    self._commit(records)
+                for _ in batch:
+                    self._queue.task_done()
+                if len(records) < len(batch):  # close() asked to stop
+                    return
+                if records:
+                    self._maybe_truncate()
+                if len(batch) < WRITE_BATCH:
                     break
-            records = [r for r in batch if r is not None]
-            if records:
-                self._commit(records)
-            for _ in batch:
-                self._queue.task_done()
-            if len(records) < len(batch):  # close() asked to stop
-                return
-            self._maybe_truncate()
 
     def _commit(self, records: list[DecisionRecord]) -> None:
         """Put ``records`` into the history, retrying until it takes them (they stay journaled)."""
@@ -205,11 +216,13 @@ class DecisionLog:
 
     def flush(self) -> None:
         """Wait until every decision recorded so far is in the history."""
+        self._wake.set()
         self._queue.join()
 
     def close(self) -> None:
         self.flush()
         self._queue.put(None)
+        self._wake.set()
         self._thread.join(5)
         if self._fd is not None:
             os.close(self._fd)

@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
+from policy_service.adapters import json_codec
 from policy_service.authz import Caller
 from policy_service.handler import HandlerError, Method, PolicyHandler
 from policy_service.limits import MAX_REQUEST_BYTES
@@ -74,12 +75,12 @@ def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None, gid
                                f"{method.value[0]} over the local socket is for root and the service's user")
         msg = method.value[1]()
         try:
-            json_format.ParseDict(envelope.get("request") or {}, msg)
+            json_codec.parse(envelope.get("request") or {}, msg)
         except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"bad {method.value[0]} request: {str(exc)[:300]}") from None
         reply = method.call(handler, msg, Caller.peer(uid, gid))
-        body = {"response": json_format.MessageToDict(reply)}
+        body = {"response": json_codec.to_dict(reply)}
     except HandlerError as exc:
         body = {"error": {"code": exc.code.name, "message": exc.message}}
     except Exception:
