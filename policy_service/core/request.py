@@ -12,6 +12,8 @@ Parsing accepts every spelling; rewriting writes the running release's (``SlurmD
 """
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import re
 from dataclasses import dataclass
@@ -102,8 +104,11 @@ def parse_entry(raw: str) -> GresEntry:
     return GresEntry(name=name, gres_type=rest[0] if rest else "", count=count, text=raw)
 
 
+@functools.lru_cache(maxsize=4096)  # pure; Admit parses the same few spellings again and again
 def parse_gres_entries(value: str) -> tuple[GresEntry, ...]:
     """Parse 'gres:gpu:h100:2,gres:nvme:1' (or 'cpu=2,gres/gpu=1') into entries. '' -> ()."""
+    if not value:
+        return ()
     return tuple(parse_entry(raw) for raw in (part.strip() for part in value.split(",")) if raw)
 
 
