@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from policy_service import report as R
+from policy_service.report import command as report_cli
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.slurm import ClusterRelease, JobInstance, parse_sacct_instances, parse_sacct_json
@@ -639,8 +640,8 @@ def cli_world(world, tmp_path, monkeypatch):
         world.release = release
         return world.slurm
 
-    monkeypatch.setattr(R, "cluster_release", fake_release)
-    monkeypatch.setattr(R, "open_slurm", fake_open)
+    monkeypatch.setattr(report_cli, "cluster_release", fake_release)
+    monkeypatch.setattr(report_cli, "open_slurm", fake_open)
     monkeypatch.delenv("SWAPAWARE_CONFIG", raising=False)
     world.conf, world.opened = conf, opened
     world.slurm.lookups.clear()

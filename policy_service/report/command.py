@@ -1,0 +1,114 @@
+"""``swapaware report``: the click command (reads accounting and the history, prints a format)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from policy_service.adapters.slurm import SlurmError, cluster_release, open_slurm
+from policy_service.config import Config, ConfigError, load_config
+from policy_service.report.aggregate import load_report
+from policy_service.report.formats import format_csv, format_json, format_table
+from policy_service.report.join import live_admin_comments
+from policy_service.report.model import GROUP_KEYS, LIVE_LOOKUP_MAX
+from policy_service.report.plots import PlotsUnavailable, pyplot, write_plots
+
+_HELP = """Accounting joined with swapaware's history, per user, account or partition.
+
+\b
+Reads accounting (pyslurm's db API where its version matches the cluster, else
+`sacct --json -X --allusers`; run it as root or a Slurm operator to see every user's jobs)
+and the service's history database (cfg service.db_path, opened read-only). Only GPU jobs
+are counted: jobs whose requested or allocated TRES hold gres/gpu or gres/shard, or that
+carry a swapaware decision.
+
+\b
+Definitions (docs/reporting.md has the details and the caveats):
+  shared        allocated TRES hold k gres/shard, k < shards_per_gpu (part of one GPU)
+  whole         allocated TRES hold gres/gpu, or all shards of a GPU (how swapaware holds
+                a whole-GPU decision when policy.whole_gpu_as_shards is on)
+  pend          the job never started (nothing allocated); not judged
+  gpu_h         elapsed x (gpus + shards/shards_per_gpu); running jobs up to now;
+                whole jobs that overlap the window, not clipped to it
+  saved_h       jobs that asked for one whole GPU (the decision's recorded facts) but
+                ran on k shards: elapsed x (1 - k/shards_per_gpu). An upper bound when
+                sharing slowed the job down (the whole-GPU run might have been shorter)
+  wait          start - submit, started jobs only
+  err50         median of |predicted - observed| / observed over jobs that have both the
+                decision's predicted peak and an observed peak (NVML)
+  under         jobs whose observed peak exceeded predicted peak + margin / jobs compared
+  oom           observations that detected an out-of-memory
+  overr         swapaware decided, but the allocation disagrees with it (decided k
+                shards, ran on a gpu or on another number of shards; decided a whole
+                gpu, ran on shards) or the AdminComment was edited, replaced or removed
+                after the decision
+  norec         GPU job without a swapaware decision (service down: failed open; plugin
+                disabled; submitted before swapaware)
+  whole_because whole-GPU decisions by the reason code that kept them whole (no_history,
+                queue_short, compute_bound, protected_qos, oom_penalty, too_large_to_share,
+                ...): the line under the table, and a column in JSON/CSV
+  not judged    slurmdbd stores AdminComment only when a job ends: for running and
+                pending jobs it is read from slurmctld (--live-lookups); a job that never
+                started is not compared with an allocation
+
+\b
+Time formats are sacct's: 2026-05-01, 2026-05-01T08:00, now-7days, now-12hours.
+GPU-hours use shards_per_gpu = gpu.shards_per_gpu of the config (it must match gres.conf).
+"""
+
+
+@click.command("report", help=_HELP)
+@click.option("--start", default="now-7days", show_default=True, help="Window start (sacct -S).")
+@click.option("--end", default="now", show_default=True, help="Window end (sacct -E).")
+@click.option("--by", type=click.Choice(GROUP_KEYS), default="user", show_default=True, help="Group rows by.")
+@click.option("--format", "fmt", type=click.Choice(("table", "json", "csv")), default="table", show_default=True)
+@click.option("--jobs", "with_jobs", is_flag=True,
+              help="Also list every job (table), add a 'jobs' array (json), or one row per job (csv).")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write PNG plots into this folder (needs matplotlib: pip install 'swapaware[plots]').")
+@click.option("--slurm-timeout", type=float, default=120.0, show_default=True,
+              help="Seconds allowed for the accounting query.")
+@click.option("--live-lookups", type=int, default=LIVE_LOOKUP_MAX, show_default=True,
+              help="Unfinished GPU jobs whose AdminComment is read from slurmctld (accounting has it "
+                   "only once a job ends); the rest are not judged.")
+@click.option("--config", type=click.Path(dir_okay=False), help="TOML config (default: $SWAPAWARE_CONFIG).")
+def report_command(start: str, end: str, by: str, fmt: str, with_jobs: bool, plot_dir: Path | None,
+                   slurm_timeout: float, live_lookups: int, config: str | None) -> None:
+    try:
+        cfg: Config = load_config(Path(config) if config else None)
+    except ConfigError as exc:
+        raise click.ClickException(f"configuration: {exc}") from None
+    if plot_dir is not None:  # fail before the (possibly slow) accounting query
+        try:
+            pyplot()
+        except PlotsUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+    try:
+        slurm = open_slurm(cfg.service.slurm_backend, slurm_timeout,
+                           cluster_release(cfg.service.slurm_release, slurm_timeout))
+        accounting = slurm.accounting_jobs(start=start, end=end)
+    except SlurmError as exc:
+        raise click.ClickException(f"accounting: {exc}") from None
+    live = live_admin_comments(slurm, accounting, live_lookups)
+    rep = load_report(accounting, cfg.service.db_path, by=by, shards_per_gpu=cfg.gpu.shards_per_gpu,
+                      now=time.time(), start=start, end=end, slurm_backend=type(slurm).__name__,
+                      live_comments=live)
+    if rep.history_error:
+        click.echo(f"swapaware report: WARNING: {rep.history_error}; showing accounting only", err=True)
+    if fmt == "json":
+        click.echo(format_json(rep, with_jobs=with_jobs))
+    elif fmt == "csv":
+        click.echo(format_csv(rep, with_jobs=with_jobs), nl=False)
+    else:
+        click.echo(format_table(rep, with_jobs=with_jobs))
+    if plot_dir is not None:
+        try:
+            paths = write_plots(plot_dir, rep)
+        except PlotsUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+
+
+if __name__ == "__main__":  # python -m policy_service.report
+    report_command()
