@@ -43,7 +43,7 @@ def serve(config: str | None) -> None:
     logging.basicConfig(level=cfg.service.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("swapaware.service").info("starting\n%s", cfg.summary())
     try:
-        serve_forever(cfg)
+        serve_forever(cfg, reload=lambda: _load(config))
     except (OSError, ConfigError) as exc:
         raise click.ClickException(f"cannot start: {exc}") from None
 

@@ -69,6 +69,16 @@ class Enforcement(enum.Enum):
     MPS = "mps"  # framework_env + CUDA MPS per-client pinned memory limit (needs an MPS control daemon)
 
 
+class PolicyMode(enum.Enum):
+    """policy.mode: enforce (decisions change jobs), shadow (every job decided and recorded, its
+    AdminComment says what would have been done, nothing else about the job changes), off (jobs
+    pass unchanged, nothing recorded). Changed live with SIGHUP (`systemctl reload swapaware`)."""
+
+    ENFORCE = "enforce"
+    SHADOW = "shadow"
+    OFF = "off"
+
+
 class WholeGpuAsShards(enum.Enum):
     """policy.whole_gpu_as_shards: auto (where the running Slurm has the gpu-beside-shard bug),
     true or false. Booleans are accepted in any TOML / environment spelling."""
@@ -148,6 +158,8 @@ class SwapCostConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
+    # enforce | shadow | off (PolicyMode); the one setting a running service re-reads on SIGHUP.
+    mode: PolicyMode = PolicyMode.ENFORCE
     enable_sharing: bool = True
     # Hold a whole-GPU decision for a single-GPU job as all shards of one GPU: on Slurm 22.05 a
     # gpu job can be placed on a GPU whose shards are in use, a job holding every shard cannot.

@@ -138,7 +138,8 @@ class EventApplier:
         # The run is this instance's (never another job of the same id): its decision may stand in.
         d_id = res.decision_id or (run.decision_id if run else "")
         row = self.store.decision(d_id) if d_id else None
-        shared = row is not None and row.action in _SHARED_ACTIONS
+        # A shadow decision's job ran as submitted (whole), whatever the decision says.
+        shared = row is not None and row.action in _SHARED_ACTIONS and row.decision.mode != "shadow"
         co = self.co_runners(req.node, gpus, started or finished, finished, res.instance)
         peak = req.peak_gpu_bytes if req.HasField("peak_gpu_bytes") else None
         oom, evidence = estimator.infer_oom(

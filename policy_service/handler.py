@@ -23,9 +23,10 @@ from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.queue import QueueMonitor
 from policy_service.adapters.slurm import SlurmAccess
 from policy_service.authz import Owner
-from policy_service.config import Config
+from policy_service.config import Config, PolicyMode
 from policy_service.core import policy
 from policy_service.core.dialect import SLURM_22_05, SlurmDialect
+from policy_service.core.mode import apply_mode
 from policy_service.core.request import RequestError, history_keys, job_request
 from policy_service.core.types import Action, Decision, JobRequest, KeyLevel, ReasonCode
 from policy_service.correlation import Correlator
@@ -69,7 +70,7 @@ def decision_to_proto(d: Decision) -> pb.Decision:
     est = d.estimate
     msg = pb.Decision(
         decision_id=d.decision_id, model_version=d.model_version, action=_ACTION[d.action], shards=d.shards,
-        site_factor=d.site_factor, job_class=d.job_class, decided_at=d.decided_at,
+        site_factor=d.site_factor, job_class=d.job_class, decided_at=d.decided_at, mode=d.mode.value,
         estimate=pb.DemandEstimate(peak_bytes=est.peak_bytes, margin_bytes=est.margin_bytes,
                                    source=pb.EstimateSource.Value(f"ESTIMATE_SOURCE_{est.source.name}"),
                                    samples=est.samples, observed_max_bytes=est.observed_max_bytes),
@@ -110,6 +111,7 @@ class PolicyHandler:
         self.queue = queue_monitor
         self.learned: collections.Counter = collections.Counter()  # history key -> observations folded
         self.clock, self.new_id = clock, new_id
+        self.mode = cfg.policy.mode  # policy.mode; set_mode() changes it live (SIGHUP)
         # Events: job instances and their decisions resolved in bulk from Slurm (correlation.py).
         self.correlation = Correlator(slurm, store, clock=clock, open_run_max_s=cfg.service.open_run_max_s)
         self.events = EventApplier(cfg, store, self.correlation, clock, self.learned)
@@ -118,6 +120,12 @@ class PolicyHandler:
         # SQLite. Readers of decisions call flush() first.
         journal = None if store.path == ":memory:" else Path(f"{store.path}.journal")
         self.decisions = DecisionLog(journal, store.record, fsync=cfg.service.journal_fsync)
+
+    def set_mode(self, mode: PolicyMode) -> None:
+        """Switch policy.mode for the next Admit (the service's SIGHUP)."""
+        if mode is not self.mode:
+            log.warning("policy.mode: %s -> %s", self.mode.value, mode.value)
+        self.mode = mode
 
     def _record(self, d: Decision, jr, keys, job: pb.JobFacts) -> None:
         """Durable before it returns (HandlerError UNAVAILABLE when it cannot be)."""
@@ -132,7 +140,7 @@ class PolicyHandler:
             raise HandlerError(grpc.StatusCode.UNAVAILABLE, f"the decision cannot be recorded: {exc}") from None
         log.info("decision %s", json.dumps({
             "decision_id": d.decision_id, "model_version": d.model_version, "user": jr.user,
-            "job_name": jr.job_name, "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards,
+            "job_name": jr.job_name, "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards, "mode": d.mode.value,
             "site_factor": d.site_factor, "peak_bytes": d.estimate.peak_bytes,
             "reasons": [r.code.value for r in d.reasons]}, sort_keys=True))
 
@@ -148,8 +156,15 @@ class PolicyHandler:
         """``caller`` (policy_service.authz.Caller, from a transport): an Admit that is not
         slurmctld's is answered as a dry run, recorded nowhere, with a reason saying so."""
         job = req.job
+        mode = self.mode
+        if mode is PolicyMode.OFF and not req.dry_run:
+            return pb.AdmitResponse(decision=pb.Decision(
+                action=pb.ACTION_PASS_THROUGH, mode=mode.value,
+                reasons=[pb.Reason(code=ReasonCode.MODE_OFF.value, message="policy.mode = off: the job passes "
+                                                                           "unchanged, nothing is decided")]))
         dry_run_why = self._not_slurmctld(caller) if not req.dry_run else None
         d, jr, keys = self._decide(job)
+        d = apply_mode(d, mode, self.cfg.policy.admin_comment_max_chars)
         if not req.dry_run and dry_run_why is None:
             self._record(d, jr, keys, job)
         if req.brief:  # the full message is built by the writer, off this path
@@ -213,8 +228,8 @@ class PolicyHandler:
         """A new decision for a pending job kept whole by decision ``d_id``, when it would now
         share; None otherwise. Nothing is recorded until ``adopt``."""
         row = self.store.decision(d_id)
-        if row is None or row.action != Action.WHOLE_GPU.value:
-            return None
+        if self.mode is not PolicyMode.ENFORCE or row is None or row.action != Action.WHOLE_GPU.value:
+            return None  # shadow: a pending job is never rewritten
         facts = row.facts
         try:
             d, jr, keys = self._decide(facts, replaces=d_id)

@@ -2,12 +2,14 @@
 the controller-local socket until SIGTERM/SIGINT."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2
@@ -136,17 +138,48 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     return svc
 
 
-def serve_forever(cfg: Config) -> None:
-    svc = start_service(cfg)
-    done = threading.Event()
+def reload_mode(svc: RunningService, running: Config, reload: Callable[[], Config]) -> Config:
+    """SIGHUP: re-read the config and apply its ``policy.mode``; what else changed needs a restart
+    (said in the log). A config that no longer loads changes nothing. Returns the config the
+    running service now stands for."""
+    try:
+        new = reload()
+    except Exception as exc:  # a broken file must not take the service down
+        log.error("SIGHUP: config not reloaded, policy.mode stays %s: %s", svc.handler.mode.value, exc)
+        return running
+    svc.handler.set_mode(new.policy.mode)
+    applied = dataclasses.replace(running, policy=dataclasses.replace(running.policy, mode=new.policy.mode))
+    if applied != new:
+        log.warning("SIGHUP: only policy.mode is applied live; other changed settings take effect at the next "
+                    "restart")
+    return applied
+
+
+def serve_forever(cfg: Config, reload: Callable[[], Config] | None = None, use_slurm: bool = True) -> None:
+    """Serve until SIGTERM/SIGINT; SIGHUP re-reads policy.mode with ``reload``."""
+    svc = start_service(cfg, use_slurm=use_slurm)
+    wake, stop, hup = threading.Event(), threading.Event(), threading.Event()
 
     def _stop(signum, _frame):
         log.info("signal %d: shutting down", signum)
-        done.set()
+        stop.set()
+        wake.set()
+
+    def _hup(_signum, _frame):
+        hup.set()
+        wake.set()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    done.wait()
+    if reload is not None:
+        signal.signal(signal.SIGHUP, _hup)
+    running = cfg
+    while not stop.is_set():
+        wake.wait()
+        wake.clear()
+        if hup.is_set() and not stop.is_set() and reload is not None:
+            hup.clear()
+            running = reload_mode(svc, running, reload)
     svc.stop()
     log.info("stopped")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from policy_service.config import AccessClass
+from policy_service.config import AccessClass, PolicyMode
 
 
 class GresKind(enum.Enum):
@@ -77,6 +77,8 @@ class ReasonCode(enum.Enum):
     INTERACTIVE = "interactive"  # no batch script (srun/salloc): its steps ask for GPUs by name
     HET_JOB = "het_job"  # a component of a heterogeneous job: the request stays
     DRY_RUN_NOT_SLURMCTLD = "dry_run_not_slurmctld"  # an Admit not from slurmctld: answered, not recorded
+    SHADOW_MODE = "shadow_mode"  # policy.mode = shadow: decided and recorded, the job left as submitted
+    MODE_OFF = "mode_off"  # policy.mode = off: not decided, the job left as submitted
 
 
 @dataclass(frozen=True)
@@ -270,3 +272,4 @@ class Decision:
     rewrite: Rewrite
     job_class: str
     decided_at: float
+    mode: PolicyMode = PolicyMode.ENFORCE  # shadow: recorded, its rewrite only the AdminComment
