@@ -36,12 +36,16 @@ def summarize(key: str, jobs: Sequence[JobReport]) -> GroupSummary:
         predicted_jobs=len(errors), abs_pct_error_median=_median(errors),
         under_predicted=sum(bool(j.under_predicted) for j in jobs), ooms=sum(bool(j.oom) for j in jobs),
         whole_because=";".join(f"{code}={n}" for code, n in sorted(
-            collections.Counter(j.whole_because for j in jobs if j.whole_because).items())))
+            collections.Counter(j.whole_because for j in jobs if j.whole_because).items())),
+        shadow_jobs=sum(j.shadow for j in jobs), shadow_would_share=sum(j.shadow_would_share for j in jobs),
+        shadow_gpu_hours_freed=math.fsum(j.shadow_gpu_hours_freed for j in jobs),
+        shadow_would_oom=sum(bool(j.shadow_would_oom) for j in jobs))
 
 
 def build_report(accounting: Iterable[AccountingJob], hist: HistorySnapshot, *, by: str, shards_per_gpu: int,
                  now: float, start: str = "", end: str = "", history_path: str = "", history_error: str = "",
-                 slurm_backend: str = "", live_comments: Mapping[int, str] | None = None) -> Report:
+                 slurm_backend: str = "", live_comments: Mapping[int, str] | None = None,
+                 shard_bytes: int = 0) -> Report:
     """Join every accounting job with the history and aggregate by ``by`` (user/account/partition)."""
     if by not in GROUP_KEYS:
         raise ValueError(f"by must be one of {', '.join(GROUP_KEYS)}, not {by!r}")
@@ -53,7 +57,7 @@ def build_report(accounting: Iterable[AccountingJob], hist: HistorySnapshot, *, 
             continue
         seen.add(acct.job_id)
         row = join_job(acct, hist, shards_per_gpu=shards_per_gpu, now=now,
-                       live_comment=(live_comments or {}).get(acct.job_id))
+                       live_comment=(live_comments or {}).get(acct.job_id), shard_bytes=shard_bytes)
         if row is None:
             skipped += 1
         else:
@@ -68,12 +72,9 @@ def build_report(accounting: Iterable[AccountingJob], hist: HistorySnapshot, *, 
                   history_path=history_path, history_error=history_error, slurm_backend=slurm_backend)
 
 
-# ============================================================================ history (read-only)
-
-
 def load_report(accounting: Sequence[AccountingJob], history_path: Path | str, *, by: str, shards_per_gpu: int,
                 now: float, start: str = "", end: str = "", slurm_backend: str = "",
-                live_comments: Mapping[int, str] | None = None) -> Report:
+                live_comments: Mapping[int, str] | None = None, shard_bytes: int = 0) -> Report:
     """Read the history for these jobs (accounting only, with the reason, when it cannot be read)."""
     live_comments = live_comments or {}
     ids = [j.job_id for j in accounting]
@@ -86,7 +87,7 @@ def load_report(accounting: Sequence[AccountingJob], history_path: Path | str, *
         hist, error = HistorySnapshot(), str(exc)
     return build_report(accounting, hist, by=by, shards_per_gpu=shards_per_gpu, now=now, start=start, end=end,
                         history_path=str(history_path), history_error=error, slurm_backend=slurm_backend,
-                        live_comments=live_comments)
+                        live_comments=live_comments, shard_bytes=shard_bytes)
 
 
 # ============================================================================ rendering

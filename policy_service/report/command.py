@@ -45,6 +45,10 @@ Definitions (docs/reporting.md has the details and the caveats):
                 after the decision
   norec         GPU job without a swapaware decision (service down: failed open; plugin
                 disabled; submitted before swapaware)
+  shadow        decisions made in shadow mode (policy.mode = shadow: the job ran as
+                submitted): how many would have shared (a single whole-GPU request put on
+                k shards), the GPU-hours that frees (elapsed x (1 - k/shards_per_gpu)) and
+                how many had an observed peak above their k shards (would have hit the cap)
   whole_because whole-GPU decisions by the reason code that kept them whole (no_history,
                 queue_short, compute_bound, protected_qos, oom_penalty, too_large_to_share,
                 ...): the line under the table, and a column in JSON/CSV
@@ -93,7 +97,7 @@ def report_command(start: str, end: str, by: str, fmt: str, with_jobs: bool, plo
     live = live_admin_comments(slurm, accounting, live_lookups)
     rep = load_report(accounting, cfg.service.db_path, by=by, shards_per_gpu=cfg.gpu.shards_per_gpu,
                       now=time.time(), start=start, end=end, slurm_backend=type(slurm).__name__,
-                      live_comments=live)
+                      live_comments=live, shard_bytes=cfg.gpu.shard_bytes)
     if rep.history_error:
         click.echo(f"swapaware report: WARNING: {rep.history_error}; showing accounting only", err=True)
     if fmt == "json":

@@ -130,6 +130,11 @@ def format_table(rep: Report, *, with_jobs: bool = False) -> str:
     if rep.total.whole_because:
         lines.append("whole-GPU decisions by reason: " + ", ".join(
             item.replace("=", " ") for item in rep.total.whole_because.split(";")))
+    t = rep.total
+    if t.shadow_jobs:
+        lines.append(f"shadow mode: {t.shadow_jobs} decision(s), {t.shadow_would_share} would have shared, "
+                     f"{t.shadow_gpu_hours_freed:.2f} GPU-h freed, {t.shadow_would_oom} observed peak(s) above "
+                     "the shards they would have had")
     if rep.history_error:
         lines.append(f"WARNING: history not read ({rep.history_error}): accounting columns only")
     if with_jobs and rep.jobs:

@@ -80,8 +80,9 @@ def decision_from_row(decision_id: str, action: str, shards: int, facts_json: st
         decision = json.loads(decision_json or "{}") or {}
         est = decision.get("estimate") or {}
         codes = [str(r.get("code", "")) for r in decision.get("reasons") or [] if isinstance(r, dict)]
+        mode = str(decision.get("mode") or "")
     except (json.JSONDecodeError, AttributeError):
-        est, codes = {}, []
+        est, codes, mode = {}, [], ""
     asked_kind: GresKind | None = None
     asked_gpus = 0
     try:
@@ -99,7 +100,8 @@ def decision_from_row(decision_id: str, action: str, shards: int, facts_json: st
     return HistoryDecision(decision_id=decision_id, action=action, shards=int(shards),
                            peak_bytes=_int(est.get("peakBytes", est.get("peak_bytes"))),
                            margin_bytes=_int(est.get("marginBytes", est.get("margin_bytes"))),
-                           asked_kind=asked_kind, asked_gpus=asked_gpus, whole_because=whole_because(action, codes))
+                           asked_kind=asked_kind, asked_gpus=asked_gpus, whole_because=whole_because(action, codes),
+                           mode=mode)
 
 
 def _camel(name: str) -> str:
@@ -132,6 +134,8 @@ def judge(*, started: bool, tres: TresCounts, comment: Mapping[str, str] | None,
         return RecordStatus.OVERRIDDEN, OverrideReason.COMMENT_EDITED
     if not started:
         return RecordStatus.NOT_JUDGED, None
+    if comment.get("mode") == "shadow" or (hist is not None and hist.mode == "shadow"):
+        action = Action.PASS_THROUGH.value  # shadow mode: the job was left as submitted
     if action in SHARED_ACTIONS or action == Action.WHOLE_GPU.value:
         # The decision's shard count is what the job was rewritten to: k shards of one GPU (a
         # whole-GPU decision is held as all shards of one GPU when policy.whole_gpu_as_shards
@@ -181,12 +185,13 @@ def _pick_observation(obs: Sequence[HistoryObservation], decision_id: str,
 
 
 def join_job(job: AccountingJob, hist: HistorySnapshot, *, shards_per_gpu: int, now: float,
-             live_comment: str | None = None) -> JobReport | None:
+             live_comment: str | None = None, shard_bytes: int = 0) -> JobReport | None:
     """Join one accounting job with the history. None for a job that is not a GPU job (asked for
     and got no gpu/shard and carries no swapaware record).
 
     ``live_comment``: the AdminComment read from slurmctld for a job that has not ended (its
-    accounting record has none yet); None when it was not looked up."""
+    accounting record has none yet); None when it was not looked up. ``shard_bytes``: one shard's
+    memory (0: unknown, and a shadow decision's would-be OOM is not judged)."""
     alloc = parse_tres(job.tres_alloc)
     req = parse_tres(job.tres_req)
     text = job.admin_comment or live_comment or ""
@@ -238,6 +243,10 @@ def join_job(job: AccountingJob, hist: HistorySnapshot, *, shards_per_gpu: int, 
         under = observed > predicted + (margin or 0)
     action = d.action if d is not None else comment_fields.get("action", "")
     decided_k = d.shards if d is not None else (_int(comment_fields.get("shards")) if comment_fields else None)
+    shadow = comment_fields.get("mode") == "shadow" or (d is not None and d.mode == "shadow")
+    would_share = shadow and started and asked_one_gpu and action in SHARED_ACTIONS and 0 < (decided_k or 0) < spg
+    freed_h = elapsed / HOUR_S * (1.0 - (decided_k or 0) / spg) if would_share else 0.0
+    would_oom = (observed > (decided_k or 0) * shard_bytes) if would_share and observed and shard_bytes else None
     return JobReport(
         job_id=job.job_id, user=job.user, account=job.account, partition=job.partition, job_name=job.job_name,
         state=job.state, started=started, elapsed_s=elapsed, wait_s=wait, gpus=gpus, shards=shards,
@@ -246,7 +255,8 @@ def join_job(job: AccountingJob, hist: HistorySnapshot, *, shards_per_gpu: int, 
         whole_because=d.whole_because if d is not None else "", in_history=d is not None,
         status=status, override_reason=why, gpu_hours_used=used_h, gpu_hours_saved=saved_h,
         predicted_peak_bytes=predicted, margin_bytes=margin, observed_peak_bytes=observed,
-        oom=None if o is None else o.oom, abs_pct_error=err, under_predicted=under)
+        oom=None if o is None else o.oom, abs_pct_error=err, under_predicted=under,
+        shadow=shadow, shadow_would_share=would_share, shadow_gpu_hours_freed=freed_h, shadow_would_oom=would_oom)
 
 
 def read_history(path: Path | str, job_ids: Iterable[int], decision_ids: Iterable[str] = ()) -> HistorySnapshot:

@@ -70,6 +70,7 @@ class HistoryDecision:
     asked_kind: GresKind | None  # what the job asked for at submit (from the recorded facts)
     asked_gpus: int  # whole GPUs the request adds up to (per node x nodes, per task x tasks); 0 if none
     whole_because: str = ""  # for a whole-GPU decision: the reason code that kept it whole
+    mode: str = ""  # policy.mode it was made under: "shadow", else enforce ("" in older records)
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,11 @@ class JobReport:
     oom: bool | None  # None: no observation
     abs_pct_error: float | None
     under_predicted: bool | None
+    # Shadow decisions (policy.mode = shadow: the job ran as submitted). What they would have done:
+    shadow: bool = False
+    shadow_would_share: bool = False  # a single whole-GPU request the decision would have put on shards
+    shadow_gpu_hours_freed: float = 0.0  # elapsed x (1 - k / shards_per_gpu) of those
+    shadow_would_oom: bool | None = None  # its observed peak above its k shards; None: not observed
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,10 @@ class GroupSummary:
     ooms: int
     # Whole-GPU decisions by the reason that kept them whole, e.g. "no_history=3;queue_short=12"
     whole_because: str = ""
+    shadow_jobs: int = 0
+    shadow_would_share: int = 0
+    shadow_gpu_hours_freed: float = 0.0
+    shadow_would_oom: int = 0
 
 
 @dataclass(frozen=True)

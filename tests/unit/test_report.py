@@ -734,3 +734,35 @@ def test_report_joins_a_reused_job_id_by_instance(world):
                                             start=submit + 10, end=submit + 100)]
         (job,) = build(world).jobs
         assert (job.decision_id, job.observed_peak_bytes) == (d.decision_id, peak), tag
+
+
+# ----------------------------------------------------------------------------- shadow mode
+def test_shadow_decisions_report_what_sharing_would_have_done(world):
+    """In shadow mode jobs run on the whole GPU they asked for: the report judges them as decided
+    (left alone) and sums what the decisions would have done."""
+    from policy_service.config import PolicyMode
+
+    world.job(201, submit=T0, wait_s=10, run_s=3600, peak=3 * GIB)  # enforce, no history: whole GPU
+    world.handler.set_mode(PolicyMode.SHADOW)
+    shard = world.handler.cfg.gpu.shard_bytes
+    fits = world.job(202, submit=T0 + 4000, run_s=7200, peak=3 * GIB, alloc={"gpu": 1})
+    above = world.job(203, submit=T0 + 12000, run_s=3600, peak=30 * GIB, alloc={"gpu": 1})
+    unseen = world.job(204, submit=T0 + 16000, run_s=1800, alloc={"gpu": 1})
+    for d in (fits, above, unseen):
+        assert d.mode == "shadow" and d.action in (pb.ACTION_SHARE, pb.ACTION_SHARE_OVERSUBSCRIBED)
+        assert [f.name for f, _ in d.rewrite.ListFields()] == ["admin_comment"]
+    rep = build(world, shard_bytes=shard)
+    jobs = {j.job_id: j for j in rep.jobs}
+    assert not jobs[201].shadow and jobs[201].shadow_gpu_hours_freed == 0
+    for i, d in ((202, fits), (203, above), (204, unseen)):
+        j = jobs[i]
+        assert j.shadow and j.whole_gpu and not j.shared and j.status is R.RecordStatus.AS_DECIDED
+        assert j.shadow_would_share and j.decided_shards == d.shards
+        assert j.shadow_gpu_hours_freed == pytest.approx(j.elapsed_s / 3600 * (1 - d.shards / 8))
+    assert jobs[202].shadow_would_oom is False and jobs[203].shadow_would_oom is True
+    assert jobs[204].shadow_would_oom is None  # no observed peak
+    t = rep.total
+    assert (t.shadow_jobs, t.shadow_would_share, t.shadow_would_oom) == (3, 3, 1)
+    assert t.shadow_gpu_hours_freed == pytest.approx(sum(j.shadow_gpu_hours_freed for j in rep.jobs))
+    assert t.gpu_hours_saved == 0 and t.overridden == 0  # nothing was shared for real
+    assert "shadow mode: 3 decision(s), 3 would have shared" in R.format_table(rep)
