@@ -236,6 +236,8 @@ class ServiceConfig:
     reconcile_s: float = 300.0
     reconcile_window_s: float = 86400.0
     reconcile_settle_s: float = 600.0
+    # host:port of the Prometheus endpoint (/metrics, policy_service/metrics.py); empty: not served.
+    metrics_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -371,6 +373,8 @@ def _validate(cfg: Config) -> None:
         (cfg.service.reconcile_s > 0, "service.reconcile_s must be > 0"),
         (cfg.service.reconcile_window_s > cfg.service.reconcile_settle_s >= 0,
          "service.reconcile_window_s must be > service.reconcile_settle_s >= 0"),
+        (not cfg.service.metrics_address or _host_port(cfg.service.metrics_address),
+         f"service.metrics_address must be host:port (e.g. 127.0.0.1:9851), not {cfg.service.metrics_address!r}"),
         (cfg.hooks.deadline_s > 0, "hooks.deadline_s must be > 0"),
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),
         (0 < cfg.agent.replay_interval_s <= cfg.agent.replay_max_backoff_s,
@@ -396,6 +400,11 @@ def read_token(path: str) -> str | None:
     if not token:
         raise ConfigError(f"token file {path} is empty")
     return token
+
+
+def _host_port(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return bool(sep) and port.isdigit() and 0 <= int(port) <= 65535
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:

@@ -80,9 +80,10 @@ def learn_keys(row) -> dict:
 
 class EventApplier:
     def __init__(self, cfg: Config, store: HistoryStore, correlator: Correlator, clock: Callable[[], float],
-                 learned: collections.Counter):
+                 learned: collections.Counter, metrics=None):
         self.cfg, self.store, self.correlation, self.clock = cfg, store, correlator, clock
         self.learned = learned  # history key -> observations folded (pending jobs may be re-decided)
+        self.metrics = metrics  # policy_service.metrics.ServiceMetrics, or None
 
     def apply(self, events: Sequence[pb.JobEvent]) -> list[pb.EventResult]:
         now = self.clock()
@@ -128,6 +129,19 @@ class EventApplier:
                      res.instance, res.note or "none recorded")
         return pb.EventResult(event_id=req.event_id, code=OK, applied=applied, decision_id=res.decision_id)
 
+    def _count(self, row, obs: ObservationRow, shared: bool) -> None:
+        """Metrics of one finished run (applied once)."""
+        m = self.metrics
+        if obs.oom:
+            m.ooms.labels(shared=str(shared).lower()).inc()
+        if row is None or not obs.peak_bytes:
+            return
+        predicted = row.decision.estimate.peak_bytes
+        if predicted > 0:
+            m.peak_error.observe((predicted - obs.peak_bytes) / obs.peak_bytes)
+        if shared and obs.peak_bytes > row.shards * self.cfg.gpu.shard_bytes:
+            m.overruns.inc()
+
     # ------------------------------------------------------------------ JobFinished
     def _finished(self, req: pb.JobFinishedRequest, res: Resolution) -> pb.EventResult:
         now = self.clock()
@@ -159,6 +173,8 @@ class EventApplier:
         applied = self.store.record_finish(obs, keys, lambda s: estimator.observe(s, core_obs, self.cfg.estimator))
         if applied and keys:
             self.learned.update(keys.values())  # pending jobs of these keys may share now
+        if applied and self.metrics is not None:
+            self._count(row, obs, shared)
         log.info("observation %s", json.dumps({
             "job_id": req.job_id, "instance": res.instance, "decision_id": d_id, "applied": applied,
             "runtime_s": obs.runtime_s, "peak_bytes": peak, "oom": obs.oom,

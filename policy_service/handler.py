@@ -32,6 +32,7 @@ from policy_service.core.types import Action, Decision, JobRequest, KeyLevel, Re
 from policy_service.correlation import Correlator
 from policy_service.events import MAX_JOB_ID, EventApplier, gpu_utilisation  # noqa: F401  (gpu_utilisation: API)
 from policy_service.limits import oversize
+from policy_service.metrics import ServiceMetrics
 
 log = logging.getLogger("swapaware.decisions")
 
@@ -112,9 +113,10 @@ class PolicyHandler:
         self.learned: collections.Counter = collections.Counter()  # history key -> observations folded
         self.clock, self.new_id = clock, new_id
         self.mode = cfg.policy.mode  # policy.mode; set_mode() changes it live (SIGHUP)
+        self.metrics = ServiceMetrics()  # served on service.metrics_address when set (server.py)
         # Events: job instances and their decisions resolved in bulk from Slurm (correlation.py).
         self.correlation = Correlator(slurm, store, clock=clock, open_run_max_s=cfg.service.open_run_max_s)
-        self.events = EventApplier(cfg, store, self.correlation, clock, self.learned)
+        self.events = EventApplier(cfg, store, self.correlation, clock, self.learned, self.metrics)
         # Decisions are journaled before Admit answers and put into SQLite by a writer thread
         # (adapters/decision_log.py): slurmctld waits for Admit holding its locks, and never for
         # SQLite. Readers of decisions call flush() first.
@@ -157,6 +159,9 @@ class PolicyHandler:
         slurmctld's is answered as a dry run, recorded nowhere, with a reason saying so."""
         job = req.job
         mode = self.mode
+        if req.HasField("plugin"):
+            for why in ("breaker_open", "service_error"):
+                self.metrics.plugin_report(req.plugin.instance, why, getattr(req.plugin, why))
         if mode is PolicyMode.OFF and not req.dry_run:
             return pb.AdmitResponse(decision=pb.Decision(
                 action=pb.ACTION_PASS_THROUGH, mode=mode.value,
@@ -167,6 +172,8 @@ class PolicyHandler:
         d = apply_mode(d, mode, self.cfg.policy.admin_comment_max_chars)
         if not req.dry_run and dry_run_why is None:
             self._record(d, jr, keys, job)
+            self.metrics.decisions.labels(action=d.action.value, reason=d.reasons[0].code.value if d.reasons else "",
+                                          mode=d.mode.value).inc()
         if req.brief:  # the full message is built by the writer, off this path
             reply = pb.AdmitResponse(decision=pb.Decision(decision_id=d.decision_id, action=_ACTION[d.action],
                                                           shards=d.shards, rewrite=rewrite_to_proto(d.rewrite)))

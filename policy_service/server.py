@@ -40,9 +40,13 @@ class RunningService:
     _health: health.HealthServicer
     _socket_server: object
     _watch_stop: threading.Event = field(default_factory=threading.Event)
+    metrics_server: object = None  # the /metrics HTTP server, when service.metrics_address is set
 
     def stop(self, grace_s: float = 2.0) -> None:
         self._watch_stop.set()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()  # type: ignore[attr-defined]
+            self.metrics_server.server_close()  # type: ignore[attr-defined]
         self._health.enter_graceful_shutdown()
         self._socket_server.shutdown()  # type: ignore[attr-defined]
         self._socket_server.server_close()  # type: ignore[attr-defined]
@@ -132,6 +136,13 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
              if tls is not None else "plaintext", cfg.service.socket_path, cfg.service.db_path)
     svc = RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server)
     watch_history(svc, cfg.service.history_check_s)
+    if cfg.service.metrics_address:
+        def queue_age() -> float | None:
+            snap = monitor.snapshot() if monitor is not None else None
+            return None if snap is None else snap.age_s
+        handler.metrics.watch(queue_age=queue_age, history=Path(cfg.service.db_path),
+                              waiting=handler.decisions.pending)
+        svc.metrics_server = handler.metrics.serve(cfg.service.metrics_address)
     if slurm is not None:
         Reconciler(store, slurm, cfg.service.reconcile_window_s, cfg.service.reconcile_settle_s,
                    time.time).start(cfg.service.reconcile_s, svc._watch_stop)

@@ -34,6 +34,10 @@ M.FP_MOD2, M.FP_MUL2 = 2147483629, 131
 M.settings = { socket = "/run/swapaware/policy.sock", timeout_ms = 200, breaker_s = 10, enabled = true,
                max_script_bytes = 4194304 }
 M.state = { open_until = 0, failures = 0, logged_open = false }
+-- Jobs let through unchanged, counted for this Lua state and sent with each Admit (the service's
+-- swapaware_plugin_fail_open_total); the instance tells the service when a new state starts over.
+M.counters = { instance = string.format("%d-%s", os.time(), string.match(tostring({}), "0x%x+") or "0"),
+               breaker_open = 0, service_error = 0 }
 
 local GRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
 local REWRITE_KEYS = {
@@ -350,6 +354,7 @@ end
 
 -- Entry point -----------------------------------------------------------------------------
 local function breaker_fail(why)
+  M.counters.service_error = M.counters.service_error + 1
   local st = M.state
   st.failures = st.failures + 1
   local wait = math.min(M.settings.breaker_s * (2 ^ math.min(st.failures - 1, 4)), 300)
@@ -373,13 +378,16 @@ local function decide(job_desc, submit_uid)
   end
   local st = M.state
   if now() < st.open_until then
+    M.counters.breaker_open = M.counters.breaker_open + 1
     if not st.logged_open then
       log_info("service marked unavailable (circuit open); GPU jobs pass unchanged")
       st.logged_open = true
     end
     return
   end
-  local line = cjson.encode({ method = "Admit", request = { job = M.facts(job_desc, submit_uid), brief = true } })
+  local c = M.counters
+  local line = cjson.encode({ method = "Admit", request = { job = M.facts(job_desc, submit_uid), brief = true,
+    plugin = { instance = c.instance, breakerOpen = c.breaker_open, serviceError = c.service_error } } })
   local resp, err = M.call(M.settings.socket, line, M.settings.timeout_ms / 1000)
   if not resp then return breaker_fail(err) end
   local ok, reply = pcall(cjson.decode, resp)
@@ -387,6 +395,7 @@ local function decide(job_desc, submit_uid)
   local plan, verr = M.validate(reply)
   if not plan then
     -- The service answered: a bad request or reply is not an outage, keep the breaker closed.
+    M.counters.service_error = M.counters.service_error + 1
     log_error("job passes unchanged: %s", verr)
     return
   end

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from concurrent import futures
 
 import grpc
@@ -67,7 +68,10 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"{method.value[0]} failed inside the service; see its log")
 
     def Admit(self, request, context):
-        return self._call(Method.ADMIT, request, context)
+        t0 = time.perf_counter()
+        reply = self._call(Method.ADMIT, request, context)
+        self._handler.metrics.admit.labels(transport="grpc").observe(time.perf_counter() - t0)
+        return reply
 
     def JobStarted(self, request, context):
         return self._call(Method.JOB_STARTED, request, context)

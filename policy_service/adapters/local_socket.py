@@ -16,6 +16,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -79,7 +80,10 @@ def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None, gid
         except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"bad {method.value[0]} request: {str(exc)[:300]}") from None
+        t0 = time.perf_counter()
         reply = method.call(handler, msg, Caller.peer(uid, gid))
+        if method is Method.ADMIT:
+            handler.metrics.admit.labels(transport="socket").observe(time.perf_counter() - t0)
         body = {"response": json_codec.to_dict(reply)}
     except HandlerError as exc:
         body = {"error": {"code": exc.code.name, "message": exc.message}}
