@@ -36,7 +36,11 @@ if ((${#wanted[@]} == 0)); then
     read -r -a wanted <<<"${SWAPAWARE_RELEASES:-${RELEASES[*]}}"
 fi
 
-bash "$ROOT/contrib/dev-cluster/cluster.sh" install
+# chromium: the unit and adapter tests render the report's HTML page headless
+# (tests/adapter/test_report_html.py); the integration suites in the release roots do not need it.
+extra=()
+((only_integration)) || extra=(chromium)
+bash "$ROOT/contrib/dev-cluster/cluster.sh" install "${extra[@]+"${extra[@]}"}"
 bash "$ROOT/contrib/dev-stack.sh" venv
 cd "$ROOT"
 

@@ -61,10 +61,10 @@ source "$HERE/nodes.sh"
 version_ge() { [[ $(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1) == "$2" ]]; }
 
 # ---------------------------------------------------------------- install
-cmd_install() {
+cmd_install() {  # [EXTRA PACKAGE...]: installed beside the cluster's own (the test suite's chromium)
     need_root
     local missing=() p st
-    for p in "${PACKAGES[@]}"; do
+    for p in "${PACKAGES[@]}" "$@"; do
         st=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
         [[ $st == installed ]] || missing+=("$p")
     done
@@ -725,7 +725,7 @@ main() {
     shift || true
     [[ $cmd == up ]] || nodes_init other
     case $cmd in
-        install) cmd_install ;;
+        install) cmd_install "$@" ;;
         up) take_lock; nodes_init up; cmd_up ;;
         down) take_lock; cmd_down "$@" ;;
         status) cmd_status ;;

@@ -1,6 +1,7 @@
 """``swapaware report``: the click command (reads accounting and the history, prints a format)."""
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from policy_service.adapters.slurm import SlurmError, cluster_release, open_slur
 from policy_service.config import Config, ConfigError, load_config
 from policy_service.report.aggregate import load_report
 from policy_service.report.formats import format_csv, format_json, format_table
+from policy_service.report.html import format_html
 from policy_service.report.join import live_admin_comments
 from policy_service.report.model import GROUP_KEYS, LIVE_LOOKUP_MAX
 from policy_service.report.plots import PlotsUnavailable, pyplot, write_plots
@@ -71,6 +73,9 @@ GPU-hours use shards_per_gpu = gpu.shards_per_gpu of the config (it must match g
               help="Also list every job (table), add a 'jobs' array (json), or one row per job (csv).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write PNG plots into this folder (needs matplotlib: pip install 'swapaware[plots]').")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write one self-contained HTML page (tables, and the plots inline where matplotlib "
+                   "is installed) to this file.")
 @click.option("--slurm-timeout", type=float, default=120.0, show_default=True,
               help="Seconds allowed for the accounting query.")
 @click.option("--live-lookups", type=int, default=LIVE_LOOKUP_MAX, show_default=True,
@@ -78,7 +83,7 @@ GPU-hours use shards_per_gpu = gpu.shards_per_gpu of the config (it must match g
                    "only once a job ends); the rest are not judged.")
 @click.option("--config", type=click.Path(dir_okay=False), help="TOML config (default: $SWAPAWARE_CONFIG).")
 def report_command(start: str, end: str, by: str, fmt: str, with_jobs: bool, plot_dir: Path | None,
-                   slurm_timeout: float, live_lookups: int, config: str | None) -> None:
+                   html_out: Path | None, slurm_timeout: float, live_lookups: int, config: str | None) -> None:
     try:
         cfg: Config = load_config(Path(config) if config else None)
     except ConfigError as exc:
@@ -112,6 +117,22 @@ def report_command(start: str, end: str, by: str, fmt: str, with_jobs: bool, plo
         except PlotsUnavailable as exc:
             raise click.ClickException(str(exc)) from None
         click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+    if html_out is not None:
+        write_html(html_out, rep, with_jobs=with_jobs)
+        click.echo(f"wrote {html_out}", err=True)
+
+
+def write_html(out: Path, rep, *, with_jobs: bool) -> None:
+    """The page, with the plots drawn into a scratch folder and inlined (without matplotlib the page
+    says so and has the tables only)."""
+    with tempfile.TemporaryDirectory(prefix="swapaware-report-") as tmp:
+        try:
+            plots, note = write_plots(Path(tmp), rep), ""
+        except PlotsUnavailable as exc:
+            plots, note = [], f"plots not drawn: {exc}"
+        text = format_html(rep, with_jobs=with_jobs, plots=plots, plots_note=note)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":  # python -m policy_service.report

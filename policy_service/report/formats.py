@@ -112,6 +112,20 @@ _TABLE = (  # header, width, cell
 )
 
 
+def notes(rep: Report) -> list[str]:
+    """The lines under the summary table (terminal and HTML)."""
+    t = rep.total
+    lines = []
+    if t.whole_because:
+        lines.append("whole-GPU decisions by reason: " + ", ".join(
+            item.replace("=", " ") for item in t.whole_because.split(";")))
+    if t.shadow_jobs:
+        lines.append(f"shadow mode: {t.shadow_jobs} decision(s), {t.shadow_would_share} would have shared, "
+                     f"{t.shadow_gpu_hours_freed:.2f} GPU-h freed, {t.shadow_would_oom} observed peak(s) above the "
+                     "shards they would have had")
+    return lines
+
+
 def format_table(rep: Report, *, with_jobs: bool = False) -> str:
     rows = [*rep.groups, rep.total]
     kw = max([len(rep.by), 9, *(len(g.key) for g in rows)])
@@ -127,14 +141,7 @@ def format_table(rep: Report, *, with_jobs: bool = False) -> str:
               "overr: allocation or AdminComment disagrees with the decision; gpu_h/saved_h: GPU-hours used/saved;",
               "wait: submit to start; err50: median |predicted-observed|/observed peak; under: observed > predicted",
               "+ margin / jobs compared; oom: OOMs observed. Definitions: swapaware report --help, docs/reporting.md"]
-    if rep.total.whole_because:
-        lines.append("whole-GPU decisions by reason: " + ", ".join(
-            item.replace("=", " ") for item in rep.total.whole_because.split(";")))
-    t = rep.total
-    if t.shadow_jobs:
-        lines.append(f"shadow mode: {t.shadow_jobs} decision(s), {t.shadow_would_share} would have shared, "
-                     f"{t.shadow_gpu_hours_freed:.2f} GPU-h freed, {t.shadow_would_oom} observed peak(s) above "
-                     "the shards they would have had")
+    lines.extend(notes(rep))
     if rep.history_error:
         lines.append(f"WARNING: history not read ({rep.history_error}): accounting columns only")
     if with_jobs and rep.jobs:

@@ -766,3 +766,30 @@ def test_shadow_decisions_report_what_sharing_would_have_done(world):
     assert t.shadow_gpu_hours_freed == pytest.approx(sum(j.shadow_gpu_hours_freed for j in rep.jobs))
     assert t.gpu_hours_saved == 0 and t.overridden == 0  # nothing was shared for real
     assert "shadow mode: 3 decision(s), 3 would have shared" in R.format_table(rep)
+
+
+# ----------------------------------------------------------------------------- the HTML page
+def test_command_writes_one_self_contained_html_page(cli_world, tmp_path):
+    out = tmp_path / "site" / "report.html"
+    res = _invoke(cli_world, "--html", str(out), "--jobs")
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert page.count('src="data:image/png;base64,') == 4  # the four plots, inline
+    assert "src=\"http" not in page and "<link" not in page and "<script" not in page  # nothing fetched
+    rep = build(cli_world)
+    for g in (*rep.groups, rep.total):
+        assert f"<td>{g.key}</td>" in page
+    assert page.count("<tr") == 1 + len(rep.groups) + 1 + 1 + len(rep.jobs)  # summary header+rows, jobs header+rows
+
+
+def test_html_page_escapes_what_users_typed_and_says_when_plots_are_missing(world, monkeypatch, tmp_path):
+    from policy_service.report.command import write_html
+
+    world.job(301, name="<script>alert(1)</script>", submit=T0, run_s=60, peak=GIB)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "r.html"
+    write_html(out, build(world), with_jobs=True)
+    page = out.read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "plots not drawn" in page and "pip install" in page and "data:image/png" not in page
