@@ -45,9 +45,14 @@ def _floats(name: str, text: str) -> tuple[float, ...]:
                    "'none' skips them.")
 @click.option("--noise-load", type=float, default=0.7, show_default=True, help="Load of the sensitivity runs.")
 @click.option("--policies", default=",".join(POLICIES), show_default=True, help="Policies to compare.")
-@click.option("--arrivals", type=click.Choice(("poisson", "scaled")), default="poisson", show_default=True,
+@click.option("--arrivals", type=click.Choice(("poisson", "scaled", "recorded")), default="poisson", show_default=True,
               help="poisson: trace order, exponential gaps at the load's rate; scaled: the trace's own "
-                   "submit times stretched to the load's window.")
+                   "submit times stretched to the load's window; recorded: the submit times as recorded "
+                   "(--load is then not applied: one run per policy).")
+@click.option("--sacct-json", type=click.Path(path_type=Path, dir_okay=False),
+              help="--workload sacct: a site's `sacct --json -X --allusers -S .. -E ..` export (.gz too).")
+@click.option("--history", type=click.Path(path_type=Path, dir_okay=False),
+              help="--workload sacct: the service's history (db_path), for the GPU memory it observed.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("results/simulate"),
               show_default=True, help="Folder for results.json / results.csv (and plots).")
 @click.option("--plots", is_flag=True, help="Also write PNG plots (needs matplotlib).")
@@ -61,7 +66,7 @@ def _floats(name: str, text: str) -> tuple[float, ...]:
               help="Processes running policies in parallel (results do not depend on it).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when a terminal).")
 def simulate_command(workload, data_dir, variant, loads, jobs, gpus, seed, noises, noise_load, policies, arrivals,
-                     out_dir, plots, config_path, sim_config_path, gavel, workers, progress):
+                     sacct_json, history, out_dir, plots, config_path, sim_config_path, gavel, workers, progress):
     """Replay a GPU workload through B0/B1/B2/swapaware/oracle and compare them."""
     try:
         cfg = load_config(config_path)
@@ -73,7 +78,7 @@ def simulate_command(workload, data_dir, variant, loads, jobs, gpus, seed, noise
     if bad or not names:
         raise click.BadParameter(f"unknown {', '.join(bad) or 'empty'}; choose from {', '.join(POLICIES)}",
                                  param_hint="--policies")
-    load_values = _floats("--load", loads)
+    load_values = _floats("--load", loads) if arrivals != "recorded" else (1.0,)
     if not load_values or any(v <= 0 for v in load_values):
         raise click.BadParameter("give at least one load > 0", param_hint="--load")
     noise_values = _floats("--noise", noises)
@@ -81,7 +86,7 @@ def simulate_command(workload, data_dir, variant, loads, jobs, gpus, seed, noise
         raise click.BadParameter("noise levels must be in [0, 1)", param_hint="--noise")
     spec = RunSpec(workload=workload, data_dir=data_dir, variant=variant, loads=load_values, noises=noise_values,
                    noise_load=noise_load, jobs=jobs, gpus=gpus, seed=seed, policies=names, arrivals=arrivals,
-                   gavel=gavel)
+                   gavel=gavel, sacct_json=sacct_json, history=history, shards_per_gpu=cfg.gpu.shards_per_gpu)
     bar = Progress(sys.stderr.isatty() if progress is None else progress)
     t0 = time.perf_counter()
     try:

@@ -76,7 +76,9 @@ def meta_line(meta: dict) -> str:
     files = ", ".join(f["path"] for f in src.get("files", [])) or src.get("name", "")
     return (f"seed={meta['seed']} workload={meta['workload']} gpus={meta['gpus']} data={files} "
             f"interference/co-runner={meta['interference'].get('per_corunner', 0):.3f} "
-            f"({meta['interference'].get('method', '')}) model={meta['model_version']}")
+            f"({meta['interference'].get('method', '')}) model={meta['model_version']}"
+            + (f" memory: {src['memory']['observed_jobs']} jobs observed, {src['memory']['model_jobs']} from the model"
+               if isinstance(src.get("memory"), dict) else ""))
 
 
 def write_json(path: Path, result: MatrixResult) -> None:

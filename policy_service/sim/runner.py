@@ -26,9 +26,10 @@ from policy_service.sim.loaders import (
 )
 from policy_service.sim.metrics import summarize
 from policy_service.sim.policies import POLICIES, make_policy
+from policy_service.sim.site import load_sacct_export
 from policy_service.sim.workload import Workload, build_workload, synthetic_trace
 
-WORKLOADS = ("alibaba-v2023", "pai-2020", "synthetic")
+WORKLOADS = ("alibaba-v2023", "pai-2020", "synthetic", "sacct")
 DEFAULT_GPUS = {"alibaba-v2023": 64, "pai-2020": 512, "synthetic": 200}
 DEFAULT_SYNTHETIC_JOBS = 20000
 
@@ -47,8 +48,14 @@ class RunSpec:
     policies: tuple[str, ...] = tuple(POLICIES)
     arrivals: str = "poisson"
     gavel: Path | None = None  # simulation_throughputs.json (default: <data_dir>/gavel)
+    sacct_json: Path | None = None  # workload "sacct": a site's `sacct --json` export (sim/site.py)
+    history: Path | None = None  # ... and the service's history, for the peaks it observed
+    shards_per_gpu: int = 8  # the site's (gpu.shards_per_gpu): a job's k shards are k / this of a GPU
 
     def resolved_gpus(self) -> int:
+        if self.gpus is None and self.workload not in DEFAULT_GPUS:
+            raise ValueError(f"give --gpus for the {self.workload} workload: the GPUs of the cluster (or partition) "
+                             "the jobs ran on")
         return self.gpus or DEFAULT_GPUS[self.workload]
 
 
@@ -67,6 +74,13 @@ def load_trace(spec: RunSpec, sim: SimConfig) -> tuple[list[TraceJob], dict[str,
         return synthetic_trace(n, spec.seed, sim.workload), {
             "name": "synthetic", "jobs": n, "generator": "policy_service.sim.workload.synthetic_trace",
             "parameters": "see sim_config.workload (synthetic_*)"}
+    if spec.workload == "sacct":
+        if spec.sacct_json is None:
+            raise DataNotFound("--sacct-json is required for the sacct workload")
+        spec.resolved_gpus()  # before any work: the cluster's size is not in the export
+        loaded = load_sacct_export(spec.sacct_json, spec.history, shards_per_gpu=spec.shards_per_gpu,
+                                   limit=spec.jobs)
+        return loaded.jobs, {**loaded.source, "skipped_rows": dict(loaded.skipped), "jobs": len(loaded.jobs)}
     if spec.data_dir is None:
         raise DataNotFound(f"--data-dir is required for the {spec.workload} workload")
     if spec.workload == "alibaba-v2023":
@@ -110,7 +124,9 @@ def _workload(load: float, noise: float | None) -> Workload:
         cache.clear()
         spec: RunSpec = _STATE["spec"]
         cache[key] = build_workload(_STATE["trace"], load=load, gpus=spec.resolved_gpus(), seed=spec.seed,
-                                    sim=_STATE["sim"], gpu=_STATE["cfg"].gpu, noise=noise, arrivals=spec.arrivals)
+                                    sim=_STATE["sim"], gpu=_STATE["cfg"].gpu, noise=noise,
+                                    arrivals="scaled" if spec.arrivals == "recorded" else spec.arrivals,
+                                    keep_times=spec.arrivals == "recorded")
     return cache[key]
 
 

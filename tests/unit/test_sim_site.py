@@ -53,3 +53,36 @@ def test_bad_exports_are_clear_errors(tmp_path):
     bad.write_text('{"jobs": 3}')
     with pytest.raises(SchemaError, match="no 'jobs' list"):
         load_sacct_export(bad, None, shards_per_gpu=8)
+
+
+def test_simulate_replays_a_site_export_with_its_recorded_arrivals(world, tmp_path):  # noqa: F811
+    """`swapaware simulate --workload sacct` through B0 / swapaware / oracle, saying which memory
+    figures are observed and which come from the model."""
+    import json
+
+    from click.testing import CliRunner
+
+    from policy_service.sim.cli import simulate_command
+
+    world.job(1, submit=T0, wait_s=60, run_s=3600, peak=3 * GIB)
+    world.job(2, submit=T0 + 50, run_s=1800, peak=5 * GIB)
+    for i in range(3, 60):  # the rest ran before the service observed anything
+        world.slurm.records.append(sacct_record(i, user=f"u{i % 4}", name=f"n{i % 6}", alloc={"gpu": 1},
+                                                submit=T0 + 60 * i, start=T0 + 60 * i + 5, end=T0 + 60 * i + 900))
+    world.flush()
+    f = export(world, tmp_path / "site.json")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(simulate_command, [
+        "--workload", "sacct", "--sacct-json", str(f), "--history", str(world.db), "--gpus", "4",
+        "--policies", "b0,swapaware,oracle", "--arrivals", "recorded", "--noise", "none", "--out", str(out),
+        "--no-progress"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "results.json").read_text())
+    src = doc["meta"]["data_source"]
+    assert src["name"] == "sacct" and src["memory"]["observed_jobs"] == 2 and src["memory"]["model_jobs"] == 57
+    assert sorted(r["policy"] for r in doc["runs"]) == ["b0", "oracle", "swapaware"]
+    assert all(r["jobs"] == 59 for r in doc["runs"]), [r.get("jobs") for r in doc["runs"]]
+
+    missing = CliRunner().invoke(simulate_command, ["--workload", "sacct", "--sacct-json", str(f), "--out",
+                                                    str(out), "--no-progress"])
+    assert missing.exit_code != 0 and "give --gpus" in missing.output
