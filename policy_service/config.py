@@ -270,6 +270,8 @@ class AgentConfig:
     replay: bool = True
     replay_interval_s: float = 5.0
     replay_max_backoff_s: float = 30.0
+    # host:port of the agent's Prometheus endpoint (slurm_plugin/agent_metrics.py); empty: not served.
+    metrics_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -375,6 +377,8 @@ def _validate(cfg: Config) -> None:
          "service.reconcile_window_s must be > service.reconcile_settle_s >= 0"),
         (not cfg.service.metrics_address or _host_port(cfg.service.metrics_address),
          f"service.metrics_address must be host:port (e.g. 127.0.0.1:9851), not {cfg.service.metrics_address!r}"),
+        (not cfg.agent.metrics_address or _host_port(cfg.agent.metrics_address),
+         f"agent.metrics_address must be host:port (e.g. 0.0.0.0:9852), not {cfg.agent.metrics_address!r}"),
         (cfg.hooks.deadline_s > 0, "hooks.deadline_s must be > 0"),
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),
         (0 < cfg.agent.replay_interval_s <= cfg.agent.replay_max_backoff_s,

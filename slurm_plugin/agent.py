@@ -669,6 +669,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent.replayer.start(done)
         log.info("delivering the hooks' spool %s every %.0f s (backoff up to %.0f s)", cfg.hooks.spool_dir,
                  agent_cfg.replay_interval_s, agent_cfg.replay_max_backoff_s)
+    if agent_cfg.metrics_address:
+        from slurm_plugin.agent_metrics import serve as serve_metrics
+
+        serve_metrics(agent_cfg.metrics_address, agent.status)
     return _serve(agent, agent_cfg.socket_path, done)
 
 

@@ -6,17 +6,22 @@ import re
 from pathlib import Path
 
 from policy_service.metrics import ServiceMetrics
+from slurm_plugin.agent_metrics import registry_for
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "contrib" / "grafana" / "swapaware.json"
 SUFFIXES = ("_bucket", "_count", "_sum", "_total")
 
 
+AGENT_STATUS = {"jobs": [], "spool_depth": 0}  # an agent that delivers its spool: every series
+
+
+def families() -> set[str]:
+    return ({f.name for f in ServiceMetrics().registry.collect()}
+            | {f.name for f in registry_for(lambda: AGENT_STATUS).collect()})
+
+
 def exported() -> set[str]:
-    names = set()
-    for fam in ServiceMetrics().registry.collect():
-        names.add(fam.name)
-        names.update(fam.name + s for s in SUFFIXES)
-    return names
+    return {n + s for n in families() for s in ("", *SUFFIXES)}
 
 
 def test_every_panel_queries_an_exported_series():
@@ -28,5 +33,4 @@ def test_every_panel_queries_an_exported_series():
         used = set(re.findall(r"\bswapaware_[a-z_]+", expr))
         assert used and used <= known, (expr, used - known)
     every = {n for e in exprs for n in re.findall(r"\bswapaware_[a-z_]+", e)}
-    families = {f.name for f in ServiceMetrics().registry.collect()}
-    assert all(any(n.startswith(f) for n in every) for f in families), "a series no panel shows"
+    assert all(any(n.startswith(f) for n in every) for f in families()), "a series no panel shows"
