@@ -142,7 +142,16 @@ class SwapCostConfig:
     fault_latency_s: float = 30e-6
     fault_granularity_bytes: int = 64 * 1024
     # Compute interference when jobs merely share SMs (no oversubscription), per co-runner.
+    # Superseded by the utilisation knee below (swapcost.compute_slowdown); kept for the
+    # simulator's legacy COUNT/DEMAND interference models.
     compute_interference_per_corunner: float = 0.15
+    # Utilisation knee (swapcost.interference_slowdown): a job with solo utilisation u next to
+    # co-runners summing v is slowed 1 + base x v + knee_slope x max(0, u + v - 1). Fitted to
+    # Gavel's V100 pairs (policy_service.sim.loaders.fit_knee: base 0.58, slope 2.9, quantile
+    # rms 0.097; docs/simulation.md). default_solo_util: a job with no learned utilisation.
+    compute_interference_base: float = 0.58
+    compute_interference_knee_slope: float = 2.9
+    default_solo_util: float = 0.5
     # Default traffic intensity: how many times per second a job sweeps its working set.
     default_sweeps_per_s: float = 2.0
     default_working_set_frac: float = 0.8

@@ -1,7 +1,7 @@
 """Swap-cost model: the slowdown of each job when co-located jobs share one GPU.
 
 Without oversubscription (sum of footprints <= device) jobs only interfere on compute:
-``1 + compute_interference_per_corunner * (n - 1)``.
+``interference_slowdown`` (a knee in the GPU's summed solo utilisation).
 
 With oversubscription the deficit ``D = sum(footprint) - device`` must live in host memory.
 Two ways to place it:
@@ -34,9 +34,25 @@ class SwapMode(enum.Enum):
     NAIVE = "naive"
 
 
-def compute_slowdown(n_jobs: int, cfg: SwapCostConfig) -> float:
-    """Slowdown from sharing SMs with ``n_jobs - 1`` co-runners, memory aside."""
-    return 1.0 + cfg.compute_interference_per_corunner * max(0, n_jobs - 1)
+def interference_slowdown(own_util: float, others_util: float, cfg: SwapCostConfig) -> float:
+    """Slowdown of a job with solo GPU utilisation ``own_util`` (0..1) next to co-runners whose
+    solo utilisations sum to ``others_util``, memory aside: little while the GPU's summed
+    utilisation stays within one GPU, steep above it (docs/model.md, interference)."""
+    if others_util <= 0:
+        return 1.0
+    return (1.0 + cfg.compute_interference_base * others_util
+            + cfg.compute_interference_knee_slope * max(0.0, own_util + others_util - 1.0))
+
+
+def compute_slowdown(n_jobs: int, cfg: SwapCostConfig, own_util: float | None = None,
+                     others_util: float | None = None) -> float:
+    """Slowdown from sharing SMs with ``n_jobs - 1`` co-runners, memory aside. Utilisations not
+    given (not learned yet) count ``cfg.default_solo_util`` per job."""
+    if n_jobs <= 1:
+        return 1.0
+    own = cfg.default_solo_util if own_util is None else own_util
+    others = cfg.default_solo_util * (n_jobs - 1) if others_util is None else others_util
+    return interference_slowdown(own, others, cfg)
 
 
 def transfer_seconds(nbytes: float, link_bytes_per_s: float, cfg: SwapCostConfig, faulting: bool) -> float:

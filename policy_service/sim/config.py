@@ -25,8 +25,9 @@ DAY_S = 86400.0
 class InterferenceModel(enum.Enum):
     """How co-runners slow each other down on compute (memory aside)."""
 
-    COUNT = "count"  # swapcost.compute_slowdown(n_jobs): every co-runner counts 1
-    DEMAND = "demand"  # every co-runner counts its compute share (gpu_milli / 1000)
+    COUNT = "count"  # every co-runner counts 1 (per_corunner each)
+    DEMAND = "demand"  # every co-runner counts its compute share (gpu_milli / 1000), linearly
+    UTIL = "util"  # knee: 1 + base (any co-runner) + knee_slope x max(0, sum of solo utilisations - 1)
 
 
 @dataclass(frozen=True)
@@ -43,17 +44,37 @@ class MemoryModelConfig:
     ratio_sigma: float = 0.5
     ratio_min: float = 0.05
     ratio_max: float = 2.0
-    run_noise: float = 0.05
+    # Extra uniform +-run_noise per run (the --noise sensitivity levels set it); the fitted
+    # variation below replaces the former default of 0.05.
+    run_noise: float = 0.0
     shift_prob: float = 0.02
     shift_min: float = 0.5
     shift_max: float = 2.0
     min_peak_bytes: int = 1 * GIB
     # A job that ran on a whole GPU in the trace fitted it: cap the truth below the device.
     max_peak_frac_of_device: float = 0.98
-    # Memory timeline of a run: allocates init_frac of its peak at start, the rest when it has
-    # done growth_at_work_frac of its work (growth beyond the charge happens then).
+    # Memory timeline of a run. grow_prob > 0 (the default, fitted): with probability grow_prob a
+    # run starts at peak / exp(g), g ~ Normal(log_growth_median, log_growth_sigma) clipped at 0, and
+    # reaches its peak at a work fraction ~ U(0, 1); otherwise it holds its peak from the start.
+    # grow_prob = 0: every run allocates init_frac of its peak at start and the rest when it has
+    # done growth_at_work_frac of its work (the model before the fit; growth_at_work_frac = 0: none).
+    # Fitted by ``python -m policy_service.sim.memfit ../shared/data/alibaba-v2026-genai`` (30-min
+    # windows, 2,981 runs of 76 containers): 51.1 % of runs grow by > 1 %; log(peak/first) of
+    # those: median 0.213 (x1.24), sigma 0.183 (robust); peak reached at quartiles 0.26/0.52/0.77
+    # of the window (about uniform).
+    grow_prob: float = 0.511
+    log_growth_median: float = 0.213
+    log_growth_sigma: float = 0.183
     init_frac: float = 0.5
     growth_at_work_frac: float = 0.1
+    # Run-to-run variation of a class's peak (on top of run_noise): each run multiplies the class
+    # peak by exp(e), e ~ Normal(0, run_sigma_small) or, with probability run_jump_prob,
+    # Normal(0, run_sigma_jump). Same fit: log(peak_k / peak_k-1) of adjacent windows (2,900
+    # pairs) moves by > 5 % in 36.5 % of pairs (rms of those 0.239), else rms 0.0128; the per-run
+    # mixture whose differences reproduce both (memfit.fit_variation_from_diffs): 0.258, 0.0091, 0.202.
+    run_jump_prob: float = 0.258
+    run_sigma_small: float = 0.0091
+    run_sigma_jump: float = 0.202
     # Fraction of job classes whose framework uses managed (unified) memory: under the
     # no-swap baselines they page (thrash) instead of failing with out-of-memory.
     managed_frac: float = 0.2
@@ -112,11 +133,38 @@ class SchedulerConfig:
 class InterferenceConfig:
     """Compute interference of co-located jobs, calibrated from Gavel's measured pairs."""
 
-    model: InterferenceModel = InterferenceModel.DEMAND
+    model: InterferenceModel = InterferenceModel.UTIL
     # Which Gavel worker type to calibrate from; "" or a missing file -> per_corunner below.
     gavel_worker: str = "v100"
     # Used when no Gavel data is given (the core's default).
     per_corunner: float = 0.15
+    # UTIL model: slowdown = 1 + knee_base x (co-runners' summed solo utilisation)
+    #   + knee_slope x max(0, the GPU's summed solo utilisation - 1).
+    # Fitted by policy_service.sim.loaders.fit_knee(gavel_pair_slowdowns(shared/data/gavel, "v100"))
+    # (636 pairs; assumption: Gavel job types' solo utilisation ~ U[0, 1], fitted util_lo = 0):
+    # base 0.58, slope 2.9, rms error of the p10..p90 quantiles 0.097. The runner refits it and
+    # records the fit in the results.
+    knee_base: float = 0.58
+    knee_slope: float = 2.9
+    # Where a job class's solo utilisation comes from: "duty" draws it from util_quantiles;
+    # "declared" takes the declared GPU share (gpu_milli / 1000).
+    util_source: str = "duty"
+    # (probability, utilisation) points of the per-container mean GPU duty cycle measured in
+    # alibaba-v2026-genai (76 containers; python -m policy_service.sim.memfit, "duty"; deciles).
+    util_quantiles: tuple[tuple[float, float], ...] = (
+        (0.0, 0.0002), (0.1, 0.0062), (0.2, 0.053), (0.3, 0.056), (0.4, 0.0576), (0.5, 0.0586),
+        (0.6, 0.0597), (0.7, 0.0624), (0.8, 0.098), (0.9, 0.1222), (1.0, 0.2787))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """What a node enforces. hard_caps: a shared job's GPU memory is capped at what it was charged
+    (its shards; an oversubscribed job: its sized need): growing past it fails that job alone.
+    Without hard caps a job takes memory from the GPU's free pool and whichever plain (non-managed)
+    job allocates when the device is full fails (under swapaware/oracle the excess goes to host
+    memory instead, up to host_swap_bytes_per_gpu)."""
+
+    hard_caps: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,6 +180,7 @@ class SimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     interference: InterferenceConfig = field(default_factory=InterferenceConfig)
     baselines: BaselineConfig = field(default_factory=BaselineConfig)
+    node: NodeConfig = field(default_factory=NodeConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))
@@ -213,6 +262,9 @@ def validate_sim_config(cfg: SimConfig) -> None:
         (0 <= m.shift_prob <= 1, "memory.shift_prob must be in [0, 1]"),
         (0 < m.shift_min <= m.shift_max, "memory.shift_min must be in (0, shift_max]"),
         (0 < m.init_frac <= 1, "memory.init_frac must be in (0, 1]"),
+        (0 <= m.grow_prob <= 1 and m.log_growth_sigma >= 0, "memory.grow_prob must be in [0, 1], log_growth_sigma >= 0"),
+        (0 <= m.run_jump_prob <= 1 and m.run_sigma_small >= 0 and m.run_sigma_jump >= 0,
+         "memory.run_jump_prob must be in [0, 1], run sigmas >= 0"),
         (0 <= m.growth_at_work_frac < 1, "memory.growth_at_work_frac must be in [0, 1)"),
         (0 <= m.managed_frac <= 1, "memory.managed_frac must be in [0, 1]"),
         (0 < m.max_peak_frac_of_device <= 1, "memory.max_peak_frac_of_device must be in (0, 1]"),
@@ -225,6 +277,11 @@ def validate_sim_config(cfg: SimConfig) -> None:
         (s.max_attempts >= 1, "scheduler.max_attempts must be >= 1"),
         (s.max_age_s > 0, "scheduler.max_age_s must be > 0"),
         (cfg.interference.per_corunner >= 0, "interference.per_corunner must be >= 0"),
+        (cfg.interference.knee_base >= 0 and cfg.interference.knee_slope >= 0, "interference.knee_* must be >= 0"),
+        (cfg.interference.util_source in ("duty", "declared"), "interference.util_source must be duty or declared"),
+        (len(cfg.interference.util_quantiles) >= 2 and all(0 <= p <= 1 and 0 <= u <= 1 for p, u in
+                                                           cfg.interference.util_quantiles),
+         "interference.util_quantiles: at least two (probability, utilisation) points in [0, 1]"),
         (cfg.baselines.naive_shards >= 0, "baselines.naive_shards must be >= 0"),
     ]
     errors = [msg for ok, msg in checks if not ok]

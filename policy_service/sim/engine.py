@@ -15,12 +15,13 @@ Scheduling (what Slurm does, as modelled):
 
 Execution: a job has ``duration_s`` of solo work; it progresses at ``1 / slowdown`` where the
 slowdown on its GPU is recomputed whenever that GPU's jobs or memory change:
-compute interference (``swapcost.compute_slowdown``, calibrated per co-runner; weighted by the
-co-runners' compute share in the DEMAND model) plus, when the GPU's true memory exceeds the
+compute interference (UTIL: ``swapcost.interference_slowdown`` of the jobs' solo utilisations,
+a knee at one GPU's worth; legacy COUNT / DEMAND: per co-runner, weighted by compute share) plus, when the GPU's true memory exceeds the
 device, the swap cost of ``swapcost.predict`` in VICTIM (swapaware, oracle) or NAIVE mode
-(managed-memory jobs under the baselines). Memory: a run allocates ``init_frac`` of its true
-peak at start and the rest after ``growth_at_work_frac`` of its work; a plain allocation that
-does not fit the device fails the job (out of memory); under VICTIM the deficit goes to host
+(managed-memory jobs under the baselines). Memory: a run allocates its own ``init_frac`` of its true
+peak at start and the rest after its ``grow_at`` fraction of its work; with ``node.hard_caps`` a
+shared job growing past its cap fails alone; else a plain allocation that does not fit the
+device fails the job that allocates (out of memory); under VICTIM the deficit goes to host
 memory up to ``host_swap_bytes_per_gpu``. Failed jobs are resubmitted up to ``max_attempts``.
 
 Deterministic: no clock, no unseeded randomness, ordered containers only.
@@ -122,9 +123,13 @@ class EngineResult:
     extra: dict = field(default_factory=dict)
 
 
-def truth_swap_config(cfg: Config, per_corunner: float) -> SwapCostConfig:
+def truth_swap_config(cfg: Config, per_corunner: float, sim: SimConfig | None = None) -> SwapCostConfig:
     """The swap-cost parameters used as ground truth: the core's, compute interference calibrated."""
-    return replace(cfg.swap_cost, compute_interference_per_corunner=per_corunner)
+    out = replace(cfg.swap_cost, compute_interference_per_corunner=per_corunner)
+    if sim is not None:
+        out = replace(out, compute_interference_base=sim.interference.knee_base,
+                      compute_interference_knee_slope=sim.interference.knee_slope)
+    return out
 
 
 class Engine:
@@ -132,9 +137,10 @@ class Engine:
                  per_corunner: float, progress: Callable[[int], None] | None = None, check: bool = False):
         self.w, self.policy, self.cfg, self.sim = workload, policy, cfg, sim
         self.s = sim.scheduler
-        self.truth = truth_swap_config(cfg, per_corunner)
+        self.truth = truth_swap_config(cfg, per_corunner, sim)
         self.link = cfg.swap_cost.link_bytes_per_s(cfg.gpu.link)
-        self.demand = sim.interference.model is InterferenceModel.DEMAND
+        self.imodel = sim.interference.model
+        self.hard_caps = sim.node.hard_caps
         self.check = check
         self.progress = progress
         self.device = cfg.gpu.memory_bytes
@@ -184,8 +190,6 @@ class Engine:
         self.timeline: list[tuple[float, float, float, int, int]] = []
         self.max_attempts = self.s.max_attempts
         self.host_cap = self.s.host_swap_bytes_per_gpu
-        self.init_frac = sim.memory.init_frac
-        self.grow_frac = sim.memory.growth_at_work_frac
         self.ws_frac = cfg.swap_cost.default_working_set_frac
 
     # ------------------------------------------------------------------ time and bookkeeping
@@ -301,8 +305,8 @@ class Engine:
         a.victim_prio = a.prio - (_VICTIM_BIAS if a.adm.designated_victim else 0.0)
         self.running += 1
         self.bf_dirty = True
-        first_alloc = job.true_peak_bytes if self.grow_frac <= 0 else int(job.true_peak_bytes * self.init_frac)
-        a.grown = self.grow_frac <= 0
+        a.grown = job.init_frac >= 1.0
+        first_alloc = job.true_peak_bytes if a.grown else int(job.true_peak_bytes * job.init_frac)
         if a.adm.kind is GresKind.GPU:
             a.gpus = tuple(where)
             a.charge = self.device
@@ -344,6 +348,9 @@ class Engine:
         """The job's allocation on shared GPU ``g`` grows to ``nbytes``; False if it failed (OOM)."""
         delta = nbytes - a.alloc
         plain = not a.job.managed
+        if self.hard_caps and plain and nbytes > self._cap(a):
+            self._oom(a, g, nbytes)  # the node's cap stops this job alone; its neighbours are safe
+            return False
         if self.policy.overflow is OverflowMode.VICTIM:
             fails = self.g_res[g] + delta - self.device > self.host_cap
         else:
@@ -356,6 +363,11 @@ class Engine:
         if plain:
             self.g_plain[g] += delta
         return True
+
+    def _cap(self, a: Attempt) -> int:
+        """Hard cap of a shared job: its shards, or for an oversubscribed job the need it was sized
+        for (the part beyond its shards lives in host memory by design)."""
+        return max(a.charge, a.adm.sized_bytes or 0)
 
     def _oom(self, a: Attempt, g: int, wanted: int) -> None:
         rec = self.records[a.job.idx]
@@ -403,7 +415,8 @@ class Engine:
         co = int(round(a.corun_int / runtime)) if runtime > 0 else a.n_co
         # The node agent's utilisation figure is device-wide: the job's own compute demand only
         # for a run that never had a co-runner (the service folds only those).
-        util = a.job.compute_share if a.corun_int == 0 else None
+        util = (a.job.solo_util if self.imodel is InterferenceModel.UTIL else a.job.compute_share
+                ) if a.corun_int == 0 else None
         self.rd_dirty = True  # the policy learns from this run
         self.policy.finished(job, a.no, RunOutcome(runtime_s=runtime, peak_bytes=peak,
                                                    oom=oom, shared=a.shared, co_runners=co, util_frac=util))
@@ -440,7 +453,7 @@ class Engine:
     def _schedule_next(self, a: Attempt) -> None:
         a.version += 1
         if not a.grown:
-            milestone = a.job.duration_s * (1.0 - self.grow_frac)
+            milestone = a.job.duration_s * (1.0 - a.job.grow_at)
             self._push(self.now + max(0.0, a.remaining - milestone) * a.slowdown, EV_GROW, a, a.version)
         else:
             self._push(self.now + max(0.0, a.remaining) * a.slowdown, EV_FINISH, a, a.version)
@@ -463,12 +476,19 @@ class Engine:
             room = self.device - self.g_plain[g]
             if managed and sum(a.alloc for a in managed) > room:
                 extra = self._swap_extra(managed, max(0, room), swapcost.SwapMode.NAIVE)
-        total_u = sum(a.job.compute_share for a in jobs) if self.demand else 0.0
+        im = self.imodel
+        if im is InterferenceModel.UTIL:
+            total_u = sum(a.job.solo_util for a in jobs)
+        else:
+            total_u = sum(a.job.compute_share for a in jobs) if im is InterferenceModel.DEMAND else 0.0
+        per = truth.compute_interference_per_corunner
         for a in jobs:
-            if self.demand:
-                base = swapcost.compute_slowdown(1.0 + total_u - a.job.compute_share, truth)
+            if im is InterferenceModel.UTIL:
+                base = swapcost.interference_slowdown(a.job.solo_util, total_u - a.job.solo_util, truth)
+            elif im is InterferenceModel.DEMAND:
+                base = 1.0 + per * (total_u - a.job.compute_share)
             else:
-                base = swapcost.compute_slowdown(n, truth)
+                base = 1.0 + per * (n - 1)
             add, off = extra.get(a, (0.0, 0)) if extra else (0.0, 0)
             a.slowdown = base + add
             a.offloaded = off
@@ -681,7 +701,7 @@ class Engine:
         a.grown = True
         if a.adm.kind is GresKind.GPU:
             self._set_alloc_whole(a, a.job.true_peak_bytes)
-            a.remaining = a.job.duration_s * (1.0 - self.grow_frac)
+            a.remaining = a.job.duration_s * (1.0 - a.job.grow_at)
             a.last_t = self.now
             self._schedule_next(a)
             return

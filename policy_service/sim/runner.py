@@ -21,6 +21,8 @@ from policy_service.sim.loaders import (
     DataNotFound,
     TraceJob,
     calibrate_interference,
+    fit_knee,
+    gavel_pair_slowdowns,
     load_alibaba_v2023,
     load_pai_2020,
 )
@@ -103,8 +105,31 @@ def calibrate(spec: RunSpec, sim: SimConfig) -> tuple[float, dict[str, Any]]:
         except DataNotFound:
             pass
         else:
-            return cal.per_corunner, {"method": f"Gavel measured pairs ({cal.worker})", **dataclasses.asdict(cal)}
-    return icfg.per_corunner, {"method": "config (no Gavel data given)", "per_corunner": icfg.per_corunner}
+            info = {"method": f"Gavel measured pairs ({cal.worker})", **dataclasses.asdict(cal)}
+            knee = fit_knee(gavel_pair_slowdowns(path, icfg.gavel_worker))
+            info["knee_fit"] = {"fit": "policy_service.sim.loaders.fit_knee (Gavel pairs; assumption: job types' "
+                                       "solo utilisation ~ U[util_lo, 1])", **dataclasses.asdict(knee)}
+            return cal.per_corunner, {**info, **_knee_used(sim)}
+    return icfg.per_corunner, {"method": "config (no Gavel data given)", "per_corunner": icfg.per_corunner,
+                               **_knee_used(sim)}
+
+
+def _knee_used(sim: SimConfig) -> dict[str, Any]:
+    i = sim.interference
+    return {"model": i.model.value, "knee_used": {"base": i.knee_base, "slope": i.knee_slope,
+                                                  "util_source": i.util_source}}
+
+
+def memory_fit(spec: RunSpec) -> dict[str, Any]:
+    """The memory model's fit to the measured GenAI series when the data folder has them (the
+    defaults in MemoryModelConfig hold this fit's figures)."""
+    if spec.data_dir is None or not (spec.data_dir / "alibaba-v2026-genai").is_dir():
+        return {"source": "defaults of MemoryModelConfig (fit not rerun: no alibaba-v2026-genai folder given)"}
+    from policy_service.sim.memfit import fit_trace
+    try:
+        return fit_trace(spec.data_dir / "alibaba-v2026-genai")
+    except DataNotFound as exc:
+        return {"source": f"defaults of MemoryModelConfig ({exc})"}
 
 
 # ---------------------------------------------------------------- one run (also in worker processes)
@@ -232,6 +257,8 @@ def run_matrix(spec: RunSpec, cfg: Config, sim: SimConfig, *, workers: int = 1,
         "run_spec": _jsonable(dataclasses.asdict(spec)),
         "gpus": spec.resolved_gpus(),
         "interference": calibration,
+        "memory_fit": memory_fit(spec),
+        "node": {"hard_caps": sim.node.hard_caps},
         "model_version": core_policy.model_version(cfg),
         "config": _jsonable({k: dataclasses.asdict(getattr(cfg, k)) for k in ("gpu", "estimator", "swap_cost",
                                                                                "policy")}),

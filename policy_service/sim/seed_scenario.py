@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from policy_service.config import AccessClass, Config, GpuConfig
 from policy_service.core import request
 from policy_service.core.types import ClassStats, KeyLevel
-from policy_service.sim.config import SimConfig
+from policy_service.sim.config import InterferenceModel, SimConfig
 from policy_service.sim.engine import Engine
 from policy_service.sim.policies import NaiveSharing, SwapAware
 from policy_service.sim.workload import SimJob, Workload
@@ -71,8 +71,12 @@ def run_seed_scenario(cfg: Config, sim: SimConfig, per_corunner: float,
     # The scenario is four jobs sharing one GPU: the queue rule (share only while GPU work
     # waits) is off, so the first job is not kept whole for arriving at an empty cluster.
     scfg = replace(cfg, gpu=gpu, policy=replace(cfg.policy, share_min_queue=0.0))
+    # The paper's scenario fixes its own memory (no growth) and compute interference (per_corunner
+    # per co-runner, the COUNT model): it is a reproduction, not a draw from the fitted models.
     ssim = replace(sim, memory=replace(sim.memory, init_frac=1.0, growth_at_work_frac=0.0),
-                   scheduler=replace(sim.scheduler, gpus_per_node=1, max_attempts=1))
+                   scheduler=replace(sim.scheduler, gpus_per_node=1, max_attempts=1),
+                   interference=replace(sim.interference, model=InterferenceModel.COUNT),
+                   node=replace(sim.node, hard_caps=False))
     jobs = _jobs(scenario, gpu)
 
     def run(policy, config) -> tuple[list[float], dict]:

@@ -51,6 +51,9 @@ class SimJob:
     managed: bool  # framework uses managed memory (pages instead of failing when short)
     time_limit_s: float
     compute_share: float  # compute demand as a fraction of one GPU (interference weight)
+    init_frac: float = 1.0  # this run allocates init_frac x true_peak_bytes at start ...
+    grow_at: float = 0.0  # ... and the rest when it has done this fraction of its work
+    solo_util: float = 1.0  # GPU utilisation of the job alone on a GPU (0..1; UTIL interference)
 
     @property
     def single_gpu(self) -> bool:
@@ -105,7 +108,31 @@ class MemoryModel:
     def run_peak(self, class_peak: float, rng: random.Random) -> int:
         # One draw per run whatever the noise: runs at different noise levels see the same
         # random numbers (common random numbers), so their differences are the noise's.
-        return self.clamp(class_peak * (1.0 + rng.uniform(-1.0, 1.0) * self.run_noise))
+        c = self.cfg
+        jump = rng.random() < c.run_jump_prob
+        e = rng.gauss(0.0, c.run_sigma_jump if jump else c.run_sigma_small)
+        return self.clamp(class_peak * math.exp(e) * (1.0 + rng.uniform(-1.0, 1.0) * self.run_noise))
+
+    def growth(self, rng: random.Random) -> tuple[float, float]:
+        """(init_frac, grow_at) of one run: the fitted growth model, or the fixed one (grow_prob 0)."""
+        c = self.cfg
+        r, g, t = rng.random(), rng.gauss(c.log_growth_median, c.log_growth_sigma), rng.random()
+        if c.grow_prob <= 0:
+            return (c.init_frac, c.growth_at_work_frac) if c.growth_at_work_frac > 0 else (1.0, 0.0)
+        if r >= c.grow_prob or g <= 0:
+            return 1.0, 0.0
+        return math.exp(-g), t
+
+
+def draw_util(quantiles: Sequence[tuple[float, float]], x: float) -> float:
+    """Inverse of the piecewise-linear CDF through (probability, utilisation) points at x in [0, 1]."""
+    pts = sorted(quantiles)
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (p0, u0), (p1, u1) in zip(pts, pts[1:]):
+        if x <= p1:
+            return u0 + (u1 - u0) * ((x - p0) / (p1 - p0) if p1 > p0 else 0.0)
+    return pts[-1][1]
 
 
 def _weighted(rng: random.Random, items: Sequence, weights: Sequence[float]):
@@ -221,6 +248,12 @@ def build_workload(trace: Sequence[TraceJob], *, load: float, gpus: int, seed: i
         peaks.append(memory.run_peak(base, rng_mem))
     desc["measured_memory_jobs"] = measured
 
+    rng_grow = random.Random(f"{seed}:growth")
+    growth = [memory.growth(rng_grow) for _ in kept]
+    icfg = sim.interference
+    rng_util = random.Random(f"{seed}:utilisation")
+    class_util = [draw_util(icfg.util_quantiles, rng_util.random()) for _ in class_attr]
+
     # Arrivals for the requested load.
     work = sum(d * offered_load_share(j) for d, j in zip(durations, kept))
     rng_arr = random.Random(f"{seed}:arrivals")
@@ -257,12 +290,16 @@ def build_workload(trace: Sequence[TraceJob], *, load: float, gpus: int, seed: i
             declared_bytes=int(j.gpu_milli / 1000.0 * gpu.memory_bytes), true_peak_bytes=peaks[i], class_id=cid,
             user=a["user"], account=a["account"], job_name=a["job_name"], script_fp=a["script_fp"], qos_tier=q,
             access=a["access"], managed=a["managed"], time_limit_s=limit,
-            compute_share=1.0 if j.num_gpu > 1 else j.gpu_milli / 1000.0))
+            compute_share=1.0 if j.num_gpu > 1 else j.gpu_milli / 1000.0,
+            init_frac=growth[i][0], grow_at=growth[i][1],
+            solo_util=(class_util[cid] if icfg.util_source == "duty" else
+                       (1.0 if j.num_gpu > 1 else j.gpu_milli / 1000.0))))
     jobs.sort(key=lambda s: (s.submit_s, s.idx))
     for new_idx, s in enumerate(jobs):
         s.idx = new_idx
     desc["jobs"] = len(jobs)
     desc["qos_jobs"] = {QOS_TIERS[t]: sum(1 for s in jobs if s.qos_tier == t) for t in range(3)}
     desc["jobs_over_declared"] = sum(1 for s in jobs if s.true_peak_bytes > s.declared_bytes)
+    desc["runs_growing"] = sum(1 for s in jobs if s.init_frac < 1.0)
     return Workload(jobs=jobs, load=load, noise=memory.run_noise, arrival_window_s=window, gpus=gpus,
                     description=desc)

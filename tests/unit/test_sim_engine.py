@@ -20,12 +20,14 @@ POLICY_NAMES = tuple(POLICIES)
 
 
 def job(idx: int, submit: float, duration: float, *, gpus: int = 1, milli: int = 1000, peak_gib: float = 10.0,
-        limit: float | None = None, cls: int | None = None, qos: int = 1, managed: bool = False) -> SimJob:
+        limit: float | None = None, cls: int | None = None, qos: int = 1, managed: bool = False,
+        util: float | None = None, init_frac: float = 1.0, grow_at: float = 0.0) -> SimJob:
     return SimJob(idx=idx, job_id=f"j{idx}", submit_s=submit, duration_s=duration, num_gpu=gpus, gpu_milli=milli,
                   declared_bytes=int(milli / 1000 * CFG.gpu.memory_bytes), true_peak_bytes=int(peak_gib * GIB),
                   class_id=idx if cls is None else cls, user="u", account="a", job_name=f"c{idx if cls is None else cls}",
                   script_fp="fp", qos_tier=qos, access=AccessClass.STREAMING, managed=managed,
-                  time_limit_s=limit or duration, compute_share=milli / 1000)
+                  time_limit_s=limit or duration, compute_share=milli / 1000, solo_util=milli / 1000 if util is None else util,
+                  init_frac=init_frac, grow_at=grow_at)
 
 
 def workload(jobs, gpus: int) -> Workload:
@@ -127,12 +129,32 @@ def test_shard_jobs_take_shards_of_one_gpu_and_pack():
     assert seen[1][1] == seen[0][1]  # best fit: the second job packs onto the first one's GPU
 
 
-def test_compute_interference_slows_co_located_jobs():
+@pytest.mark.parametrize("u0, u1, expect0, expect1", [
+    # UTIL knee (base 0.58, slope 2.9): below the knee only the co-runner's utilisation counts
+    (0.3, 0.5, 100 * (1 + 0.58 * 0.5), 100 * (1 + 0.58 * 0.3)),
+    (0.5, 0.5, 100 * (1 + 0.58 * 0.5), 100 * (1 + 0.58 * 0.5)),  # at the knee
+    (0.8, 0.7, 100 * (1 + 0.58 * 0.7 + 2.9 * 0.5), 100 * (1 + 0.58 * 0.8 + 2.9 * 0.5)),  # above it
+])
+def test_compute_interference_slows_co_located_jobs(u0, u1, expect0, expect1):
     sim = small_sim(gpus_per_node=1)
+    jobs = [job(0, 0.0, 100.0, milli=500, peak_gib=5, util=u0), job(1, 0.0, 100.0, milli=500, peak_gib=5, util=u1)]
+    res = run("b2", workload(jobs, 1), sim)
+    # The faster job ends first and the other then runs alone: check the first finisher exactly,
+    # the second by its work: 100 s of solo work = t1 / s1 + (t - t1).
+    r0, r1 = (r.runtime_s for r in res.records)
+    first = min(expect0, expect1)
+    assert min(r0, r1) == pytest.approx(first)
+    slow = max(expect0, expect1) / 100
+    assert max(r0, r1) == pytest.approx(first + (100 - first / slow))
+
+
+def test_legacy_demand_interference_still_available():
+    from policy_service.sim.config import InterferenceModel
+    sim = small_sim(gpus_per_node=1)
+    sim = replace(sim, interference=replace(sim.interference, model=InterferenceModel.DEMAND))
     jobs = [job(0, 0.0, 100.0, milli=500, peak_gib=5), job(1, 0.0, 100.0, milli=500, peak_gib=5)]
     res = run("b2", workload(jobs, 1), sim)
-    # Demand model: each sees a co-runner using half a GPU: 1 + 0.47 x 0.5.
-    assert [r.runtime_s for r in res.records] == pytest.approx([123.5, 123.5])
+    assert [r.runtime_s for r in res.records] == pytest.approx([123.5, 123.5])  # 1 + 0.47 x 0.5
 
 
 # ---------------------------------------------------------------- invariants, per policy
@@ -196,22 +218,29 @@ def test_victim_mode_charges_the_lowest_priority_job():
         def admit(self, j, attempt, now, queue=None):
             return Admission(GresKind.SHARD, 4, site_factor=100 * (2 - j.idx))
 
-    jobs = [job(0, 0.0, 100.0, peak_gib=50), job(1, 0.0, 100.0, peak_gib=50)]
+    jobs = [job(0, 0.0, 100.0, peak_gib=50, util=0.5), job(1, 0.0, 100.0, peak_gib=50, util=0.5)]
     res = run(Fixed(CFG), workload(jobs, 1), sim)
     top, low = res.records
     assert not top.swapped and low.swapped
-    assert top.runtime_s == pytest.approx(147.0)  # compute interference only
+    assert top.runtime_s == pytest.approx(129.0)  # compute interference only: 1 + 0.58 x 0.5
     assert low.runtime_s > top.runtime_s
 
 
-def test_memory_model_keeps_classes_stable():
-    w = synthetic(n=400, gpus=16, seed=2)
+def test_memory_model_run_to_run_variation_matches_the_fit():
+    # Fitted to alibaba-v2026-genai: 36.5 % of consecutive runs' peaks move by > 5 %, the rest
+    # within about 1 %. Without the fit (uniform +-5 %) no pair would move by more than ~10 %.
+    sim = replace(SIM, memory=replace(SIM.memory, shift_prob=0.0, min_peak_bytes=1))
+    w = synthetic(n=3000, gpus=16, seed=2, sim=sim)
     by_class: dict[int, list[int]] = {}
     for j in w.jobs:
-        if j.num_gpu == 1:
+        if j.num_gpu == 1 and j.true_peak_bytes < 0.5 * CFG.gpu.memory_bytes:  # clear of the device clamp
             by_class.setdefault(j.class_id, []).append(j.true_peak_bytes)
-    spreads = [max(v) / min(v) for v in by_class.values() if len(v) >= 5]
-    assert spreads and percentile(spreads, 50) < 1.15  # +-5 % noise, rare shifts
+    import math
+    diffs = [math.log(b / a) for v in by_class.values() for a, b in zip(v, v[1:])]
+    assert len(diffs) > 500
+    jumps = sum(1 for d in diffs if abs(d) > 0.05) / len(diffs)
+    assert jumps == pytest.approx(0.365, abs=0.05)
+    assert percentile(sorted(abs(d) for d in diffs), 50) < 0.03  # most runs repeat their class's peak
 
 
 def test_offered_load_matches_the_request():

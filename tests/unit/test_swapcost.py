@@ -23,7 +23,8 @@ def test_no_oversubscription_only_compute_interference():
     cost = swapcost.predict(jobs, 18 * GB, PCIE4, CFG)
     assert cost.deficit_bytes == 0 and cost.risk == 0
     for s in cost.jobs:
-        assert s.slowdown == pytest.approx(1 + CFG.compute_interference_per_corunner)
+        # no utilisation known: default_solo_util each (0.5 + 0.5, at the knee): 1 + base x 0.5
+        assert s.slowdown == pytest.approx(1 + CFG.compute_interference_base * CFG.default_solo_util)
         assert not s.victim
 
 
@@ -84,3 +85,39 @@ def test_faster_link_costs_less():
 def test_duplicate_names_rejected():
     with pytest.raises(ValueError):
         swapcost.predict([job("a", 1, 1), job("a", 1, 2)], GB, PCIE4, CFG)
+
+
+# ---------------------------------------------------------------- interference knee
+
+
+@pytest.mark.parametrize("own, others, expect", [
+    (0.0, 0.0, 1.0),  # alone
+    (0.9, 0.0, 1.0),
+    (0.2, 0.3, 1 + 0.58 * 0.3),  # summed 0.5: below the knee, linear in the co-runner's utilisation
+    (0.5, 0.5, 1 + 0.58 * 0.5),  # at the knee
+    (0.6, 0.6, 1 + 0.58 * 0.6 + 2.9 * 0.2),  # above: steep
+    (1.0, 1.0, 1 + 0.58 + 2.9),  # two saturating jobs
+])
+def test_interference_slowdown_table(own, others, expect):
+    assert swapcost.interference_slowdown(own, others, CFG) == pytest.approx(expect)
+
+
+def test_interference_is_monotone_and_steeper_above_the_knee():
+    below = [swapcost.interference_slowdown(0.3, v / 100, CFG) for v in range(0, 71)]
+    above = [swapcost.interference_slowdown(0.3, v / 100, CFG) for v in range(70, 171)]
+    assert all(b >= a for a, b in zip(below, below[1:])) and all(b >= a for a, b in zip(above, above[1:]))
+    slope_below = (below[-1] - below[1]) / 0.69
+    slope_above = (above[-1] - above[0]) / 1.0
+    assert slope_above > 4 * slope_below
+    # depends on both jobs' utilisation: the same co-runner hurts a busier job more above the knee
+    assert swapcost.interference_slowdown(0.9, 0.5, CFG) > swapcost.interference_slowdown(0.4, 0.5, CFG)
+
+
+def test_compute_slowdown_uses_learned_utilisations_to_rank_corunners():
+    light = swapcost.compute_slowdown(2, CFG, own_util=0.4, others_util=0.1)
+    heavy = swapcost.compute_slowdown(2, CFG, own_util=0.4, others_util=0.9)
+    assert light < heavy
+    assert swapcost.compute_slowdown(1, CFG, own_util=1.0, others_util=1.0) == 1.0
+    # unknown utilisations fall back to default_solo_util per job
+    assert swapcost.compute_slowdown(3, CFG) == pytest.approx(
+        swapcost.interference_slowdown(CFG.default_solo_util, 2 * CFG.default_solo_util, CFG))
