@@ -67,6 +67,23 @@ class Enforcement(enum.Enum):
     NONE = "none"
     FRAMEWORK_ENV = "framework_env"  # framework allocator settings (TF growth, JAX fraction) + advisory cap
     MPS = "mps"  # framework_env + CUDA MPS per-client pinned memory limit (needs an MPS control daemon)
+    HAMI = "hami"  # HAMi-core / SoftMig-compatible preloaded library limit (site installs libvgpu.so)
+    NVML_CGROUP = "nvml-cgroup"  # cgroup v2 dmem max/low (kernel 6.14+, driver r615+): hard cap + victim
+    AUTO = "auto"  # the strongest of nvml-cgroup, hami, mps the node has; else framework_env (advisory)
+
+
+class Oversubscription(enum.Enum):
+    """policy.allow_oversubscription: auto (only where every node that reported enforces victim
+    semantics, slurm_plugin/enforce), true (always: the admin knows the jobs use managed memory),
+    false (never). Booleans are accepted in any TOML / environment spelling."""
+
+    AUTO = "auto"
+    ON = "true"
+    OFF = "false"
+
+    @classmethod
+    def _missing_(cls, value: object) -> "Oversubscription | None":
+        return {True: cls.ON, False: cls.OFF}.get(bool_spelling(value))
 
 
 class PolicyMode(enum.Enum):
@@ -175,8 +192,11 @@ class PolicyConfig:
     # auto: only on releases with that bug (SlurmDialect.gpu_beside_shard_bug); true; false.
     whole_gpu_as_shards: WholeGpuAsShards = WholeGpuAsShards.AUTO
     # Charge fewer shards than the predicted peak only when the predicted slowdown of the
-    # job, as designated victim, stays within this budget.
-    allow_oversubscription: bool = True
+    # job, as designated victim, stays within this budget, and (auto) only when the nodes enforce
+    # victim semantics: every node that reported its enforcement within enforcement_max_age_s says
+    # so (soft limits with eviction first, nvml-cgroup). true / false: always / never.
+    allow_oversubscription: Oversubscription = Oversubscription.AUTO
+    enforcement_max_age_s: float = 3600.0
     max_victim_slowdown: float = 1.25
     # Priority: site_factor = round(scale * contention_degree), clamped to [0, max].
     site_factor_scale: float = 1000.0
@@ -270,7 +290,17 @@ class AgentConfig:
     sample_period_s: float = 1.0
     nvml_backend: NvmlBackend = NvmlBackend.AUTO
     fake_nvml_dir: Path = Path("/var/lib/swapaware/fake-nvml")
-    enforcement: Enforcement = Enforcement.FRAMEWORK_ENV
+    enforcement: Enforcement = Enforcement.AUTO
+    # enforcement = hami: HAMi-core's library (preloaded through LD_PRELOAD unless hami_preload =
+    # false, e.g. where /etc/ld.so.preload does it), its shared usage cache directory, and where the
+    # prolog writes a root-owned per-job limit file (SoftMig-style; empty: none).
+    hami_library: Path = Path("/usr/local/vgpu/libvgpu.so")
+    hami_cache_dir: Path = Path("/tmp/vgpu")
+    hami_config_dir: str = ""
+    hami_preload: bool = True
+    # enforcement = nvml-cgroup: the cgroup v2 mount and the job's cgroup below it.
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    job_cgroup: str = "system.slice/slurmstepd.scope/job_{job_id}"
     # CUDA_MPS_PIPE_DIRECTORY of the site's nvidia-cuda-mps-control daemon (enforcement = mps).
     mps_pipe_dir: Path = Path("/tmp/nvidia-mps")
     # The agent delivers the hooks' spooled events itself (slurm_plugin/replayer.py): it looks at

@@ -37,6 +37,13 @@ What each mechanism does, and does not, guarantee:
     accidents, not against a hostile user (for that, the admin sets the daemon's
     ``set_default_device_pinned_mem_limit``).
 
+``hami``, ``nvml-cgroup``, ``auto``: the backends of ``slurm_plugin/enforce`` (HAMi-core library
+limit; cgroup v2 dmem max/low; ``auto`` the strongest the node has, else ``framework_env``). Their
+lines are ``framework_env``'s plus the mechanism's. An unavailable mechanism is not claimed.
+
+Every shard job also gets a ``print`` line (Slurm writes it to the task's output) saying what cap
+is enforced, or that its share is advisory.
+
 The config is read from ``/etc/swapaware/swapaware.toml`` only: the job's environment (which
 the user controls) is not consulted for ``SWAPAWARE_*`` overrides or ``SWAPAWARE_CONFIG``.
 """
@@ -48,6 +55,8 @@ from pathlib import Path
 from typing import Mapping
 
 from policy_service.config import Config, ConfigError, Enforcement, load_config
+from slurm_plugin.enforce import Backend, JobCap
+from slurm_plugin.enforce.choose import choose
 
 MIB = 1024 * 1024
 
@@ -97,18 +106,48 @@ def _mps_lines(env: Mapping[str, str], cap_bytes: int, cfg: Config, pipe_dir_exi
     ]
 
 
-def task_prolog_lines(env: Mapping[str, str], cfg: Config, mps_pipe_dir_exists: bool) -> list[str]:
-    """The ``export`` lines for one task, from its environment and the config (no I/O)."""
+def job_cap(env: Mapping[str, str], cfg: Config) -> JobCap | None:
+    """The task's job share (None: not a shard job)."""
+    shards = _shards(env)
+    if shards <= 0:
+        return None
+    raw_id = env.get("SLURM_JOB_ID", "")
+    return JobCap(int(raw_id) if raw_id.isdigit() else 0, job_cap_bytes(shards, cfg), cfg.gpu.memory_bytes,
+                  _visible_gpu_count(env), user_env=dict(env))
+
+
+def task_prolog_lines(env: Mapping[str, str], cfg: Config, mps_pipe_dir_exists: bool,
+                      backend: Backend | None = None) -> list[str]:
+    """The ``export`` lines for one task, from its environment and the config (no I/O but the
+    backend's own look at the node, for hami / nvml-cgroup / auto, whose backend the caller chose)."""
     shards = _shards(env)
     mode = cfg.agent.enforcement
     if shards <= 0 or mode is Enforcement.NONE:
         return []
+    if mode not in (Enforcement.FRAMEWORK_ENV, Enforcement.MPS):
+        job = job_cap(env, cfg)
+        applied = (backend or choose(cfg)[0]).apply(job)
+        return [f"export {k}={v}" for k, v in applied.env.items()]
     cap_bytes = job_cap_bytes(shards, cfg)
     fraction = _floor_fraction(cap_bytes, cfg.gpu.memory_bytes)
     lines = _framework_lines(env, cap_bytes, fraction)
     if mode is Enforcement.MPS:
         lines += _mps_lines(env, cap_bytes, cfg, mps_pipe_dir_exists)
     return lines
+
+
+def enforcement_message(env: Mapping[str, str], cfg: Config, lines: list[str], backend: Backend | None) -> str:
+    """The line the job's output gets: the cap that is enforced, or that its share is advisory."""
+    job = job_cap(env, cfg)
+    if job is None or cfg.agent.enforcement is Enforcement.NONE:
+        return ""
+    if cfg.agent.enforcement in (Enforcement.FRAMEWORK_ENV, Enforcement.MPS):
+        if any(line.startswith("export CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=") for line in lines):
+            return (f"swapaware: GPU memory capped at {job.cap_bytes // MIB} MiB per CUDA process (MPS pinned "
+                    "memory limit); allocations beyond it fail")
+        return (f"swapaware: GPU memory share {job.cap_bytes // MIB} MiB is ADVISORY (not enforced on this "
+                "node): stay within it")
+    return (backend or choose(cfg)[0]).apply(job).message
 
 
 def main() -> int:
@@ -119,7 +158,11 @@ def main() -> int:
         sys.stderr.write(f"swapaware task prolog: {exc}; no memory fencing\n")
         return 0
     pipe_dir_exists = Path(cfg.agent.mps_pipe_dir).is_dir()
-    for line in task_prolog_lines(os.environ, cfg, pipe_dir_exists):
+    backend = None if cfg.agent.enforcement in (Enforcement.FRAMEWORK_ENV, Enforcement.MPS,
+                                                Enforcement.NONE) else choose(cfg)[0]
+    lines = task_prolog_lines(os.environ, cfg, pipe_dir_exists, backend)
+    message = enforcement_message(os.environ, cfg, lines, backend)
+    for line in lines + ([f"print {message}"] if message else []):
         sys.stdout.write(line + "\n")
     return 0
 

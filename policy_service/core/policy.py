@@ -11,7 +11,8 @@ import math
 from dataclasses import asdict
 from typing import Mapping
 
-from policy_service.config import AccessClass, Config, WholeGpuAsShards
+from policy_service.config import AccessClass, Config, Oversubscription, WholeGpuAsShards
+from policy_service.core.enforcement import EnforcementView
 from policy_service.core import estimator, swapcost
 from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.request import shard_rewrite
@@ -84,10 +85,25 @@ def _oversubscribe(need_bytes: int, full_shards: int, access: AccessClass, cfg: 
     return None
 
 
+def oversubscription_gate(cfg: Config, view: EnforcementView | None) -> tuple[bool, Reason | None]:
+    """Whether a decision may charge fewer shards than the need, and why not. ``auto``: only where
+    the nodes enforce victim semantics (``view``); a caller with no view of the nodes (None: the
+    simulator, what-ifs) is not gated."""
+    setting = Oversubscription(cfg.policy.allow_oversubscription)
+    if setting is Oversubscription.OFF:
+        return False, None
+    if setting is Oversubscription.ON or view is None or view.victim_enforced:
+        return True, None
+    return False, Reason(ReasonCode.OVERSUBSCRIPTION_NOT_ENFORCED,
+                         f"not oversubscribed: {view.summary} (policy.allow_oversubscription = auto)")
+
+
 def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config,
-                 util: tuple[float, KeyLevel] | None = None) -> tuple[Action, int, float, int, list[Reason]]:
+                 util: tuple[float, KeyLevel] | None = None, enforcement: EnforcementView | None = None
+                 ) -> tuple[Action, int, float, int, list[Reason]]:
     """(action, shards, slowdown, offloaded bytes, reasons) for a single-GPU job with an estimate."""
     reasons = []
+    may_oversubscribe, not_enforced = oversubscription_gate(cfg, enforcement)
     need = est.sized_bytes
     if est.observed_max_bytes > need:
         reasons.append(Reason(ReasonCode.RAISED_TO_OBSERVED_MAX,
@@ -114,8 +130,9 @@ def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config,
                                   f"alone on a GPU it kept it {u:.0%} busy ({level.value} history): charged "
                                   f"{k_compute} of {spg} shards so the jobs on a GPU ask for no more than its compute"))
             k = k_compute
-    over = (_oversubscribe(need, min(k, spg), access, cfg, k_compute)
-            if cfg.policy.allow_oversubscription else None)
+    over = _oversubscribe(need, min(k, spg), access, cfg, k_compute) if may_oversubscribe else None
+    if not_enforced is not None and _oversubscribe(need, min(k, spg), access, cfg, k_compute) is not None:
+        reasons.append(not_enforced)  # it would have been oversubscribed: sized to the need instead
     if over is not None:
         k2, slow, off = over
         reasons.append(Reason(ReasonCode.OVERSUBSCRIBED,
@@ -128,7 +145,7 @@ def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config,
                               f"{estimator.fmt_bytes(need)} fits {k} of {spg} shards "
                               f"({estimator.fmt_bytes(k * shard)})"))
         return Action.SHARE, k, 1.0, 0, reasons
-    if cfg.policy.allow_oversubscription:
+    if may_oversubscribe:
         reasons.append(Reason(ReasonCode.OVERSUBSCRIPTION_TOO_COSTLY,
                               f"sharing would need host memory beyond the {cfg.policy.max_victim_slowdown:.2f}x "
                               "slowdown budget"))
@@ -181,8 +198,8 @@ def _compute_overcommit(queue: QueueState | None, qos: str, cfg: Config) -> Reas
 
 
 def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, access: AccessClass,
-           cfg: Config, queue: QueueState | None = None, util: tuple[float, KeyLevel] | None = None
-           ) -> tuple[Action, int, float, int, list[Reason]]:
+           cfg: Config, queue: QueueState | None = None, util: tuple[float, KeyLevel] | None = None,
+           enforcement: EnforcementView | None = None) -> tuple[Action, int, float, int, list[Reason]]:
     g = req.gpu
     if g.kind is GresKind.NONE:
         return Action.PASS_THROUGH, 0, 1.0, 0, [Reason(ReasonCode.NO_GPU, "the job asks for no GPU")]
@@ -222,10 +239,10 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
     short = _queue_gate(queue, view, cfg)
     if short is not None:
         return *whole, [short]
-    action, shards, slow, off, reasons = _size_shards(est, access, cfg, util)
+    action, shards, slow, off, reasons = _size_shards(est, access, cfg, util, enforcement)
     long_queue = _compute_overcommit(queue, view, cfg) if util is not None and cfg.policy.compute_aware else None
     if long_queue is not None:
-        by_memory = _size_shards(est, access, cfg, None)
+        by_memory = _size_shards(est, access, cfg, None, enforcement)
         if by_memory[:2] != (action, shards):  # the compute floor binds: the long queue lifts it
             action, shards, slow, off, reasons = by_memory
             reasons.append(long_queue)
@@ -290,16 +307,18 @@ def parse_admin_comment(text: str) -> dict[str, str]:
 def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *, decision_id: str,
            now: float, job_class: str, gres_fields: Mapping[str, str],
            access: AccessClass | None = None, queue: QueueState | None = None, replaces: str = "",
-           dialect: SlurmDialect = SLURM_22_05) -> Decision:
+           dialect: SlurmDialect = SLURM_22_05, enforcement: EnforcementView | None = None) -> Decision:
     """Decide how a job runs. Pure: same inputs, same decision. ``replaces``: the id of the
     decision a still-pending job had (a re-decision). ``dialect``: the running Slurm's (the
-    rewrite's GRES spelling, whether a whole GPU is held as shards)."""
+    rewrite's GRES spelling, whether a whole GPU is held as shards). ``enforcement``: the nodes'
+    reported GPU memory enforcement (gates oversubscription under ``auto``; None: not gated)."""
     access = access or cfg.swap_cost.default_access_class
     est = estimator.estimate(req, stats, cfg.estimator, cfg.gpu)
     class_stats = stats.get(KeyLevel.CLASS)
     # An OOM penalty lives with the class; a class never seen yet inherits its user+name's.
     penalty = class_stats if class_stats is not None else stats.get(KeyLevel.USER_NAME)
-    action, shards, slow, off, route_reasons = _route(req, est, penalty, access, cfg, queue, solo_utilisation(stats))
+    action, shards, slow, off, route_reasons = _route(req, est, penalty, access, cfg, queue, solo_utilisation(stats),
+                                                      enforcement)
     sf, prio_reason = site_factor(class_stats, cfg)
     if (action is Action.WHOLE_GPU and _single_gpu(req) and not _keeps_request(req) and cfg.policy.enable_sharing
             and whole_gpu_as_shards(cfg, dialect)):

@@ -79,6 +79,7 @@ class ReasonCode(enum.Enum):
     DRY_RUN_NOT_SLURMCTLD = "dry_run_not_slurmctld"  # an Admit not from slurmctld: answered, not recorded
     SHADOW_MODE = "shadow_mode"  # policy.mode = shadow: decided and recorded, the job left as submitted
     MODE_OFF = "mode_off"  # policy.mode = off: not decided, the job left as submitted
+    OVERSUBSCRIPTION_NOT_ENFORCED = "oversubscription_not_enforced"  # nodes do not enforce victim semantics
 
 
 @dataclass(frozen=True)
