@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -71,12 +72,34 @@ def format_table(rows: Sequence[dict]) -> str:
     return out.getvalue()
 
 
+def _interference_text(meta: dict) -> str:
+    i = meta["interference"]
+    knee = i.get("knee_used")
+    if i.get("model") == "util" and knee:
+        text = (f"interference=util knee base {knee['base']:.3f} slope {knee['slope']:.2f} "
+                f"(utilisation: {knee['util_source']}; Gavel refit {i['knee_fit']['base']:.2f}/"
+                f"{i['knee_fit']['slope']:.2f})" if "knee_fit" in i else
+                f"interference=util knee base {knee['base']:.3f} slope {knee['slope']:.2f} "
+                f"(utilisation: {knee['util_source']})")
+    else:
+        text = (f"interference/co-runner={i.get('per_corunner', 0):.3f} ({i.get('method', '')})")
+    mf = meta.get("memory_fit") or {}
+    if "growth" in mf:
+        g, v = mf["growth"], mf["variation"]
+        text += (f" memory fit ({mf['source']['containers']} containers, {g['runs']} runs): grow "
+                 f"{g['grow_prob']:.3f} x{math.exp(g['log_growth_median']):.2f}, run-to-run jumps "
+                 f"{v['run_jump_prob']:.3f} sigma {v['run_sigma_jump']:.3f}")
+    node = meta.get("node")
+    if node is not None:
+        text += f" hard_caps={'on' if node.get('hard_caps') else 'off'}"
+    return text
+
+
 def meta_line(meta: dict) -> str:
     src = meta.get("data_source", {})
     files = ", ".join(f["path"] for f in src.get("files", [])) or src.get("name", "")
     return (f"seed={meta['seed']} workload={meta['workload']} gpus={meta['gpus']} data={files} "
-            f"interference/co-runner={meta['interference'].get('per_corunner', 0):.3f} "
-            f"({meta['interference'].get('method', '')}) model={meta['model_version']}"
+            + _interference_text(meta) + f" model={meta['model_version']}"
             + (f" memory: {src['memory']['observed_jobs']} jobs observed, {src['memory']['model_jobs']} from the model"
                if isinstance(src.get("memory"), dict) else ""))
 
