@@ -26,6 +26,7 @@ from policy_service.authz import Owner
 from policy_service.config import Config, PolicyMode
 from policy_service.core import policy
 from policy_service.core.dialect import SLURM_22_05, SlurmDialect
+from policy_service.core.enforcement import NodeEnforcementRegistry, NodeReport
 from policy_service.core.mode import apply_mode
 from policy_service.core.request import RequestError, history_keys, job_request
 from policy_service.core.types import Action, Decision, JobRequest, KeyLevel, ReasonCode
@@ -117,6 +118,8 @@ class PolicyHandler:
         # Events: job instances and their decisions resolved in bulk from Slurm (correlation.py).
         self.correlation = Correlator(slurm, store, clock=clock, open_run_max_s=cfg.service.open_run_max_s)
         self.events = EventApplier(cfg, store, self.correlation, clock, self.learned, self.metrics)
+        # What each node's GPU memory enforcement is (reported with job starts): gates oversubscription.
+        self.node_enforcement = NodeEnforcementRegistry()
         # Decisions are journaled before Admit answers and put into SQLite by a writer thread
         # (adapters/decision_log.py): slurmctld waits for Admit holding its locks, and never for
         # SQLite. Readers of decisions call flush() first.
@@ -210,7 +213,8 @@ class PolicyHandler:
         d = policy.decide(jr, stats, self.cfg, decision_id=self.new_id(), now=self.clock(),
                           job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
                           queue=self.queue.snapshot() if self.queue is not None else None, replaces=replaces,
-                          dialect=self.dialect)
+                          dialect=self.dialect,
+                          enforcement=self.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s))
         return d, jr, keys
 
     # ------------------------------------------------------------------ pending jobs
@@ -257,7 +261,15 @@ class PolicyHandler:
         return self.correlation.current_decision(job_id)
 
     # ------------------------------------------------------------------ events
+    def _note_enforcement(self, events) -> None:
+        for e in events:
+            if e.WhichOneof("event") == "started" and e.started.HasField("enforcement"):
+                n = e.started.enforcement
+                self.node_enforcement.record(NodeReport(e.started.node, n.backend, n.hard_cap, n.victim,
+                                                        e.started.started_at or self.clock()))
+
     def _one_event(self, event: pb.JobEvent) -> pb.EventResult:
+        self._note_enforcement([event])
         self.flush()  # decisions handed out so far are in the history before events name them
         (result,) = self.events.apply([event])
         if result.code:
@@ -274,6 +286,7 @@ class PolicyHandler:
     def report_events(self, req: pb.ReportEventsRequest) -> pb.ReportEventsResponse:
         """A batch of events (a node agent's spool): applied in order, each once, all job ids
         resolved with one Slurm query; one result per event, a bad one never failing the rest."""
+        self._note_enforcement(req.events)
         self.flush()
         return pb.ReportEventsResponse(results=self.events.apply(req.events))
 

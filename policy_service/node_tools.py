@@ -426,6 +426,9 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
         agent = status(cfg.hooks) is not None
     checks = missing + opened + doctor_checks(slurm_text or "", gres_text or "", cfg, telemetry, service,
                                      agent_reachable=agent, hostname=socket.gethostname().split(".")[0])
+    from slurm_plugin.enforce.doctor import enforcement_checks
+
+    checks += enforcement_checks(cfg)  # which GPU memory enforcement this node has, what it enforces
     from policy_service.adapters.queue import reads_queue
 
     if not no_probes and reads_queue(cfg):

@@ -191,6 +191,12 @@ def _config() -> Config:
 
 def run_prolog(env: Mapping[str, str], cfg: Config, now: float) -> None:
     req = started_request(env, now)
+    try:  # the node's GPU memory enforcement: reported with the start, its root files written
+        from slurm_plugin.enforce import node as enforce_node
+        req.enforcement.CopyFrom(enforce_node.capability_proto(cfg))
+        enforce_node.apply_root(env, cfg)
+    except Exception as exc:  # noqa: BLE001 -- enforcement never fails the prolog
+        log.warning("enforcement: %s", exc)
     uid = env.get("SLURM_JOB_UID", "")
     agent_client.notify_start(cfg.hooks, req.job_id, list(req.gpu_indices), int(uid) if uid.isdigit() else None,
                               sluid=sluid_of(env) or None)  # 25.11+; names the cgroup on 26.05

@@ -175,3 +175,33 @@ def test_choose(tmp_path, mode, present, chosen):
     backend, cap, seen = choose(_cfg(tmp_path, mode))
     assert cap.backend == chosen and cap.available
     assert seen[-1] == cap
+
+
+def test_prolog_reports_the_capability_and_writes_the_root_files(tmp_path):
+    from slurm_plugin.enforce.node import apply_root, capability_proto
+    tree = FakeDmemTree(tmp_path / "cg", REGION, 80 * GIB)
+    cfg = _cfg(tmp_path, Enforcement.AUTO)
+    report = capability_proto(cfg)
+    assert (report.backend, report.hard_cap, report.victim) == ("nvml-cgroup", True, True)
+    assert apply_root({"SLURM_JOB_ID": "9"}, cfg) == []  # no shards named: nothing written
+    written = apply_root({"SLURM_JOB_ID": "9", "SLURM_SHARDS_ON_NODE": "2", "CUDA_VISIBLE_DEVICES": "0"}, cfg)
+    assert sorted(p.name for p in written) == ["dmem.low", "dmem.max"]
+    tree.charge("job_9", 20 * GIB)
+    with pytest.raises(OutOfMemory):
+        tree.charge("job_9", 1)
+
+
+@pytest.mark.parametrize("mode, present, ok, first", [
+    (Enforcement.AUTO, set(), True, "advisory: advisory only"),
+    (Enforcement.AUTO, {"dmem"}, True, "nvml-cgroup: hard cap + victim semantics"),
+    (Enforcement.HAMI, set(), False, "agent.enforcement=hami: advisory"),  # configured, absent: a failed check
+    (Enforcement.MPS, {"mps"}, True, "mps: hard cap, no victim semantics"),
+])
+def test_doctor_reports_the_backend(tmp_path, mode, present, ok, first):
+    from slurm_plugin.enforce.doctor import enforcement_checks
+    if "mps" in present:
+        FakeMpsDaemon(tmp_path / "mps", FakeDevice(1)).start()
+    FakeDmemTree(tmp_path / "cg", REGION, 80 * GIB, with_dmem="dmem" in present)
+    checks = enforcement_checks(_cfg(tmp_path, mode))
+    assert checks[0].ok is ok and first in checks[0].detail
+    assert all(c.ok for c in checks[1:])
