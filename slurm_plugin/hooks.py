@@ -206,6 +206,11 @@ def run_prolog(env: Mapping[str, str], cfg: Config, now: float) -> None:
 def run_epilog(env: Mapping[str, str], cfg: Config, now: float) -> None:
     job_id = job_id_of(env)
     telemetry = agent_client.collect(cfg.hooks, job_id)
+    try:  # the enforcement backend's per-job files (HAMi limit file, usage cache)
+        from slurm_plugin.enforce.choose import choose
+        choose(cfg)[0].release(job_id)
+    except Exception as exc:  # noqa: BLE001 -- never fails the epilog
+        log.warning("enforcement release: %s", exc)
     deliver(cfg.hooks, "JobFinished", finished_request(env, now, telemetry), auth=cfg.auth, tls=cfg.tls)
 
 

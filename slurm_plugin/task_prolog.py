@@ -11,7 +11,7 @@ What each mechanism does, and does not, guarantee:
 ``none``
     Prints nothing. Shards fence nothing; co-located jobs may exceed the device together.
 
-``framework_env`` (default): cooperative, not enforced.
+``framework_env``: cooperative, not enforced (also what ``auto`` falls back to).
     * ``SWAPAWARE_GPU_MEM_LIMIT_BYTES`` / ``SWAPAWARE_GPU_MEM_FRACTION``: the job's share, for
       wrappers and users (e.g. ``torch.cuda.set_per_process_memory_fraction(fraction)``).
       PyTorch has no environment variable that caps memory (``PYTORCH_CUDA_ALLOC_CONF`` tunes
