@@ -54,6 +54,13 @@ class NvmlCgroupBackend:
         return Capability(self.name, True, True, True, f"dmem.max hard cap, dmem.low soft limit (holders above it "
                                                        f"evicted first) on {', '.join(regions)}")
 
+    @staticmethod
+    def region_of(job: JobCap, regions: list[str]) -> str | None:
+        """The region of the job's GPU: regions in dmem.capacity order taken as GPU index order
+        (unverified on a multi-GPU node with a real driver: check ``dmem.capacity`` there)."""
+        raw = (job.user_env.get("SLURM_JOB_GPUS") or "").split(",")[0].strip()
+        return regions[int(raw)] if raw.isdigit() and int(raw) < len(regions) else None
+
     def cgroup(self, job_id: int) -> Path:
         return self.root / self.job_cgroup.format(job_id=job_id)
 
@@ -63,7 +70,10 @@ class NvmlCgroupBackend:
         if not regions or job.visible_gpus != 1:
             return Applied(env, {}, f"swapaware: GPU memory share {fmt_mib(job.cap_bytes)} is ADVISORY "
                                     "(no dmem region, or not exactly one GPU)", False)
-        region = regions[0] if len(regions) == 1 else regions[int(job.user_env.get("SWAPAWARE_GPU_INDEX", "0"))]
+        region = regions[0] if len(regions) == 1 else self.region_of(job, regions)
+        if region is None:
+            return Applied(env, {}, f"swapaware: GPU memory share {fmt_mib(job.cap_bytes)} is ADVISORY "
+                                    "(the job's GPU has no known dmem region)", False)
         hard = max(job.cap_bytes, min(job.need_bytes, job.device_bytes)) if job.need_bytes else job.cap_bytes
         cg = self.cgroup(job.job_id)
         files = {cg / "dmem.max": f"{region} {hard}\n", cg / "dmem.low": f"{region} {job.cap_bytes}\n"}

@@ -205,3 +205,13 @@ def test_doctor_reports_the_backend(tmp_path, mode, present, ok, first):
     checks = enforcement_checks(_cfg(tmp_path, mode))
     assert checks[0].ok is ok and first in checks[0].detail
     assert all(c.ok for c in checks[1:])
+
+
+def test_dmem_region_of_the_jobs_gpu_on_a_two_gpu_node(tmp_path):
+    root = tmp_path / "cg"
+    FakeDmemTree(root, "drm/a/vram0", 80 * GIB)
+    (root / "dmem.capacity").write_text(f"drm/a/vram0 {80 * GIB}\ndrm/b/vram0 {80 * GIB}\n")
+    b = NvmlCgroupBackend(root, "job_{job_id}")
+    files = b.apply(replace(JOB, user_env={"SLURM_JOB_GPUS": "1"})).files
+    assert files[root / "job_7" / "dmem.max"].startswith("drm/b/vram0 ")
+    assert not b.apply(replace(JOB, user_env={"SLURM_JOB_GPUS": "5"})).enforced  # unknown: not claimed
