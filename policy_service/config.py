@@ -145,6 +145,18 @@ class EstimatorConfig:
     wide_key_min_samples: int = 5
     # Minimum samples for the exact class / user+name keys.
     min_samples: int = 1
+    # Quantile margin (docs/model.md, estimator): a class keeps its last recent_runs runs' ratios
+    # peak / point estimate; with at least quantile_min_runs of them the charge is the point
+    # estimate times the conformal margin_quantile of those ratios (the ceil((n+1)q)-th smallest,
+    # the largest when n is too small for q), at least (1 + quantile_floor_frac) x the estimate,
+    # and the observed maximum is that of the recent runs only. 0 recent_runs: EWMA + k x dev.
+    recent_runs: int = 24
+    quantile_min_runs: int = 4
+    margin_quantile: float = 0.95
+    quantile_floor_frac: float = 0.35
+    # Each run that did not over-run its charge divides the OOM margin multiplier by this
+    # (never below 1): the penalty fades after the class is sized right again. 1: never fades.
+    margin_multiplier_decay: float = 1.25
 
 
 @dataclass(frozen=True)
@@ -402,6 +414,11 @@ def _validate(cfg: Config) -> None:
         (cfg.estimator.min_samples >= 1, "estimator.min_samples must be >= 1"),
         (0 <= cfg.estimator.cold_margin_frac <= 4, "estimator.cold_margin_frac must be in [0, 4]"),
         (cfg.estimator.cold_samples >= 0, "estimator.cold_samples must be >= 0"),
+        (0 <= cfg.estimator.recent_runs <= 256, "estimator.recent_runs must be in 0..256"),
+        (cfg.estimator.quantile_min_runs >= 1, "estimator.quantile_min_runs must be >= 1"),
+        (0 < cfg.estimator.margin_quantile <= 1, "estimator.margin_quantile must be in (0, 1]"),
+        (cfg.estimator.quantile_floor_frac >= 0, "estimator.quantile_floor_frac must be >= 0"),
+        (cfg.estimator.margin_multiplier_decay >= 1, "estimator.margin_multiplier_decay must be >= 1"),
         (cfg.policy.max_victim_slowdown >= 1, "policy.max_victim_slowdown must be >= 1"),
         (0 <= cfg.policy.site_factor_max < 2**31 - 2, "policy.site_factor_max must fit Slurm's site factor"),
         (0 <= cfg.policy.share_min_queue <= 100, "policy.share_min_queue must be in [0, 100]"),

@@ -43,16 +43,49 @@ def _usable(level: KeyLevel, stats: ClassStats | None, cfg: EstimatorConfig) -> 
     return stats.samples >= need
 
 
-def _from_stats(level: KeyLevel, s: ClassStats, cfg: EstimatorConfig) -> tuple[int, int]:
+def _conformal_ratio(ratios: tuple[float, ...], q: float) -> float:
+    """The ceil((n+1)q)-th smallest of n ratios (split-conformal quantile); the largest when n
+    is too small for q."""
+    ordered = sorted(ratios)
+    k = math.ceil((len(ordered) + 1) * q)
+    return ordered[min(k, len(ordered)) - 1]
+
+
+def _quantile_ready(s: ClassStats, cfg: EstimatorConfig) -> bool:
+    return cfg.recent_runs > 0 and len(s.recent_ratios) >= max(1, cfg.quantile_min_runs)
+
+
+def _from_stats(level: KeyLevel, s: ClassStats, cfg: EstimatorConfig) -> tuple[int, int, str]:
+    """(peak, margin, how the margin was derived)."""
     if level in _NARROW:
         peak = s.ewma_peak_bytes
-        margin = max(cfg.min_margin_frac * peak, cfg.deviation_k * s.ewma_absdev_bytes)
-        if s.samples < cfg.cold_samples:
-            margin = max(margin, cfg.cold_margin_frac * peak)
+        if _quantile_ready(s, cfg):
+            n = len(s.recent_ratios)
+            ratio = max(1 + cfg.quantile_floor_frac, _conformal_ratio(s.recent_ratios, cfg.margin_quantile))
+            margin = (ratio - 1) * peak
+            how = (f"margin from the {cfg.margin_quantile:.0%} quantile of {n} recent runs' peak/estimate "
+                   f"ratios (x{ratio:.2f})")
+        else:
+            margin = max(cfg.min_margin_frac * peak, cfg.deviation_k * s.ewma_absdev_bytes)
+            how = f"margin max({cfg.min_margin_frac:.0%} of peak, {cfg.deviation_k:g} x mean deviation)"
+            if s.samples < cfg.cold_samples:
+                margin = max(margin, cfg.cold_margin_frac * peak)
+                how += f", at least the cold margin {cfg.cold_margin_frac:.0%} ({s.samples} run(s))"
     else:
         peak = float(s.max_peak_bytes)
         margin = 2 * cfg.min_margin_frac * peak
-    return int(math.ceil(peak)), int(math.ceil(margin * s.margin_multiplier))
+        how = f"margin {2 * cfg.min_margin_frac:.0%} of the largest peak"
+    if s.margin_multiplier > 1:
+        how += f", x{s.margin_multiplier:.2f} after out-of-memory run(s)"
+    return int(math.ceil(peak)), int(math.ceil(margin * s.margin_multiplier)), how
+
+
+def _observed_max(s: ClassStats, cfg: EstimatorConfig) -> int:
+    """The largest peak the charge must cover: of the recent runs once the quantile margin is in
+    use (an old spike says little about the next run), else of all runs."""
+    if _quantile_ready(s, cfg) and s.recent_peaks:
+        return max(s.recent_peaks)
+    return s.max_peak_bytes
 
 
 def estimate(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: EstimatorConfig,
@@ -61,17 +94,17 @@ def estimate(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Estimat
     reasons: list[Reason] = []
     level = next((lv for lv in KeyLevel if _usable(lv, stats.get(lv), cfg)), None)
     class_stats = stats.get(KeyLevel.CLASS)
-    observed_max = max((s.max_peak_bytes for s in (class_stats, stats.get(KeyLevel.USER_NAME)) if s), default=0)
+    observed_max = max((_observed_max(s, cfg) for s in (class_stats, stats.get(KeyLevel.USER_NAME)) if s),
+                       default=0)
     if level is None:
         peak, margin, source, samples = 0, 0, EstimateSource.UNKNOWN, 0
     else:
         chosen = stats[level]
-        peak, margin = _from_stats(level, chosen, cfg)
+        peak, margin, how = _from_stats(level, chosen, cfg)
         source, samples = level.source, chosen.samples
-        observed_max = max(observed_max, chosen.max_peak_bytes) if level in _NARROW else observed_max
         code = ReasonCode.ESTIMATE_FROM_HISTORY if level in _NARROW else ReasonCode.ESTIMATE_FROM_WIDER_KEY
         reasons.append(Reason(code, f"peak {fmt_bytes(peak)} + margin {fmt_bytes(margin)} from {samples} "
-                                    f"run(s) of key '{level.value}'"))
+                                    f"run(s) of key '{level.value}' ({how})"))
     if req.hint_text:
         reasons.append(Reason(ReasonCode.HINT_INVALID, f"ignored hint(s) it could not read: {req.hint_text}"))
     if req.hint_bytes is not None:
@@ -129,10 +162,17 @@ def observe(s: ClassStats, obs: JobObservation, cfg: EstimatorConfig) -> ClassSt
         p = obs.peak_bytes
         if s.samples == 0:
             ewma, absdev = float(p), 0.0
+            ratios, peaks = (), ()
         else:
+            ratios = s.recent_ratios + ((p / ewma,) if ewma > 0 else ())
+            peaks = s.recent_peaks
             absdev, ewma = _ewma(absdev, abs(p - ewma), a), _ewma(ewma, p, a)
+        keep = max(0, cfg.recent_runs)
         ch.update(samples=s.samples + 1, max_peak_bytes=max(s.max_peak_bytes, p), last_peak_bytes=p,
-                  ewma_peak_bytes=ewma, ewma_absdev_bytes=absdev)
+                  ewma_peak_bytes=ewma, ewma_absdev_bytes=absdev,
+                  recent_ratios=ratios[-keep:] if keep else (), recent_peaks=(peaks + (p,))[-keep:] if keep else ())
+        if not obs.oom and s.margin_multiplier > 1:
+            ch["margin_multiplier"] = max(1.0, s.margin_multiplier / cfg.margin_multiplier_decay)
     if obs.oom:
         ch["oom_count"] = s.oom_count + 1
         if obs.shared:

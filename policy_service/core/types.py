@@ -173,6 +173,16 @@ class ClassStats:
     ewma_corunners: float = 0.0
     util_runs: int = 0  # runs alone on their GPU(s) with a utilisation figure
     ewma_solo_util: float = 0.0  # mean GPU utilisation (0..1) of those runs
+    # The last few runs (newest last, at most EstimatorConfig.recent_runs): peak / the point
+    # estimate made before the run (an OOM run: its charge / the estimate, a lower bound), and
+    # the peaks. The margin is an empirical quantile of the ratios (estimator._quantile_margin).
+    recent_ratios: tuple[float, ...] = ()
+    recent_peaks: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Stats read back from JSON carry lists: keep the frozen value hashable and comparable.
+        object.__setattr__(self, "recent_ratios", tuple(float(x) for x in self.recent_ratios))
+        object.__setattr__(self, "recent_peaks", tuple(int(x) for x in self.recent_peaks))
 
 
 @dataclass(frozen=True)

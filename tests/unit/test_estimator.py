@@ -155,3 +155,91 @@ def test_infer_oom(reported, failed, peak, charged, expect):
     oom, why = estimator.infer_oom(reported=reported, failed=failed, peak_bytes=peak, charged_bytes=charged,
                                    charge_frac=CFG.oom_charge_frac)
     assert oom is expect and bool(why) is expect
+
+
+# ---------------------------------------------------------------- quantile (conformal) margin
+LEGACY = replace(CFG, recent_runs=0, margin_multiplier_decay=1.0)
+
+
+@pytest.mark.parametrize("ratios,q,expect", [
+    ((1.0, 1.1, 1.2, 1.3), 0.5, 1.2),  # ceil(5 x 0.5) = 3rd smallest
+    ((1.3, 1.0, 1.2, 1.1), 0.5, 1.2),  # order does not matter
+    ((1.0, 1.1, 1.2, 1.3), 0.95, 1.3),  # too few for q: the largest
+    (tuple(1 + i / 100 for i in range(1, 41)), 0.9, 1.37),  # ceil(41 x 0.9) = 37th smallest
+])
+def test_conformal_ratio(ratios, q, expect):
+    assert estimator._conformal_ratio(ratios, q) == pytest.approx(expect)
+
+
+@pytest.mark.parametrize("peaks,expect_charge_gib", [
+    # 5 runs of 10 GiB: ratios all 1.0 -> the floor (1 + quantile_floor_frac) x 10 GiB
+    ([10 * GIB] * 5, 10 * (1 + CFG.quantile_floor_frac)),
+    # one run 40 % above the estimate among 4 ratios: the largest ratio (1.4) scales the estimate
+    ([10 * GIB, 10 * GIB, 10 * GIB, 14 * GIB, 10 * GIB], None),
+])
+def test_quantile_margin_sizes_the_charge(peaks, expect_charge_gib):
+    s = fold(peaks)
+    assert len(s.recent_ratios) == len(peaks) - 1
+    e = estimator.estimate(req(), {KeyLevel.CLASS: s}, CFG, GPU)
+    ratio = max(1 + CFG.quantile_floor_frac, max(s.recent_ratios))
+    assert e.sized_bytes == pytest.approx(s.ewma_peak_bytes * ratio, rel=1e-6)
+    if expect_charge_gib is not None:
+        assert e.sized_bytes == pytest.approx(expect_charge_gib * GIB, rel=1e-6)
+    else:
+        assert max(s.recent_ratios) == pytest.approx(1.4)
+    why = " ".join(r.message for r in e.reasons)
+    assert f"quantile of {len(s.recent_ratios)} recent runs" in why
+
+
+def test_few_runs_keep_the_deviation_margin():
+    s = fold([10 * GIB, 12 * GIB, 10 * GIB])  # 2 ratios < quantile_min_runs
+    e_new = estimator.estimate(req(), {KeyLevel.CLASS: s}, CFG, GPU)
+    e_old = estimator.estimate(req(), {KeyLevel.CLASS: s}, LEGACY, GPU)
+    assert e_new.margin_bytes == e_old.margin_bytes
+    assert "mean deviation" in e_new.reasons[0].message
+
+
+def test_recent_runs_are_bounded():
+    s = fold([GIB * (1 + i % 3) for i in range(CFG.recent_runs * 3)])
+    assert len(s.recent_ratios) == CFG.recent_runs and len(s.recent_peaks) == CFG.recent_runs
+    assert fold([GIB] * 10, ClassStats()).recent_ratios == (1.0,) * 9
+    assert estimator.observe(ClassStats(), obs(GIB), LEGACY).recent_peaks == ()
+
+
+def test_observed_max_is_the_recent_max_once_the_quantile_is_in_use():
+    s = fold([30 * GIB] + [10 * GIB] * CFG.recent_runs)  # the 30 GiB spike left the ring
+    new = estimator.estimate(req(), {KeyLevel.CLASS: s}, CFG, GPU)
+    old = estimator.estimate(req(), {KeyLevel.CLASS: s}, LEGACY, GPU)
+    assert new.observed_max_bytes == 10 * GIB and old.observed_max_bytes == 30 * GIB
+
+
+def test_oom_penalty_fades_after_good_runs_only_with_decay():
+    s = estimator.observe(fold([10 * GIB] * 5), obs(11 * GIB, oom=True, exit_code=1), CFG)
+    assert s.margin_multiplier == CFG.oom_margin_multiplier
+    good = estimator.observe(s, obs(10 * GIB, shared=False), CFG)
+    assert good.margin_multiplier == pytest.approx(CFG.oom_margin_multiplier / CFG.margin_multiplier_decay)
+    for _ in range(10):
+        good = estimator.observe(good, obs(10 * GIB, shared=False), CFG)
+    assert good.margin_multiplier == 1.0
+    kept = estimator.observe(s, obs(10 * GIB, shared=False), LEGACY)
+    assert kept.margin_multiplier == CFG.oom_margin_multiplier
+
+
+def test_reset_class_restarts_the_ring():
+    s = replace(fold([10 * GIB] * 6), samples=0)
+    s = estimator.observe(s, obs(2 * GIB), CFG)
+    assert s.recent_ratios == () and s.recent_peaks == (2 * GIB,)
+
+
+def test_stats_json_round_trip_and_old_json_without_new_fields():
+    import dataclasses
+    import json
+
+    from policy_service.adapters.history_schema import stats_from_json
+    s = fold([10 * GIB, 12 * GIB, 11 * GIB, 13 * GIB, 12 * GIB])
+    assert stats_from_json(json.dumps(dataclasses.asdict(s))) == s
+    old = {k: v for k, v in dataclasses.asdict(s).items() if k not in ("recent_ratios", "recent_peaks")}
+    loaded = stats_from_json(json.dumps(old))
+    assert loaded.recent_ratios == () and loaded.samples == s.samples
+    e = estimator.estimate(req(), {KeyLevel.CLASS: loaded}, CFG, GPU)  # falls back to the deviation margin
+    assert e.margin_bytes == estimator.estimate(req(), {KeyLevel.CLASS: loaded}, LEGACY, GPU).margin_bytes
