@@ -408,8 +408,9 @@ def judge_sampler(children: Sequence[dict[str, Any]], per_pid: dict[int, list[in
             "context_overhead_bytes": sorted(overheads)[len(overheads) // 2] if overheads else None}
 
 
-def judge_mps(below: dict[str, Any] | None, above: dict[str, Any] | None) -> dict[str, Any]:
-    checks = {"below_cap_succeeds": bool(below and below.get("ok")),
+def judge_mps(below: dict[str, Any] | None, above: dict[str, Any] | None, enforced: bool = True) -> dict[str, Any]:
+    """The cap holds when the backend set it, an allocation below it succeeds and one above fails."""
+    checks = {"backend_sets_limit": bool(enforced), "below_cap_succeeds": bool(below and below.get("ok")),
               "above_cap_fails": bool(above) and not above.get("ok")}
     return {"ok": all(checks.values()), "checks": checks, "below": below, "above": above}
 
@@ -575,7 +576,17 @@ def step_sampler(budget: Budget, free_bytes: int) -> dict[str, Any]:
                 f"; {note}" if note else "")}
 
 
-def step_mps(budget: Budget, cap_bytes: int = 2 * GIB) -> dict[str, Any]:
+def mps_client_env(pipe_dir: Path, cap_bytes: int, device_bytes: int) -> Any:
+    """The environment the node's MPS enforcement backend gives a job's processes (what the
+    TaskProlog exports), so the check exercises the project's own limit string."""
+    from slurm_plugin.enforce import JobCap
+    from slurm_plugin.enforce.mps import MpsBackend
+
+    return MpsBackend(pipe_dir).apply(JobCap(job_id=JOB_ID_BASE, cap_bytes=cap_bytes, device_bytes=device_bytes,
+                                             visible_gpus=1))
+
+
+def step_mps(budget: Budget, device_bytes: int, cap_bytes: int = 2 * GIB) -> dict[str, Any]:
     control = shutil.which("nvidia-cuda-mps-control")
     if not control:
         return {"status": "not available", "reason": "nvidia-cuda-mps-control not found"}
@@ -591,7 +602,14 @@ def step_mps(budget: Budget, cap_bytes: int = 2 * GIB) -> dict[str, Any]:
         return {"status": "error", "error": f"mps control -d: rc {started.returncode} {started.stderr[-500:]}"}
     results: dict[str, Any] = {}
     try:
-        client_env = {**env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={cap_bytes // GIB}G"}
+        for _ in range(50):  # the daemon forks; its control pipe appears shortly after
+            if (tmp / "pipe" / "control").exists():
+                break
+            time.sleep(0.1)
+        applied = mps_client_env(tmp / "pipe", cap_bytes, device_bytes)
+        client_env = {**env, **applied.env}
+        results["backend_enforced"] = applied.enforced
+        results["limit_env"] = applied.env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
         for key, nbytes in (("below", cap_bytes // 2), ("above", cap_bytes + cap_bytes // 2)):
             p = _spawn_child("try", nbytes, client_env)
             try:
@@ -608,8 +626,10 @@ def step_mps(budget: Budget, cap_bytes: int = 2 * GIB) -> dict[str, Any]:
         log = tmp / "log" / "control.log"
         tail = log.read_text()[-2000:] if log.exists() else ""
         shutil.rmtree(tmp, ignore_errors=True)
-    judged = judge_mps(results.get("below"), results.get("above"))
-    return {"status": "ok" if judged["ok"] else "failed", "cap_bytes": cap_bytes, **judged, "control_log": tail,
+    judged = judge_mps(results.get("below"), results.get("above"), bool(results.get("backend_enforced")))
+    return {"status": "ok" if judged["ok"] else "failed", "cap_bytes": cap_bytes, **judged,
+            "limit_env": results.get("limit_env"), "backend_enforced": results.get("backend_enforced"),
+            "control_log": tail,
             "summary": ", ".join(f"{k}={v}" for k, v in judged["checks"].items())}
 
 
@@ -774,7 +794,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CudaError as exc:
         steps["device"]["context_error"] = str(exc)
     _run_step(steps, "sampler", lambda: step_sampler(budget, free_dev))
-    _run_step(steps, "mps", lambda: step_mps(budget))
+    _run_step(steps, "mps", lambda: step_mps(budget, int(steps["device"].get("total_bytes") or 0)))
     free_dev = cuda.mem_info()[0]
     buf, ws = bench_sizes(free_dev, _free_host_bytes())
     bench_holder: dict[str, _Bench] = {}
