@@ -84,7 +84,10 @@ def _interference_text(meta: dict) -> str:
     else:
         text = (f"interference/co-runner={i.get('per_corunner', 0):.3f} ({i.get('method', '')})")
     mf = meta.get("memory_fit") or {}
-    if "growth" in mf:
+    used = (meta.get("sim_config") or {}).get("memory", {}).get("grow_prob", 1) > 0
+    if "growth" in mf and not used:
+        text += " memory: fixed growth model (grow_prob 0; fit recorded, not used)"
+    elif "growth" in mf:
         g, v = mf["growth"], mf["variation"]
         text += (f" memory fit ({mf['source']['containers']} containers, {g['runs']} runs): grow "
                  f"{g['grow_prob']:.3f} x{math.exp(g['log_growth_median']):.2f}, run-to-run jumps "
