@@ -64,11 +64,12 @@ MAX_CONTEXT_OVERHEAD = 2 * GIB  # per-pid NVML bytes above the allocation beyond
 KERNEL_NAME = "sum64"
 # sum64(src, n_words, out): a grid-stride loop; thread t adds src[t], src[t + stride], ... (u64,
 # wrapping) and stores its sum at out[t]. The host adds out[] to check the kernel read everything.
-PTX = r"""
-.version 6.0
-.target sm_50
+PTX_HEADER = """
+.version {version}
+.target {target}
 .address_size 64
-
+"""
+PTX_BODY = r"""
 .visible .entry sum64(
     .param .u64 p_src,
     .param .u64 p_n,
@@ -105,7 +106,7 @@ LOOP:
     ld.global.u64 %rd14, [%rd13];
     add.u64 %rd10, %rd10, %rd14;
     add.u64 %rd11, %rd11, %rd9;
-    bra.uni LOOP;
+    bra LOOP;
 DONE:
     shl.b64 %rd12, %rd8, 3;
     add.u64 %rd13, %rd3, %rd12;
@@ -113,6 +114,16 @@ DONE:
     ret;
 }
 """
+
+
+def ptx_text(version: str = "6.0", target: str = "sm_50") -> str:
+    return PTX_HEADER.format(version=version, target=target) + PTX_BODY
+
+
+PTX = ptx_text()
+# Tried in order: the oldest ISA any driver JITs, then the device's own architecture (a driver
+# that no longer takes sm_50 PTX still takes PTX written for the GPU it drives).
+PTX_VARIANTS = (("6.0", "sm_50"), ("7.8", "sm_{cc}"), ("8.6", "sm_{cc}"))
 
 FILL_BYTE = 0x01
 FILL_WORD = int.from_bytes(bytes([FILL_BYTE]) * 8, "little")
@@ -287,11 +298,22 @@ class Cuda:
     def sync(self) -> None:
         self.call("cuCtxSynchronize")
 
-    def load_kernel(self) -> None:
-        mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
-        self.call("cuModuleLoadData", ctypes.byref(mod), PTX.encode() + b"\0")
-        self.call("cuModuleGetFunction", ctypes.byref(fn), mod, KERNEL_NAME.encode())
-        self.kernel = fn
+    def load_kernel(self) -> str:
+        """JIT the PTX (first variant the driver takes); returns which one loaded."""
+        cc = f"{self.attr(ATTR_CC_MAJOR)}{self.attr(ATTR_CC_MINOR)}"
+        errors = []
+        for version, target in PTX_VARIANTS:
+            target = target.format(cc=cc)
+            mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+            try:
+                self.call("cuModuleLoadData", ctypes.byref(mod), ptx_text(version, target).encode() + b"\0")
+                self.call("cuModuleGetFunction", ctypes.byref(fn), mod, KERNEL_NAME.encode())
+            except CudaError as exc:
+                errors.append(f"{version}/{target}: {exc.name}")
+                continue
+            self.kernel = fn
+            return f"PTX {version} {target}"
+        raise CudaError("cuModuleLoadData", -1, "; ".join(errors))
 
     def sum64(self, src: int, n_words: int, out: int, grid: int, block: int) -> None:
         args = [ctypes.c_uint64(src), ctypes.c_uint64(n_words), ctypes.c_uint64(out)]
@@ -515,7 +537,10 @@ def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def step_sampler(budget: Budget, free_bytes: int) -> dict[str, Any]:
+def step_sampler(budget: Budget, free_bytes: int, telemetry: Any = None,
+                 spawn: Callable[[str, int, dict[str, str]], subprocess.Popen] = None) -> dict[str, Any]:
+    """Children hold known allocations under synthetic job ids; the agent samples them.
+    ``telemetry``/``spawn`` default to real NVML and CUDA children (tests pass fakes)."""
     from policy_service.config import AgentConfig
     from slurm_plugin.agent import Agent
     from slurm_plugin.nvml import PynvmlTelemetry
@@ -527,7 +552,8 @@ def step_sampler(budget: Budget, free_bytes: int) -> dict[str, Any]:
     sizes = sampler_sizes(free_bytes)
     if not sizes:
         return {"status": "skipped", "reason": f"only {free_bytes / GIB:.1f} GiB free on the device"}
-    telemetry = PynvmlTelemetry()
+    telemetry = telemetry if telemetry is not None else PynvmlTelemetry()
+    spawn = spawn or _spawn_child
     agent = Agent(AgentConfig(sample_period_s=0.2), telemetry, kernel_log=None)
     procs: list[subprocess.Popen] = []
     children: list[dict[str, Any]] = []
@@ -538,7 +564,7 @@ def step_sampler(budget: Budget, free_bytes: int) -> dict[str, Any]:
             env = {**os.environ, "SLURM_JOB_ID": str(job_id), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
             env.pop("SLURM_JOBID", None)
             agent.start(job_id, [0], None)
-            p = _spawn_child("hold", size, env)
+            p = spawn("hold", size, env)
             procs.append(p)
             ready = _read_ready(p, max(1.0, deadline - time.monotonic()))
             if not ready or not ready.get("ok"):
@@ -641,7 +667,7 @@ class _Bench:
         self.sms = cuda.attr(ATTR_MULTIPROCESSOR_COUNT)
         self.grid, self.block = self.sms * 8, 256
         self.out = cuda.alloc(self.grid * self.block * 8)
-        cuda.load_kernel()
+        self.ptx = cuda.load_kernel()
 
     def read(self, ptr: int, nbytes: int) -> None:
         self.cuda.sum64(ptr, nbytes // 8, self.out, self.grid, self.block)
@@ -693,7 +719,7 @@ def step_bandwidth(cuda: Cuda, bench: _Bench, budget: Budget, nbytes: int) -> di
         cuda.free_host(mapped)
     out = {"bytes": nbytes, "pinned_htod_bytes_per_s": nbytes / copy_s, "mapped_read_bytes_per_s": nbytes / mapped_s,
            "device_read_bytes_per_s": nbytes / resident_s, "kernel_checksum_ok": dev_ok and mapped_ok,
-           "grid": bench.grid, "block": bench.block}
+           "grid": bench.grid, "block": bench.block, "kernel": bench.ptx}
     out["status"] = "ok" if out["kernel_checksum_ok"] else "failed"
     out["summary"] = (f"pinned HtoD {out['pinned_htod_bytes_per_s'] / 1e9:.1f} GB/s, mapped read "
                       f"{out['mapped_read_bytes_per_s'] / 1e9:.1f} GB/s, device read "

@@ -31,13 +31,16 @@ def _body(ptx: str) -> str:
     return ptx[ptx.index("{") + 1: ptx.rindex("}")]
 
 
-def test_ptx_header_and_entry():
-    lines = [ln.strip() for ln in cg.PTX.strip().splitlines()]
+@pytest.mark.parametrize("variant", cg.PTX_VARIANTS)
+def test_ptx_header_and_entry(variant):
+    ptx = cg.ptx_text(variant[0], variant[1].format(cc="90"))
+    assert "{cc}" not in ptx
+    lines = [ln.strip() for ln in ptx.strip().splitlines()]
     assert lines[0].startswith(".version ") and re.fullmatch(r"\.version \d+\.\d+", lines[0])
     assert re.fullmatch(r"\.target sm_\d+", lines[1])
     assert lines[2] == ".address_size 64"
-    assert re.search(rf"\.visible \.entry {cg.KERNEL_NAME}\(", cg.PTX)
-    assert cg.PTX.count("{") == cg.PTX.count("}") == 1
+    assert re.search(rf"\.visible \.entry {cg.KERNEL_NAME}\(", ptx)
+    assert ptx.count("{") == ptx.count("}") == 1
 
 
 def test_ptx_registers_declared_and_in_range():
@@ -143,6 +146,39 @@ def test_judge_sampler_flags_each_failure(case):
     elif case == "no_children":
         children = []
     assert not cg.judge_sampler(children, per_pid, attribution, peaks)["ok"]
+
+
+_FAKE_CHILD = """
+import json, os, sys
+from pathlib import Path
+from slurm_plugin.nvml import fake_alloc, fake_free
+root, nbytes = Path(sys.argv[1]), int(sys.argv[2])
+fake_alloc(root, 0, os.getpid(), nbytes + int(sys.argv[3]))  # the allocation plus a context's overhead
+print(json.dumps({"ok": True, "pid": os.getpid()}), flush=True)
+sys.stdin.read()
+fake_free(root, 0, os.getpid())
+"""
+
+
+def test_step_sampler_through_the_agent_with_fake_nvml(tmp_path):
+    from slurm_plugin.nvml import FakeNvmlTelemetry, create_fake_gpus
+
+    create_fake_gpus(tmp_path, 1, 141 * GIB)
+    ovh = 512 << 20
+
+    def spawn(action, nbytes, env):
+        assert action == "hold" and env["SLURM_JOB_ID"].startswith("99")
+        return subprocess.Popen([sys.executable, "-c", _FAKE_CHILD, str(tmp_path), str(nbytes), str(ovh)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**env, "PYTHONPATH": str(REPO)}, cwd=str(REPO))
+
+    out = cg.step_sampler(cg.Budget(120), 140 * GIB, telemetry=FakeNvmlTelemetry(tmp_path), spawn=spawn)
+    assert out["status"] == "ok", out
+    assert [c["alloc_bytes"] for c in out["children"]] == [GIB, 2 * GIB, 4 * GIB]
+    assert out["context_overhead_bytes"] == ovh
+    for c in out["children"]:
+        assert c["agent_job_id"] == c["job_id"] and c["agent_peak_bytes"] == c["alloc_bytes"] + ovh
+    assert not list((tmp_path / "gpu0" / "procs").iterdir())  # children freed on the way out
 
 
 def test_sampler_sizes_fit_in_half_the_free_memory():
