@@ -595,6 +595,11 @@ def step_sampler(budget: Budget, free_bytes: int, telemetry: Any = None,
     if not (raw_pids & set(per_pid)):
         note = ("NVML reported none of the children's pids (container with its own pid namespace?): "
                 f"NVML pids {sorted(raw_pids)[:10]}")
+    other = sorted({r["agent_job_id"] for r in judged["children"]
+                    if r["agent_job_id"] is not None and r["agent_job_id"] != r["job_id"]})
+    if other:
+        note = (f"children attributed to job(s) {other}: run outside a Slurm job, whose cgroup "
+                "(job_<id>) takes precedence over SLURM_JOB_ID")
     ovh = judged["context_overhead_bytes"]
     return {"status": "ok" if judged["ok"] else "failed", **judged, "nvml_pids": sorted(raw_pids),
             "device_used_baseline_bytes": baseline, "device_used_peak_bytes": device_used_peak, "note": note,
@@ -812,6 +817,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = result_path(args.out, host, now)
     steps: dict[str, Any] = {}
+    try:
+        _run_steps(steps, cuda, count, budget, args.link, path)
+    except Exception as exc:  # noqa: BLE001 - between steps (budget, driver): what ran is still written
+        steps["between_steps"] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    signal.alarm(0)
+    meta = {"host": host, "date": now.isoformat(), "platform": platform.platform(), "budget_s": budget.total_s,
+            "elapsed_s": round(budget.elapsed(), 1), "script": "bench/gpu/check_gpu.py",
+            "in_slurm_job": os.environ.get("SLURM_JOB_ID")}
+    result = assemble(steps, meta)
+    path.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    for line in summary_lines(result):
+        print(line)
+    print(f"results: {path}")
+    return EXIT_OK if result["status"] == "ok" else EXIT_FAILED
+
+
+def _run_steps(steps: dict[str, Any], cuda: Cuda, count: int, budget: Budget, link_override: str | None,
+               path: Path) -> None:
     _run_step(steps, "device", lambda: step_device(cuda, count))
     free_dev = steps["device"].get("total_bytes", 0)
     try:
@@ -830,21 +853,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return step_bandwidth(cuda, bench_holder["b"], budget, buf)
 
     _run_step(steps, "bandwidth", _bw)
-    link = link_kind(steps["device"].get("pcie_gen_max"), args.link)
+    link = link_kind(steps["device"].get("pcie_gen_max"), link_override)
     csv_path = path.with_suffix(".csv")
     if "b" in bench_holder:
         _run_step(steps, "calibrate", lambda: step_calibrate(cuda, bench_holder["b"], budget, ws, link, csv_path))
     else:
         steps["calibrate"] = {"status": "skipped", "reason": "bandwidth step could not set up the kernel"}
-    signal.alarm(0)
-    meta = {"host": host, "date": now.isoformat(), "platform": platform.platform(), "budget_s": budget.total_s,
-            "elapsed_s": round(budget.elapsed(), 1), "script": "bench/gpu/check_gpu.py"}
-    result = assemble(steps, meta)
-    path.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
-    for line in summary_lines(result):
-        print(line)
-    print(f"results: {path}")
-    return EXIT_OK if result["status"] == "ok" else EXIT_FAILED
 
 
 if __name__ == "__main__":
