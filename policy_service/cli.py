@@ -195,7 +195,7 @@ def show_config(config: str | None) -> None:
 
 def _register_subsystem_commands() -> None:
     """Commands that live beside their subsystems."""
-    from policy_service.node_tools import doctor_command, gres_conf_command
+    from policy_service.admin import doctor_command, gres_conf_command
     from policy_service.report import report_command
     from policy_service.sim.cli import simulate_command
 

@@ -462,9 +462,21 @@ def read_token(path: str) -> str | None:
     return token
 
 
-def _host_port(address: str) -> bool:
+def split_host_port(address: str) -> tuple[str, int]:
+    """'127.0.0.1:9851' -> ('127.0.0.1', 9851); '[::1]:9851' too; ':9851' binds every address.
+    ValueError when it is not host:port."""
     host, sep, port = address.rpartition(":")
-    return bool(sep) and port.isdigit() and 0 <= int(port) <= 65535
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"address {address!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _host_port(address: str) -> bool:
+    try:
+        split_host_port(address)
+    except ValueError:
+        return False
+    return True
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:

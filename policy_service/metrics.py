@@ -23,19 +23,13 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from policy_service.config import split_host_port
+
 log = logging.getLogger("swapaware.metrics")
 
 ADMIT_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0)
 ERROR_BUCKETS = (-0.5, -0.25, -0.1, -0.05, -0.02, 0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 FAIL_OPEN_WHY = ("breaker_open", "service_error")
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """'127.0.0.1:9851' -> ('127.0.0.1', 9851); '[::1]:9851' too. ValueError when it is not one."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"metrics address {address!r} is not host:port")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 class ServiceMetrics:
@@ -85,7 +79,7 @@ class ServiceMetrics:
     def serve(self, address: str):
         """Start the HTTP endpoint; None (and an error in the log) when it cannot bind."""
         try:
-            host, port = split_address(address)
+            host, port = split_host_port(address)
             server, _thread = start_http_server(port, addr=host, registry=self.registry)
         except (OSError, ValueError) as exc:
             log.error("metrics not served on %s: %s", address, exc)

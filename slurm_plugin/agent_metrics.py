@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from policy_service.metrics import split_address
+from policy_service.config import split_host_port
 
 log = logging.getLogger("swapaware.agent")
 
@@ -49,7 +49,7 @@ def registry_for(status: Callable[[], dict[str, Any]]) -> CollectorRegistry:
 def serve(address: str, status: Callable[[], dict[str, Any]]):
     """Start /metrics; None (and an error in the log) when it cannot bind."""
     try:
-        host, port = split_address(address)
+        host, port = split_host_port(address)
         server, _thread = start_http_server(port, addr=host, registry=registry_for(status))
     except (OSError, ValueError) as exc:
         log.error("metrics not served on %s: %s", address, exc)

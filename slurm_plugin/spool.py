@@ -23,10 +23,12 @@ from google.protobuf.message import Message
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.client import RETRYABLE
-from policy_service.handler import Method
 from policy_service.limits import MAX_REQUEST_BYTES
 
 log = logging.getLogger("swapaware.spool")
+# The RPCs a hook spools (proto method name -> request message); the node side needs no more of the
+# service than the proto.
+EVENT_REQUESTS: dict[str, type[Message]] = {"JobStarted": pb.JobStartedRequest, "JobFinished": pb.JobFinishedRequest}
 
 
 @dataclass(frozen=True)
@@ -78,11 +80,13 @@ def _status(exc: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
     return code, f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
 
 
-def _load(spool_dir: Path, path: Path) -> tuple[Method, Message] | None:
+def _load(spool_dir: Path, path: Path) -> tuple[str, Message] | None:
     try:
         data = json.loads(path.read_text())
-        method = Method.by_name(data["method"])
-        msg = method.value[1]()
+        method = data["method"]
+        if method not in EVENT_REQUESTS:
+            raise ValueError(f"{method!r} is not an event a hook spools")
+        msg = EVENT_REQUESTS[method]()
         json_format.ParseDict(data["request"], msg)
         return method, msg
     except Exception as exc:  # unreadable file: keep it aside, never drop it silently
@@ -90,10 +94,10 @@ def _load(spool_dir: Path, path: Path) -> tuple[Method, Message] | None:
         return None
 
 
-def _as_event(method: Method, msg: Message) -> pb.JobEvent | None:
-    if method is Method.JOB_STARTED:
+def _as_event(method: str, msg: Message) -> pb.JobEvent | None:
+    if method == "JobStarted":
         return pb.JobEvent(started=msg)
-    if method is Method.JOB_FINISHED:
+    if method == "JobFinished":
         return pb.JobEvent(finished=msg)
     return None
 
@@ -119,10 +123,10 @@ class _Tally:
         self.stopped = ""
 
 
-def _one(spool_dir: Path, send, path: Path, method: Method, msg: Message, t: _Tally) -> bool:
+def _one(spool_dir: Path, send, path: Path, method: str, msg: Message, t: _Tally) -> bool:
     """Send one event by its own RPC; False when replay must stop (the service cannot take it now)."""
     try:
-        send(method.value[0], msg)
+        send(method, msg)
     except grpc.RpcError as exc:
         code, text = _status(exc)
         if code in _STOPPING:

@@ -255,7 +255,7 @@ def test_end_to_end_squeue_outage_shares_with_queue_unknown(service_env, slurm_j
 
 # ----------------------------------------------------------------------------- doctor
 def test_doctor_queue_check_reports_what_the_rule_will_see(slurm_jobs):
-    from policy_service.node_tools import queue_check
+    from policy_service.admin import queue_check
 
     slurm_jobs.qos_table = {"normal": 0, "high": 100}
     slurm_jobs.pending = [PendingJob(1, "gres:gpu:1", "", "", 1, 1, "Priority", "normal")]

@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from policy_service.config import GIB, Config, GpuConfig
-from policy_service.node_tools import (
+from policy_service.admin import (
     doctor_checks,
     doctor_command,
     expand_list,
@@ -17,6 +16,7 @@ from policy_service.node_tools import (
     parse_gres_spec,
     parse_slurm_conf,
 )
+from policy_service.config import GIB, Config, GpuConfig
 from slurm_plugin.nvml import FakeNvmlTelemetry, create_fake_gpus
 
 GOOD_SLURM_CONF = """\

@@ -198,7 +198,7 @@ def test_prolog_reports_the_capability_and_writes_the_root_files(tmp_path):
     (Enforcement.MPS, {"mps"}, True, "mps: hard cap, no victim semantics"),
 ])
 def test_doctor_reports_the_backend(tmp_path, mode, present, ok, first):
-    from slurm_plugin.enforce.doctor import enforcement_checks
+    from policy_service.admin import enforcement_checks
     if "mps" in present:
         FakeMpsDaemon(tmp_path / "mps", FakeDevice(1)).start()
     FakeDmemTree(tmp_path / "cg", REGION, 80 * GIB, with_dmem="dmem" in present)

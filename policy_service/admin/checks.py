@@ -1,29 +1,23 @@
-"""Node-side admin tools: ``swapaware doctor`` and ``swapaware gres-conf``.
-
-``doctor_checks`` and ``gres_conf_lines`` are pure over their inputs (config texts, the typed
-config, a telemetry object, probe results); the click commands at the bottom do the I/O.
-The slurm.conf / gres.conf parsers understand what the checks need: ``Key=Value`` tokens,
-``#`` comments, ``NodeName=DEFAULT``, hostlists (``gpu[01-04,07]``) and bracketed device
-files (``/dev/nvidia[0-3]``); they are not a full Slurm parser (no ``Include``).
-"""
+"""The checks of ``swapaware doctor`` and the lines of ``swapaware gres-conf``: pure over their
+inputs (config texts, the typed config, a telemetry object, probe results)."""
 from __future__ import annotations
 
-import logging
-import os
-import re
-import shlex
-import socket
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
-import click
+from policy_service.admin.slurm_files import (
+    GresConf,
+    GresLine,
+    NodeLine,
+    SlurmConf,
+    _gres_totals,
+    parse_gres_conf,
+    parse_slurm_conf,
+)
+from policy_service.config import Config, Enforcement, Oversubscription
+from slurm_plugin.enforce.choose import choose
+from slurm_plugin.nvml import GpuTelemetry, TelemetryError
 
-from policy_service.config import Config, ConfigError, Enforcement, load_config
-from slurm_plugin.nvml import GpuTelemetry, TelemetryError, open_telemetry
-
-log = logging.getLogger("swapaware.node_tools")
 
 GPU_MEMORY_MIN_FRAC = 0.90  # config below 90 % of the device wastes memory; above 100 % over-commits
 
@@ -34,156 +28,6 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
-
-
-# =========================================================================== parsers
-
-
-@dataclass(frozen=True)
-class NodeLine:
-    names: tuple[str, ...]
-    expr: str
-    gres: Mapping[str, int]
-
-
-@dataclass(frozen=True)
-class SlurmConf:
-    params: Mapping[str, str]  # lower-case key -> value (last wins)
-    nodes: tuple[NodeLine, ...]
-
-    def get(self, key: str, default: str = "") -> str:
-        return self.params.get(key.lower(), default)
-
-
-@dataclass(frozen=True)
-class GresLine:
-    name: str
-    nodes: tuple[str, ...] | None  # None: applies to every node reading the file
-    count: int | None
-    files: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class GresConf:
-    params: Mapping[str, str]
-    lines: tuple[GresLine, ...]
-
-    def for_node(self, node: str | None) -> list[GresLine]:
-        return [g for g in self.lines if g.nodes is None or (node is not None and node in g.nodes)]
-
-
-def _tokens(line: str) -> list[tuple[str, str]]:
-    line = line.split("#", 1)[0].strip()
-    if not line:
-        return []
-    try:
-        parts = shlex.split(line)
-    except ValueError:
-        parts = line.split()
-    return [(k.lower(), v) for k, _, v in (p.partition("=") for p in parts)]
-
-
-def _expand_brackets(expr: str) -> list[str]:
-    """``a[01-03,7]b`` -> ``a01b a02b a03b a7b`` (zero padding kept); nested groups recurse."""
-    match = re.search(r"\[([^\]]*)\]", expr)
-    if not match:
-        return [expr]
-    head, tail = expr[: match.start()], expr[match.end():]
-    out = []
-    for part in match.group(1).split(","):
-        lo, _, hi = part.partition("-")
-        if hi and lo.isdigit() and hi.isdigit():
-            values = [str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1)]
-        else:
-            values = [part]
-        out += [x for v in values for x in _expand_brackets(head + v + tail)]
-    return out
-
-
-def expand_list(expr: str) -> list[str]:
-    """A Slurm hostlist or file list: top-level commas separate, brackets expand."""
-    items, depth, current = [], 0, ""
-    for ch in expr:
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += ch
-    items.append(current)
-    return [name for item in items if item for name in _expand_brackets(item)]
-
-
-_COUNT = re.compile(r"^\d+[KMG]?$", re.IGNORECASE)
-
-
-def _count(raw: str) -> int:
-    raw = raw.strip().upper()
-    scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(raw[-1:], 1)
-    digits = raw[:-1] if scale > 1 else raw
-    return int(digits) * scale if digits.isdigit() else 0
-
-
-def parse_gres_spec(spec: str) -> dict[str, int]:
-    """``gpu:a100:4(S:0-1),shard:32`` -> ``{"gpu": 4, "shard": 32}`` (types summed)."""
-    out: dict[str, int] = {}
-    for item in re.split(r",(?![^(]*\))", spec):
-        item = re.sub(r"\(.*\)$", "", item.strip())
-        if not item or item.lower() == "(null)":
-            continue
-        parts = item.split(":")
-        count = _count(parts[-1]) if len(parts) > 1 and _COUNT.match(parts[-1]) else 1
-        out[parts[0].lower()] = out.get(parts[0].lower(), 0) + count
-    return out
-
-
-def parse_slurm_conf(text: str) -> SlurmConf:
-    params: dict[str, str] = {}
-    nodes: list[NodeLine] = []
-    default_gres = ""
-    for line in text.splitlines():
-        tokens = _tokens(line)
-        if not tokens:
-            continue
-        first_key, first_value = tokens[0]
-        if first_key == "nodename":
-            attrs = dict(tokens[1:])
-            if first_value.upper() == "DEFAULT":
-                default_gres = attrs.get("gres", default_gres)
-                continue
-            gres = parse_gres_spec(attrs.get("gres", default_gres))
-            nodes.append(NodeLine(tuple(expand_list(first_value)), first_value, gres))
-        elif first_key in ("partitionname", "nodeset", "downnodes", "frontendname", "switchname"):
-            continue
-        else:
-            params.update(tokens)
-    return SlurmConf(params, tuple(nodes))
-
-
-def parse_gres_conf(text: str) -> GresConf:
-    params: dict[str, str] = {}
-    lines: list[GresLine] = []
-    for line in text.splitlines():
-        attrs = dict(_tokens(line))
-        if "name" not in attrs:
-            params.update(attrs)
-            continue
-        nodes = tuple(expand_list(attrs["nodename"])) if "nodename" in attrs else None
-        count = _count(attrs["count"]) if "count" in attrs else None
-        files = tuple(expand_list(attrs["file"])) if "file" in attrs else ()
-        lines.append(GresLine(attrs["name"].lower(), nodes, count, files))
-    return GresConf(params, tuple(lines))
-
-
-def _gres_totals(lines: Sequence[GresLine]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for g in lines:
-        n = g.count if g.count is not None else max(1, len(g.files))
-        out[g.name] = out.get(g.name, 0) + n
-    return out
-
-
-# =========================================================================== checks
 
 
 def _check(name: str, ok: bool, detail: str, fix: str) -> Check:
@@ -366,115 +210,20 @@ def gres_conf_lines(telemetry: GpuTelemetry, shards_per_gpu: int, device_prefix:
 # =========================================================================== click commands
 
 
-def _default_slurm_conf() -> str:
-    return os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
-
-
-def _load(config_path: Path | None) -> Config:
-    try:
-        return load_config(config_path)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def probe_service(address: str, timeout_s: float) -> bool:
-    """gRPC health check of the policy service (overall status), bounded by ``timeout_s``."""
-    try:
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-        with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
-    except Exception:  # noqa: BLE001 - any failure means "not reachable"
-        return False
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
-def _print_checks(checks: Sequence[Check]) -> None:
-    for c in checks:
-        click.echo(f"[{' OK ' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
-        if not c.ok and c.fix:
-            click.echo(f"       fix: {c.fix}")
-
-
-@click.command("doctor")
-@click.option("--slurm-conf", type=click.Path(path_type=Path), default=_default_slurm_conf, show_default="$SLURM_CONF "
-              "or /etc/slurm/slurm.conf")
-@click.option("--gres-conf", type=click.Path(path_type=Path), default=None, help="default: next to slurm.conf")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None)
-@click.option("--no-probes", is_flag=True, help="do not contact the policy service or the node agent")
-def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path | None, no_probes: bool) -> None:
-    """Check this node's Slurm and swapaware setup; exit 1 when a check fails."""
-    cfg = _load(config_path)
-    gres_conf = gres_conf or slurm_conf.parent / "gres.conf"
-    slurm_text, gres_text = _read(slurm_conf), _read(gres_conf)
-    missing = [Check(f"read {p}", False, "file not readable", "pass --slurm-conf / --gres-conf")
-               for p, t in ((slurm_conf, slurm_text), (gres_conf, gres_text)) if t is None]
-    telemetry, opened = _open_telemetry_checked(cfg)
-    service = None if no_probes else probe_service(cfg.hooks.service_address, cfg.hooks.deadline_s)
-    agent = None
-    if not no_probes:
-        from slurm_plugin.agent_client import status
-
-        agent = status(cfg.hooks) is not None
-    checks = missing + opened + doctor_checks(slurm_text or "", gres_text or "", cfg, telemetry, service,
-                                     agent_reachable=agent, hostname=socket.gethostname().split(".")[0])
-    from slurm_plugin.enforce.doctor import enforcement_checks
-
-    checks += enforcement_checks(cfg)  # which GPU memory enforcement this node has, what it enforces
-    from policy_service.adapters.queue import reads_queue
-
-    if not no_probes and reads_queue(cfg):
-        from policy_service.adapters.slurm import CliSlurm
-
-        checks.append(queue_check(CliSlurm(cfg.service.slurm_timeout_s), cfg))
-    _print_checks(checks)
-    if not all(c.ok for c in checks):
-        sys.exit(1)
-
-
-def _open_telemetry_checked(cfg: Config) -> tuple[GpuTelemetry | None, list[Check]]:
-    try:
-        return open_telemetry(cfg.agent, log), []
-    except TelemetryError as exc:
-        return None, [Check("nvml_backend", False, str(exc), "install the driver or set agent.nvml_backend=auto")]
-
-
-@click.command("gres-conf")
-@click.option("--slurm-conf", type=click.Path(path_type=Path), default=_default_slurm_conf,
-              help="cross-checked against the generated counts when readable")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None)
-@click.option("--shards-per-gpu", type=int, default=None, help="default: gpu.shards_per_gpu")
-@click.option("--device-prefix", default="/dev/nvidia", show_default=True)
-def gres_conf_command(slurm_conf: Path, config_path: Path | None, shards_per_gpu: int | None,
-                      device_prefix: str) -> None:
-    """Print a gres.conf for this node's GPUs (from NVML, or the fake)."""
-    cfg = _load(config_path)
-    shards = shards_per_gpu or cfg.gpu.shards_per_gpu
-    try:
-        telemetry = open_telemetry(cfg.agent, log)
-        if telemetry is None:
-            raise click.ClickException("no GPU telemetry on this node (NVML unavailable)")
-        lines = gres_conf_lines(telemetry, shards, device_prefix)
-    except (TelemetryError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo("\n".join(lines))
-    _warn_slurm_conf_mismatch(_read(slurm_conf), telemetry.device_count(), shards)
-
-
-def _warn_slurm_conf_mismatch(text: str | None, gpus: int, shards_per_gpu: int) -> None:
-    if text is None:
-        return
-    host = socket.gethostname().split(".")[0]
-    for node in parse_slurm_conf(text).nodes:
-        if host in node.names and (node.gres.get("gpu"), node.gres.get("shard")) != (gpus, gpus * shards_per_gpu):
-            click.echo(f"warning: slurm.conf NodeName={node.expr} has Gres gpu={node.gres.get('gpu', 0)} "
-                       f"shard={node.gres.get('shard', 0)}; this node needs Gres=gpu:{gpus},"
-                       f"shard:{gpus * shards_per_gpu}", err=True)
+def enforcement_checks(cfg: Config, nvml_module=None) -> list[Check]:
+    """Which backend fences this node's shared jobs and what it enforces (every mechanism looked at
+    is listed, available or not)."""
+    _, cap, seen = choose(cfg, nvml_module)
+    mode = cfg.agent.enforcement
+    explicit_missing = mode not in (Enforcement.AUTO, Enforcement.FRAMEWORK_ENV, Enforcement.NONE) and \
+        cap.backend != mode.value
+    checks = [Check("enforcement", not explicit_missing,
+                    f"agent.enforcement={mode.value}: {cap.line()}",
+                    f"agent.enforcement={mode.value} is not available on this node (see enforcement[...] below); "
+                    "install it or set agent.enforcement=auto" if explicit_missing else "")]
+    checks += [Check(f"enforcement[{c.backend}]", True, c.line(), "") for c in seen if c is not cap]
+    if Oversubscription(cfg.policy.allow_oversubscription) is Oversubscription.ON and not cap.victim:
+        checks.append(Check("oversubscription", True, "policy.allow_oversubscription = true but this node does "
+                            f"not enforce victim semantics ({cap.backend}): oversubscribed jobs here count on "
+                            "managed memory in the job itself", ""))
+    return checks

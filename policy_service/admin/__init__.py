@@ -1,0 +1,30 @@
+"""Admin tools that look at both wings: ``swapaware doctor`` (slurm.conf, gres.conf, this node's
+GPUs and memory enforcement, the service and agent, the queue) and ``swapaware gres-conf``.
+
+  slurm_files.py  slurm.conf / gres.conf, as far as the checks need them
+  checks.py       the checks and gres.conf lines (pure over their inputs)
+  commands.py     the click commands
+"""
+from policy_service.admin.checks import (
+    GPU_MEMORY_MIN_FRAC,
+    Check,
+    doctor_checks,
+    enforcement_checks,
+    gres_conf_lines,
+    queue_check,
+)
+from policy_service.admin.commands import doctor_command, gres_conf_command, probe_service
+from policy_service.admin.slurm_files import (
+    GresConf,
+    GresLine,
+    NodeLine,
+    SlurmConf,
+    expand_list,
+    parse_gres_conf,
+    parse_gres_spec,
+    parse_slurm_conf,
+)
+
+__all__ = ["GPU_MEMORY_MIN_FRAC", "Check", "GresConf", "GresLine", "NodeLine", "SlurmConf", "doctor_checks",
+           "doctor_command", "enforcement_checks", "expand_list", "gres_conf_command", "gres_conf_lines",
+           "parse_gres_conf", "parse_gres_spec", "parse_slurm_conf", "probe_service", "queue_check"]

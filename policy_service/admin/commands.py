@@ -1,0 +1,130 @@
+"""``swapaware doctor`` and ``swapaware gres-conf``: the click commands (all the I/O)."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import click
+
+from policy_service.admin.checks import Check, doctor_checks, enforcement_checks, gres_conf_lines, queue_check
+from policy_service.admin.slurm_files import parse_slurm_conf
+from policy_service.config import Config, ConfigError, load_config
+from slurm_plugin.nvml import GpuTelemetry, TelemetryError, open_telemetry
+
+log = logging.getLogger("swapaware.admin")
+
+
+def _default_slurm_conf() -> str:
+    return os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
+
+
+def _load(config_path: Path | None) -> Config:
+    try:
+        return load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def probe_service(address: str, timeout_s: float) -> bool:
+    """gRPC health check of the policy service (overall status), bounded by ``timeout_s``."""
+    try:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+    except Exception:  # noqa: BLE001 - any failure means "not reachable"
+        return False
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _print_checks(checks: Sequence[Check]) -> None:
+    for c in checks:
+        click.echo(f"[{' OK ' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+        if not c.ok and c.fix:
+            click.echo(f"       fix: {c.fix}")
+
+
+@click.command("doctor")
+@click.option("--slurm-conf", type=click.Path(path_type=Path), default=_default_slurm_conf, show_default="$SLURM_CONF "
+              "or /etc/slurm/slurm.conf")
+@click.option("--gres-conf", type=click.Path(path_type=Path), default=None, help="default: next to slurm.conf")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None)
+@click.option("--no-probes", is_flag=True, help="do not contact the policy service or the node agent")
+def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path | None, no_probes: bool) -> None:
+    """Check this node's Slurm and swapaware setup; exit 1 when a check fails."""
+    cfg = _load(config_path)
+    gres_conf = gres_conf or slurm_conf.parent / "gres.conf"
+    slurm_text, gres_text = _read(slurm_conf), _read(gres_conf)
+    missing = [Check(f"read {p}", False, "file not readable", "pass --slurm-conf / --gres-conf")
+               for p, t in ((slurm_conf, slurm_text), (gres_conf, gres_text)) if t is None]
+    telemetry, opened = _open_telemetry_checked(cfg)
+    service = None if no_probes else probe_service(cfg.hooks.service_address, cfg.hooks.deadline_s)
+    agent = None
+    if not no_probes:
+        from slurm_plugin.agent_client import status
+
+        agent = status(cfg.hooks) is not None
+    checks = missing + opened + doctor_checks(slurm_text or "", gres_text or "", cfg, telemetry, service,
+                                     agent_reachable=agent, hostname=socket.gethostname().split(".")[0])
+    checks += enforcement_checks(cfg)  # which GPU memory enforcement this node has, what it enforces
+    from policy_service.adapters.queue import reads_queue
+
+    if not no_probes and reads_queue(cfg):
+        from policy_service.adapters.slurm import CliSlurm
+
+        checks.append(queue_check(CliSlurm(cfg.service.slurm_timeout_s), cfg))
+    _print_checks(checks)
+    if not all(c.ok for c in checks):
+        sys.exit(1)
+
+
+def _open_telemetry_checked(cfg: Config) -> tuple[GpuTelemetry | None, list[Check]]:
+    try:
+        return open_telemetry(cfg.agent, log), []
+    except TelemetryError as exc:
+        return None, [Check("nvml_backend", False, str(exc), "install the driver or set agent.nvml_backend=auto")]
+
+
+@click.command("gres-conf")
+@click.option("--slurm-conf", type=click.Path(path_type=Path), default=_default_slurm_conf,
+              help="cross-checked against the generated counts when readable")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None)
+@click.option("--shards-per-gpu", type=int, default=None, help="default: gpu.shards_per_gpu")
+@click.option("--device-prefix", default="/dev/nvidia", show_default=True)
+def gres_conf_command(slurm_conf: Path, config_path: Path | None, shards_per_gpu: int | None,
+                      device_prefix: str) -> None:
+    """Print a gres.conf for this node's GPUs (from NVML, or the fake)."""
+    cfg = _load(config_path)
+    shards = shards_per_gpu or cfg.gpu.shards_per_gpu
+    try:
+        telemetry = open_telemetry(cfg.agent, log)
+        if telemetry is None:
+            raise click.ClickException("no GPU telemetry on this node (NVML unavailable)")
+        lines = gres_conf_lines(telemetry, shards, device_prefix)
+    except (TelemetryError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo("\n".join(lines))
+    _warn_slurm_conf_mismatch(_read(slurm_conf), telemetry.device_count(), shards)
+
+
+def _warn_slurm_conf_mismatch(text: str | None, gpus: int, shards_per_gpu: int) -> None:
+    if text is None:
+        return
+    host = socket.gethostname().split(".")[0]
+    for node in parse_slurm_conf(text).nodes:
+        if host in node.names and (node.gres.get("gpu"), node.gres.get("shard")) != (gpus, gpus * shards_per_gpu):
+            click.echo(f"warning: slurm.conf NodeName={node.expr} has Gres gpu={node.gres.get('gpu', 0)} "
+                       f"shard={node.gres.get('shard', 0)}; this node needs Gres=gpu:{gpus},"
+                       f"shard:{gpus * shards_per_gpu}", err=True)

@@ -1,0 +1,156 @@
+"""The parts of slurm.conf and gres.conf the checks need: ``Key=Value`` tokens, ``#`` comments,
+``NodeName=DEFAULT``, hostlists (``gpu[01-04,07]``) and bracketed device files
+(``/dev/nvidia[0-3]``). Not a full Slurm parser (no ``Include``)."""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class NodeLine:
+    names: tuple[str, ...]
+    expr: str
+    gres: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class SlurmConf:
+    params: Mapping[str, str]  # lower-case key -> value (last wins)
+    nodes: tuple[NodeLine, ...]
+
+    def get(self, key: str, default: str = "") -> str:
+        return self.params.get(key.lower(), default)
+
+
+@dataclass(frozen=True)
+class GresLine:
+    name: str
+    nodes: tuple[str, ...] | None  # None: applies to every node reading the file
+    count: int | None
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GresConf:
+    params: Mapping[str, str]
+    lines: tuple[GresLine, ...]
+
+    def for_node(self, node: str | None) -> list[GresLine]:
+        return [g for g in self.lines if g.nodes is None or (node is not None and node in g.nodes)]
+
+
+def _tokens(line: str) -> list[tuple[str, str]]:
+    line = line.split("#", 1)[0].strip()
+    if not line:
+        return []
+    try:
+        parts = shlex.split(line)
+    except ValueError:
+        parts = line.split()
+    return [(k.lower(), v) for k, _, v in (p.partition("=") for p in parts)]
+
+
+def _expand_brackets(expr: str) -> list[str]:
+    """``a[01-03,7]b`` -> ``a01b a02b a03b a7b`` (zero padding kept); nested groups recurse."""
+    match = re.search(r"\[([^\]]*)\]", expr)
+    if not match:
+        return [expr]
+    head, tail = expr[: match.start()], expr[match.end():]
+    out = []
+    for part in match.group(1).split(","):
+        lo, _, hi = part.partition("-")
+        if hi and lo.isdigit() and hi.isdigit():
+            values = [str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1)]
+        else:
+            values = [part]
+        out += [x for v in values for x in _expand_brackets(head + v + tail)]
+    return out
+
+
+def expand_list(expr: str) -> list[str]:
+    """A Slurm hostlist or file list: top-level commas separate, brackets expand."""
+    items, depth, current = [], 0, ""
+    for ch in expr:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    items.append(current)
+    return [name for item in items if item for name in _expand_brackets(item)]
+
+
+_COUNT = re.compile(r"^\d+[KMG]?$", re.IGNORECASE)
+
+
+def _count(raw: str) -> int:
+    raw = raw.strip().upper()
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(raw[-1:], 1)
+    digits = raw[:-1] if scale > 1 else raw
+    return int(digits) * scale if digits.isdigit() else 0
+
+
+def parse_gres_spec(spec: str) -> dict[str, int]:
+    """``gpu:a100:4(S:0-1),shard:32`` -> ``{"gpu": 4, "shard": 32}`` (types summed)."""
+    out: dict[str, int] = {}
+    for item in re.split(r",(?![^(]*\))", spec):
+        item = re.sub(r"\(.*\)$", "", item.strip())
+        if not item or item.lower() == "(null)":
+            continue
+        parts = item.split(":")
+        count = _count(parts[-1]) if len(parts) > 1 and _COUNT.match(parts[-1]) else 1
+        out[parts[0].lower()] = out.get(parts[0].lower(), 0) + count
+    return out
+
+
+def parse_slurm_conf(text: str) -> SlurmConf:
+    params: dict[str, str] = {}
+    nodes: list[NodeLine] = []
+    default_gres = ""
+    for line in text.splitlines():
+        tokens = _tokens(line)
+        if not tokens:
+            continue
+        first_key, first_value = tokens[0]
+        if first_key == "nodename":
+            attrs = dict(tokens[1:])
+            if first_value.upper() == "DEFAULT":
+                default_gres = attrs.get("gres", default_gres)
+                continue
+            gres = parse_gres_spec(attrs.get("gres", default_gres))
+            nodes.append(NodeLine(tuple(expand_list(first_value)), first_value, gres))
+        elif first_key in ("partitionname", "nodeset", "downnodes", "frontendname", "switchname"):
+            continue
+        else:
+            params.update(tokens)
+    return SlurmConf(params, tuple(nodes))
+
+
+def parse_gres_conf(text: str) -> GresConf:
+    params: dict[str, str] = {}
+    lines: list[GresLine] = []
+    for line in text.splitlines():
+        attrs = dict(_tokens(line))
+        if "name" not in attrs:
+            params.update(attrs)
+            continue
+        nodes = tuple(expand_list(attrs["nodename"])) if "nodename" in attrs else None
+        count = _count(attrs["count"]) if "count" in attrs else None
+        files = tuple(expand_list(attrs["file"])) if "file" in attrs else ()
+        lines.append(GresLine(attrs["name"].lower(), nodes, count, files))
+    return GresConf(params, tuple(lines))
+
+
+def _gres_totals(lines: Sequence[GresLine]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for g in lines:
+        n = g.count if g.count is not None else max(1, len(g.files))
+        out[g.name] = out.get(g.name, 0) + n
+    return out
+
+
+# =========================================================================== checks
