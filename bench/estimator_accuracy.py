@@ -72,6 +72,9 @@ def real_rows(data_dir: Path, variants: list[tuple[str, Config]]) -> None:
                   f"{halves[0].over_frac:6.2%}/{halves[1].over_frac:6.2%} "
                   f"{halves[0].charge_ratio:7.2f}/{halves[1].charge_ratio:5.2f}    "
                   f"over<=0.5%: {verdict(v1)}  chg<=1.3: {verdict(v2)}")
+        above = real_trace.above_prior_max(classes, (1.0, 1.3, 1.5))
+        print(f"{window // 60:4d}min scored runs above k x the class's largest earlier peak: "
+              + ", ".join(f"k={k:g}: {f:.2%}" for k, f in above.items()))
     print()
 
 

@@ -94,3 +94,12 @@ def score(classes: list[list[Run]], cfg: EstimatorConfig, gpu: GpuConfig) -> Sco
 
 def load_classes(data_dir: Path, window_s: float) -> list[list[Run]]:
     return [runs for runs in (cut_runs(s, window_s) for s in load_memory(data_dir)) if runs]
+
+
+def above_prior_max(classes: list[list[Run]], factors: tuple[float, ...]) -> dict[float, float]:
+    """For each factor k: the fraction of scored runs whose peak is above k x the largest peak of
+    all the class's earlier runs. No estimator that charges at most k x that maximum can over-run
+    less often: a floor under the over-run fraction that any tight charge must pay."""
+    pairs = [(runs[i].peak_bytes, max(r.peak_bytes for r in runs[:i])) for runs in classes
+             for i in range(1, len(runs))]
+    return {k: sum(p > k * m for p, m in pairs) / len(pairs) if pairs else float("nan") for k in factors}
