@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,33 @@ def test_simulate_replays_a_site_export_with_its_recorded_arrivals(world, tmp_pa
     missing = CliRunner().invoke(simulate_command, ["--workload", "sacct", "--sacct-json", str(f), "--out",
                                                     str(out), "--no-progress"])
     assert missing.exit_code != 0 and "give --gpus" in missing.output
+
+
+
+CAPTURE = Path(__file__).resolve().parents[1] / "golden" / "22.05" / "sacct_capture.json.gz"
+
+
+def test_a_captured_export_of_thousands_of_jobs_replays(tmp_path):
+    """`sacct --json -X --allusers` of the dev cluster (Slurm 22.05) after arrays of short GPU jobs
+    ran through the plugin (tests/golden/22.05/sacct_capture.md): every task that ran is a trace job,
+    and the what-if runs on it (all memory from the model: the export comes without its history)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from policy_service.sim.cli import simulate_command
+
+    loaded = load_sacct_export(CAPTURE, None, shards_per_gpu=8)
+    assert len(loaded.jobs) == 2000 and not loaded.skipped, (len(loaded.jobs), loaded.skipped)
+    assert all(j.num_gpu == 1 and j.gpu_milli == 1000 and j.duration_s >= 0 for j in loaded.jobs)
+    assert {j.class_key for j in loaded.jobs} >= {"root/cap-a", "root/cap-b"}
+    out = tmp_path / "out"
+    res = CliRunner().invoke(simulate_command, [
+        "--workload", "sacct", "--sacct-json", str(CAPTURE), "--gpus", "4", "--arrivals", "recorded",
+        "--policies", "b0,swapaware,oracle", "--noise", "none", "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["meta"]["data_source"]["memory"] == {**doc["meta"]["data_source"]["memory"], "observed_jobs": 0,
+                                                    "model_jobs": len(loaded.jobs)}
+    assert {r["policy"]: r["jobs"] for r in doc["runs"]} == dict.fromkeys(("b0", "swapaware", "oracle"),
+                                                                         len(loaded.jobs))
