@@ -231,7 +231,11 @@ def epilog_main() -> None:
     _main("epilog", run_epilog)
 
 
+REPLAY_LOCK_WAIT_S = 120.0  # an agent's replay is bounded by its RPC deadlines
+
+
 def replay_main(hooks: HookConfig, auth: AuthConfig | None = None, tls: TlsConfig | None = None) -> spool.ReplayResult:
     with hook_client(hooks, auth, tls) as client:
-        return spool.replay(hooks.spool_dir, client.call, max_events=10**9)
+        # An admin's replay waits for the agent's (which may be delivering the same files) to end.
+        return spool.replay(hooks.spool_dir, client.call, max_events=10**9, wait_s=REPLAY_LOCK_WAIT_S)
 

@@ -171,20 +171,32 @@ def _batch(spool_dir: Path, send, chunk: list, t: _Tally) -> bool | None:
     return go_on
 
 
+def _lock(lock, wait_s: float) -> bool:
+    """The spool's lock, waiting up to ``wait_s`` for a replay that holds it to end."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+
 def replay(spool_dir: Path, send: Callable[[str, Message], object], max_events: int,
-           batch: int = BATCH_EVENTS) -> ReplayResult:
+           batch: int = BATCH_EVENTS, wait_s: float = 0.0) -> ReplayResult:
     """Send spooled events through ``send(method, request)``, oldest first, at most ``max_events``:
     ``batch`` at a time in one ReportEvents (the service resolves a batch with one Slurm query),
-    one RPC each against a service without it. Holds the spool's lock (one replay at a time)."""
+    one RPC each against a service without it. Holds the spool's lock (one replay at a time);
+    ``wait_s``: how long to wait for another replay (the agent's) to end before giving up."""
     files = pending(spool_dir)
     if not files:
         return ReplayResult(0, 0, 0, "")
     lock_path = spool_dir / ".lock"
     with open(lock_path, "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return ReplayResult(0, 0, len(files), "another replay holds the spool lock")
+        if not _lock(lock, wait_s):
+            return ReplayResult(0, 0, len(pending(spool_dir)), "another replay holds the spool lock")
         t = _Tally()
         items = []
         for path in pending(spool_dir)[:max_events]:

@@ -133,3 +133,35 @@ def test_the_replayer_reports_its_last_result_and_stops_when_told(service, tmp_p
     finally:
         stop.set()
     assert replayer.join(5.0)
+
+
+def test_an_admins_replay_waits_for_the_agents_to_end(tmp_path):
+    """`swapaware replay-spool` while the agent replays: it waits for the lock (bounded) and then
+    delivers what is left, instead of failing; the agent's own replay does not wait."""
+    import fcntl
+    import threading
+
+    spool_dir = tmp_path / "spool"
+    spool_finished(spool_dir, range(1, 4))
+
+    def send(method, request):
+        return pb.ReportEventsResponse(results=[pb.EventResult(event_id=ev.finished.event_id, applied=True)
+                                                for ev in request.events])
+
+    held, release = threading.Event(), threading.Event()
+
+    def other_replay():
+        with open(spool_dir / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=other_replay)
+    t.start()
+    assert held.wait(10)
+    busy = spool.replay(spool_dir, send, max_events=100)  # the agent's: no wait
+    assert busy.stopped_by == "another replay holds the spool lock" and busy.left == 3
+    threading.Timer(0.3, release.set).start()
+    done = spool.replay(spool_dir, send, max_events=100, wait_s=30)
+    t.join(10)
+    assert (done.sent, done.left, done.stopped_by) == (3, 0, "") and not spool.pending(spool_dir)
