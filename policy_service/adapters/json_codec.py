@@ -18,6 +18,8 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from policy_service.limits import _is_repeated as _repeated
+
 _INT_RANGE = {
     FieldDescriptor.TYPE_INT32: (-2**31, 2**31 - 1), FieldDescriptor.TYPE_SINT32: (-2**31, 2**31 - 1),
     FieldDescriptor.TYPE_SFIXED32: (-2**31, 2**31 - 1),
@@ -36,11 +38,6 @@ _STRING, _BOOL, _DOUBLE, _ENUM, _MESSAGE = (FieldDescriptor.TYPE_STRING, FieldDe
 
 class _Slow(Exception):
     """This input is not plain: json_format takes it."""
-
-
-def _repeated(f: FieldDescriptor) -> bool:
-    flag = getattr(f, "is_repeated", None)  # protobuf >= 6 (upb): `label` is gone
-    return bool(flag) if flag is not None else f.label == FieldDescriptor.LABEL_REPEATED
 
 
 def _plain_field(f: FieldDescriptor) -> bool:
