@@ -34,6 +34,7 @@ from policy_service.core import estimator, request
 from policy_service.core.types import ClassStats, JobObservation, KeyLevel
 from policy_service.sim.config import SimConfig
 from policy_service.sim.loaders import DataNotFound, load_pai_2020
+from policy_service.sim.memtrace import hindsight_charge_floor
 from policy_service.sim.workload import build_workload, synthetic_trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,6 +44,7 @@ TARGET_MAPE = 0.10
 TARGET_UNDER = 0.02
 TARGET_REAL_OVER = 0.005
 TARGET_REAL_CHARGE = 1.3
+HINDSIGHT_OVER = (0.005, 0.01, 0.02)
 # The estimator before the quantile margin (kept to print before/after side by side).
 LEGACY = EstimatorConfig(recent_runs=0, margin_multiplier_decay=1.0)
 
@@ -51,7 +53,8 @@ def real_rows(data_dir: Path, variants: list[tuple[str, Config]]) -> None:
     print("Measured series (alibaba-v2026-genai): each container one class, consecutive windows = runs.")
     print("  scored: runs with >= 1 prior run of the class; charge: max(peak + margin, observed max), as")
     print("  core.policy sizes shards (before rounding up to shards); shared: scored runs not on a whole GPU")
-    print("  (whole GPU = OOM penalty runs, or charge > device memory); over: shared runs whose peak > charge,")
+    print("  (whole GPU = fewer than min_samples runs, OOM penalty runs, or charge > device memory); over: shared")
+    print("  runs whose peak > charge,")
     print("  fed back as an OOM that reached its charge (JobObservation oom=True, shared=True, peak=charge).")
     print("  APE: median over scored runs; charge/peak: mean over shared runs; halves: even/odd containers.")
     try:
@@ -75,7 +78,24 @@ def real_rows(data_dir: Path, variants: list[tuple[str, Config]]) -> None:
         above = real_trace.above_prior_max(classes, (1.0, 1.3, 1.5))
         print(f"{window // 60:4d}min scored runs above k x the class's largest earlier peak: "
               + ", ".join(f"k={k:g}: {f:.2%}" for k, f in above.items()))
+        scored_peaks = [[r.peak_bytes for r in runs[1:]] for runs in classes]
+        print(f"{window // 60:4d}min least mean charge/peak of one charge per class chosen in hindsight, "
+              "at most x of the runs over: "
+              + ", ".join(f"x={f:.1%}: {hindsight_charge_floor(scored_peaks, f):.3f}" for f in HINDSIGHT_OVER))
+        operating_curve(classes, variants[-1][1], window)
     print()
+
+
+def operating_curve(classes, cfg: Config, window: int) -> None:
+    """What the defaults trade: the margin floor and the runs a class needs before it shares."""
+    print(f"{window // 60:4d}min operating curve (after; only the named settings changed):")
+    for min_samples in (1, 4, 8):
+        cells = []
+        for floor in (0.2, 0.35, 0.5):
+            est = dataclasses.replace(cfg.estimator, quantile_floor_frac=floor, min_samples=min_samples)
+            r = real_trace.score(classes, est, cfg.gpu)
+            cells.append(f"floor {floor:.2f}: shared {r.shared:4d} over {r.over_frac:5.2%} chg/pk {r.charge_ratio:.2f}")
+        print(f"        min_samples {min_samples}: " + " | ".join(cells))
 
 
 def replay(jobs, cfg: Config) -> dict:

@@ -9,8 +9,9 @@ each window one run whose peak is the window's largest sample. For every run in 
   * scored run: the class has >= 1 prior run (the estimator gives an estimate);
   * charge: what ``core.policy._size_shards`` sizes the shards for: peak + margin, raised to the
     estimate's observed maximum (``need``), before rounding up to whole shards;
-  * whole-GPU run: a scored run the policy keeps on a whole GPU: the class is serving its
-    OOM penalty (``whole_gpu_runs_left``) or the charge is above the device (GpuConfig memory);
+  * whole-GPU run: a scored run the policy keeps on a whole GPU: the estimate is unknown (fewer
+    than ``min_samples`` runs), the class is serving its OOM penalty (``whole_gpu_runs_left``) or
+    the charge is above the device (GpuConfig memory);
     it cannot over-run, and it is not counted among the shared runs;
   * shared run: every other scored run (charge <= device size);
   * over-run: a shared run whose peak is above its charge. It is fed back as the service would
@@ -69,7 +70,7 @@ def replay_class(runs: list[Run], cfg: EstimatorConfig, gpu: GpuConfig) -> list[
             est = estimator.estimate(req, {KeyLevel.CLASS: s}, cfg, gpu)
             charge = max(est.sized_bytes, est.observed_max_bytes)
             ape = abs(est.peak_bytes - peak) / peak
-            shared = s.whole_gpu_runs_left == 0 and charge <= gpu.memory_bytes
+            shared = est.known and s.whole_gpu_runs_left == 0 and charge <= gpu.memory_bytes
             over = int(shared and peak > charge)
             out.append(("shared" if shared else "whole", ape, charge / peak, over))
         if shared and peak > charge:

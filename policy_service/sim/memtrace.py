@@ -111,3 +111,28 @@ def cut_runs(series: Series, window_s: float, min_samples: int = 2, min_peak_byt
         if len(pts) >= min_samples and run.peak_bytes >= min_peak_bytes:
             runs.append(run)
     return runs
+
+
+def hindsight_charge_floor(peaks_by_class: list[list[int]], over_frac: float) -> float:
+    """The smallest mean charge/peak over all runs that ONE charge per class, chosen knowing every
+    run's peak in advance, can reach while at most ``over_frac`` of the runs exceed their charge.
+
+    Each class gives up its j largest peaks (charge = its (j+1)-th largest peak, cost = sum of
+    charge/peak over its runs); the j's are spread over the classes by a knapsack over the
+    over-run budget floor(over_frac * runs). A predictor that sees only a class's past has less to
+    go on than this one, unless it can tell in advance which of a class's runs will peak high, so
+    a target below this floor asks for that foresight. Classes with no run are ignored; NaN when
+    there is no run at all."""
+    classes = [sorted((p for p in peaks if p > 0), reverse=True) for peaks in peaks_by_class]
+    classes = [c for c in classes if c]
+    n = sum(len(c) for c in classes)
+    if n == 0:
+        return math.nan
+    budget = int(math.floor(over_frac * n + 1e-9))
+    best = [0.0] + [math.inf] * budget  # best[b]: least total cost with b over-runs so far
+    for desc in classes:
+        inv = sum(1.0 / p for p in desc)
+        costs = [desc[j] * inv for j in range(min(len(desc) - 1, budget) + 1)]
+        best = [min((best[b - j] + c for j, c in enumerate(costs) if j <= b), default=math.inf)
+                for b in range(budget + 1)]
+    return min(best) / n

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import itertools
+import math
+import random
 from pathlib import Path
 
 import pytest
@@ -56,3 +59,30 @@ def test_wrong_header_and_missing_file(tmp_path):
         M.load_memory(_write(tmp_path, ["1,2,a"], header="value,timestamp_anon,container_ip"))
     with pytest.raises(DataNotFound, match="cluster-trace-v2026-GenAI"):
         M.load_duty(tmp_path / "nowhere")
+
+
+def _brute_floor(classes, over_frac):
+    n = sum(len(c) for c in classes)
+    best = math.inf
+    for charges in itertools.product(*[sorted(set(c)) for c in classes]):
+        over = sum(p > ch for c, ch in zip(classes, charges) for p in c)
+        if over <= over_frac * n + 1e-9:
+            best = min(best, sum(ch / p for c, ch in zip(classes, charges) for p in c) / n)
+    return best
+
+
+def test_hindsight_floor_matches_brute_force_over_every_per_class_charge():
+    rng = random.Random(7)
+    for _ in range(40):
+        classes = [[rng.choice((10, 12, 15, 20, 31)) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(1, 4))]
+        for frac in (0.0, 0.1, 0.25, 0.5):
+            assert M.hindsight_charge_floor(classes, frac) == pytest.approx(_brute_floor(classes, frac))
+
+
+def test_hindsight_floor_values_by_hand():
+    # One class 10, 10, 20: no over-run -> charge 20 -> (2 + 2 + 1) / 3; one allowed -> charge 10 -> (1 + 1 + 0.5) / 3.
+    assert M.hindsight_charge_floor([[10, 10, 20]], 0.0) == pytest.approx(5 / 3)
+    assert M.hindsight_charge_floor([[10, 10, 20]], 1 / 3) == pytest.approx(2.5 / 3)
+    # Steady classes cost exactly 1; empty input is NaN.
+    assert M.hindsight_charge_floor([[7, 7], [9]], 0.0) == 1.0
+    assert math.isnan(M.hindsight_charge_floor([[], []], 0.01))
