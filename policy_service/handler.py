@@ -8,10 +8,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-import json
 import logging
+import os
 import time
-import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +28,7 @@ from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.enforcement import NodeEnforcementRegistry, NodeReport
 from policy_service.core.mode import apply_mode
 from policy_service.core.request import RequestError, history_keys, job_request
-from policy_service.core.types import Action, Decision, JobRequest, KeyLevel, ReasonCode
+from policy_service.core.types import Action, Decision, EstimateSource, JobRequest, KeyLevel, ReasonCode, Rewrite
 from policy_service.correlation import Correlator
 from policy_service.events import MAX_JOB_ID, EventApplier, gpu_utilisation  # noqa: F401  (gpu_utilisation: API)
 from policy_service.limits import oversize
@@ -37,6 +36,7 @@ from policy_service.metrics import ServiceMetrics
 
 log = logging.getLogger("swapaware.decisions")
 
+_SOURCE = {src: pb.EstimateSource.Value(f"ESTIMATE_SOURCE_{src.name}") for src in EstimateSource}
 _ACTION = {
     Action.PASS_THROUGH: pb.ACTION_PASS_THROUGH,
     Action.WHOLE_GPU: pb.ACTION_WHOLE_GPU,
@@ -55,7 +55,7 @@ class HandlerError(Exception):
 
 
 def _new_id() -> str:
-    return uuid.uuid4().hex[:16]
+    return os.urandom(8).hex()  # 16 hex digits, as uuid4().hex[:16] gave, in a ninth of the time
 
 
 def gres_fields(job: pb.JobFacts) -> dict[str, str]:
@@ -74,7 +74,7 @@ def decision_to_proto(d: Decision) -> pb.Decision:
         decision_id=d.decision_id, model_version=d.model_version, action=_ACTION[d.action], shards=d.shards,
         site_factor=d.site_factor, job_class=d.job_class, decided_at=d.decided_at, mode=d.mode.value,
         estimate=pb.DemandEstimate(peak_bytes=est.peak_bytes, margin_bytes=est.margin_bytes,
-                                   source=pb.EstimateSource.Value(f"ESTIMATE_SOURCE_{est.source.name}"),
+                                   source=_SOURCE[est.source],
                                    samples=est.samples, observed_max_bytes=est.observed_max_bytes),
         swap_cost=pb.SwapCostEstimate(slowdown=d.swap_slowdown, offloaded_bytes=d.offloaded_bytes, risk=d.risk),
         reasons=[pb.Reason(code=r.code.value, message=r.message) for r in d.reasons],
@@ -83,10 +83,12 @@ def decision_to_proto(d: Decision) -> pb.Decision:
     return msg
 
 
-def rewrite_to_proto(rewrite) -> pb.JobRewrite:
+_REWRITE_FIELDS = tuple(f.name for f in dataclasses.fields(Rewrite))
+
+
+def rewrite_to_proto(rewrite: Rewrite) -> pb.JobRewrite:
     """Only the fields the decision sets are present (None = leave the job's field alone)."""
-    return pb.JobRewrite(**{f.name: getattr(rewrite, f.name) for f in dataclasses.fields(rewrite)
-                            if getattr(rewrite, f.name) is not None})
+    return pb.JobRewrite(**{name: v for name in _REWRITE_FIELDS if (v := getattr(rewrite, name)) is not None})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,15 +141,14 @@ class PolicyHandler:
                 decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
                 account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
                 shards=d.shards, model_version=d.model_version, keys={k.value: v for k, v in keys.items()},
-                facts_pb=job.SerializeToString(), decision_pb=decision_to_proto(d).SerializeToString()))
+                facts_pb=job.SerializeToString(), decision_pb=decision_to_proto(d).SerializeToString()), note={
+                "decision_id": d.decision_id, "model_version": d.model_version, "user": jr.user,
+                "job_name": jr.job_name, "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards,
+                "mode": d.mode.value, "site_factor": d.site_factor, "peak_bytes": d.estimate.peak_bytes,
+                "reasons": [r.code.value for r in d.reasons]})
         except JournalError as exc:
             log.error("decision %s not made: %s", d.decision_id, exc)
             raise HandlerError(grpc.StatusCode.UNAVAILABLE, f"the decision cannot be recorded: {exc}") from None
-        log.info("decision %s", json.dumps({
-            "decision_id": d.decision_id, "model_version": d.model_version, "user": jr.user,
-            "job_name": jr.job_name, "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards, "mode": d.mode.value,
-            "site_factor": d.site_factor, "peak_bytes": d.estimate.peak_bytes,
-            "reasons": [r.code.value for r in d.reasons]}, sort_keys=True))
 
     def flush(self) -> None:
         """Wait until every decision handed out so far is in the history."""

@@ -36,26 +36,39 @@ def _is_repeated(field: FieldDescriptor) -> bool:
     return bool(flag) if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED
 
 
+_Rule = tuple  # (name, repeated, is_string, is_message, string limit, entries limit, checked per item)
+_RULES: dict = {}  # FieldDescriptor -> _Rule: descriptors are looked at once, not per request
+
+
+def _rule(field: FieldDescriptor) -> _Rule:
+    rule = _RULES.get(field)
+    if rule is None:
+        name = field.name
+        rule = _RULES[field] = (name, _is_repeated(field), field.type == FieldDescriptor.TYPE_STRING,
+                                field.type == FieldDescriptor.TYPE_MESSAGE,
+                                STRING_BYTES.get(name, DEFAULT_STRING_BYTES), REPEATED_MAX.get(name, MAX_REPEATED),
+                                name in CHECKED_PER_ITEM)
+    return rule
+
+
 def oversize(msg: Message, prefix: str = "") -> list[str]:
     """What in ``msg`` is over its limit, one line each ('job.work_dir is 4194304 bytes, at most
     4096'); [] when all fits."""
     out: list[str] = []
     for field, value in msg.ListFields():
-        name = f"{prefix}{field.name}"
-        repeated = _is_repeated(field)
-        values = list(value) if repeated else [value]
-        most = REPEATED_MAX.get(field.name, MAX_REPEATED)
+        name, repeated, is_string, is_message, limit, most, per_item = _rule(field)
+        values = value if repeated else (value,)
         if repeated and len(values) > most:
-            out.append(f"{name} has {len(values)} entries, at most {most}")
+            out.append(f"{prefix}{name} has {len(values)} entries, at most {most}")
             continue
-        if field.name in CHECKED_PER_ITEM:
+        if per_item:
             continue
         for v in values:
-            if field.type == FieldDescriptor.TYPE_STRING:
-                limit = STRING_BYTES.get(field.name, DEFAULT_STRING_BYTES)
+            # UTF-8 takes at most 4 bytes a character: only a string that might be too long is encoded
+            if is_string and len(v) > limit // 4:
                 size = len(v.encode())
                 if size > limit:
-                    out.append(f"{name} is {size} bytes, at most {limit}")
-            elif field.type == FieldDescriptor.TYPE_MESSAGE:
-                out.extend(oversize(v, f"{name}."))
+                    out.append(f"{prefix}{name} is {size} bytes, at most {limit}")
+            elif is_message:
+                out.extend(oversize(v, f"{prefix}{name}."))
     return out

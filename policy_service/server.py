@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class RunningService:
         self.store.close()
 
 
+GIL_SWITCH_INTERVAL_S = 0.0002  # see serve_forever
 HISTORY_HEALTH = "swapaware.history"  # health entry: NOT_SERVING while the history cannot be kept
 
 
@@ -168,6 +170,11 @@ def reload_mode(svc: RunningService, running: Config, reload: Callable[[], Confi
 
 def serve_forever(cfg: Config, reload: Callable[[], Config] | None = None, use_slurm: bool = True) -> None:
     """Serve until SIGTERM/SIGINT; SIGHUP re-reads policy.mode with ``reload``."""
+    # An Admit thread that gives up the GIL (socket read, journal write, SQLite read) waits to get
+    # it back for up to the switch interval whenever another thread of the service runs Python
+    # (the queue poll parsing squeue, the writer committing decisions): 5 ms by default, while
+    # slurmctld waits holding its job lock. bench/gil_switch.py measures it.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     svc = start_service(cfg, use_slurm=use_slurm)
     wake, stop, hup = threading.Event(), threading.Event(), threading.Event()
 

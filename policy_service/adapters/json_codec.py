@@ -49,23 +49,27 @@ def _plain_field(f: FieldDescriptor) -> bool:
     return f.type in _INT_RANGE or f.type in (_STRING, _BOOL, _DOUBLE, _ENUM)
 
 
-_PLANS: dict[str, dict[str, FieldDescriptor] | None] = {}
+# A plan entry: (field name, repeated, type, message descriptor or None, field): read from the
+# descriptor once, since descriptor attributes cost a call each on every request otherwise.
+_Entry = tuple
+_PLANS: dict[str, dict[str, _Entry] | None] = {}
 
 
-def _plan(desc: Descriptor) -> dict[str, FieldDescriptor] | None:
-    """JSON key (json name and field name) -> field, or None when the message is not plain."""
+def _plan(desc: Descriptor) -> dict[str, _Entry] | None:
+    """JSON key (json name and field name) -> entry, or None when the message is not plain."""
     if desc.full_name in _PLANS:
         return _PLANS[desc.full_name]
     _PLANS[desc.full_name] = None  # while it is being planned (a message that contains itself: not plain)
-    plan: dict[str, FieldDescriptor] | None = {}
+    plan: dict[str, _Entry] | None = {}
     if desc.full_name.startswith("google.protobuf."):
         plan = None  # well-known types have their own JSON forms
     for f in desc.fields if plan is not None else ():
         if not _plain_field(f):
             plan = None
             break
-        plan[f.json_name] = f
-        plan[f.name] = f
+        entry = (f.name, _repeated(f), f.type, f.message_type if f.type == _MESSAGE else None, f)
+        plan[f.json_name] = entry
+        plan[f.name] = entry
     _PLANS[desc.full_name] = plan
     return plan
 
@@ -99,22 +103,25 @@ def _build(desc: Descriptor, data: dict) -> Message:
         raise _Slow
     kwargs: dict[str, Any] = {}
     for key, v in data.items():
-        f = plan.get(key)
-        if f is None or f.name in kwargs or v is None:
+        entry = plan.get(key)
+        if entry is None or v is None:
             raise _Slow
-        if _repeated(f):
+        name, repeated, t, sub, f = entry
+        if name in kwargs:
+            raise _Slow
+        if repeated:
             if type(v) is not list:
                 raise _Slow
-            if f.type == _MESSAGE:
-                kwargs[f.name] = [_build_sub(f.message_type, item) for item in v]
+            if sub is not None:
+                kwargs[name] = [_build_sub(sub, item) for item in v]
             else:
-                kwargs[f.name] = [_scalar(f, item) for item in v]
-        elif f.type == _MESSAGE:
-            kwargs[f.name] = _build_sub(f.message_type, v)
-        elif f.type == _STRING and type(v) is str:  # the common case, inline
-            kwargs[f.name] = v
+                kwargs[name] = [_scalar(f, item) for item in v]
+        elif sub is not None:
+            kwargs[name] = _build_sub(sub, v)
+        elif t == _STRING and type(v) is str:  # the common case, inline
+            kwargs[name] = v
         else:
-            kwargs[f.name] = _scalar(f, v)
+            kwargs[name] = _scalar(f, v)
     return desc._concrete_class(**kwargs)
 
 
@@ -152,12 +159,27 @@ def _value(f: FieldDescriptor, v: Any) -> Any:
     return v
 
 
+_OUT: dict = {}  # FieldDescriptor -> (json name, repeated, plain scalar: written as it is)
+
+
+def _out(f: FieldDescriptor) -> tuple:
+    e = _OUT.get(f)
+    if e is None:
+        plain = f.type in (_STRING, _BOOL) or (f.type in _INT_RANGE and f.type not in _INT64_AS_TEXT)
+        e = _OUT[f] = (f.json_name, _repeated(f), plain)
+    return e
+
+
 def _dict(msg: Message) -> dict:
     if _plan(msg.DESCRIPTOR) is None:
         raise _Slow
     out = {}
     for f, v in msg.ListFields():
-        out[f.json_name] = [_value(f, x) for x in v] if _repeated(f) else _value(f, v)
+        key, repeated, plain = _out(f)
+        if plain:
+            out[key] = list(v) if repeated else v
+        else:
+            out[key] = [_value(f, x) for x in v] if repeated else _value(f, v)
     return out
 
 

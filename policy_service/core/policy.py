@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -34,12 +33,23 @@ MODEL_VERSION = "swapaware-model/1"
 COMMENT_PREFIX = "swapaware:v1"
 
 
-@functools.lru_cache(maxsize=8)
+_VERSIONS: dict[int, tuple[Config, str]] = {}  # id(cfg) -> (cfg, its version), a few configs at most
+
+
 def model_version(cfg: Config) -> str:
-    """Model name plus a digest of the parameters that shape decisions (for replays)."""
+    """Model name plus a digest of the parameters that shape decisions (for replays). Remembered
+    per config object: hashing a whole frozen Config (what an lru_cache does on every call) cost
+    each Admit ~20 us."""
+    known = _VERSIONS.get(id(cfg))
+    if known is not None and known[0] is cfg:
+        return known[1]
     params = {k: asdict(getattr(cfg, k)) for k in ("gpu", "estimator", "swap_cost", "policy")}
     digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    return f"{MODEL_VERSION}+{digest}"
+    if len(_VERSIONS) >= 16:  # tests and the simulator make many configs; a service has one
+        _VERSIONS.clear()
+    version = f"{MODEL_VERSION}+{digest}"
+    _VERSIONS[id(cfg)] = (cfg, version)
+    return version
 
 
 def contention_degree(s: ClassStats | None, min_runs: int) -> float | None:

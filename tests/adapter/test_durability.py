@@ -5,6 +5,7 @@ service. Every decision a caller was answered with is in the history after the r
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -195,6 +196,31 @@ def test_admit_reads_beside_a_writer_that_waits_for_the_file_lock(service_env):
         assert times[-1] < 2.0  # the lock is held for the whole loop; a blocked Admit would wait 10 s
         svc.handler.flush()
         assert len(list(svc.store.decisions())) == 52
+    finally:
+        svc.stop(0)
+
+
+def test_the_decision_log_line_is_written_once_the_decision_is_in_the_history(service_env, caplog):
+    """Admit journals the decision; its ``decision {json}`` line comes from the writer after the
+    commit (formatting it cost Admit ~40 us), so while the history is locked there is none yet."""
+    cfg = load_config(env=service_env)
+    svc = start_service(cfg, use_slurm=False)
+    caplog.set_level("INFO", logger="swapaware")
+
+    def lines() -> list[dict]:
+        return [json.loads(r.getMessage()[len("decision "):]) for r in caplog.records
+                if r.getMessage().startswith("decision {")]
+    try:
+        sock = cfg.service.socket_path
+        with write_locked(Path(cfg.service.db_path)):
+            d_id = admit(sock, "logged")["response"]["decision"]["decisionId"]
+            wait_for(lambda: svc.handler.decisions.pending() >= 1, 5, "the decision waiting for the writer")
+            assert lines() == []
+        svc.handler.flush()
+        wait_for(lambda: lines(), 5, "the decision's log line")
+        (line,) = lines()
+        assert line["decision_id"] == d_id and line["job_name"] == "logged" and line["mode"] == "enforce"
+        assert line["action"] == "whole_gpu" and "no_history" in line["reasons"]
     finally:
         svc.stop(0)
 
