@@ -32,6 +32,10 @@ def variants(base: Config) -> list[tuple[str, Config]]:
         ("share_min_queue=0", dataclasses.replace(base, policy=dataclasses.replace(p, share_min_queue=0.0))),
         ("compute_aware=false", dataclasses.replace(base, policy=dataclasses.replace(p, compute_aware=False))),
         ("protect high QoS", load_config(HERE / "configs" / "protect_high_qos.toml")),
+        # Not a rule tuned on the simulator: what waiting for more runs of a class before it
+        # shares buys against OOMs (docs/model.md, the estimator's operating curve).
+        *((f"estimator.min_samples={n}", dataclasses.replace(base, estimator=dataclasses.replace(
+            base.estimator, min_samples=n))) for n in (4, 8)),
     ]
 
 

@@ -1,9 +1,16 @@
 """A burst of submissions against the real dev cluster: N `sbatch --hold --gres=gpu:1` from 8
-parallel submitters, with the plugin off, on, and on with the service hung (SIGSTOP), interleaved
+parallel submitters, with the plugin off (and the service stopped: a cluster without swapaware),
+on, and on with the service hung (SIGSTOP), interleaved
 in rounds so machine noise hits every mode alike. Printed per mode: p50/p99 sbatch latency and
 their ratios against plugin-off, errors, `squeue` latency sampled during the burst, and for the
 modes with the plugin on: the decisions the history recorded in the round against the
 AdminComments Slurm holds (equal: nothing lost, nothing extra).
+
+The dev stack's service polls the queue every 2 s (its tests wait for snapshots); each poll is an
+`squeue` that holds slurmctld's job read lock while it packs every job record, which during a
+10,000-job burst is a cost the product's default (policy.queue_poll_s = 15) pays a seventh as
+often. The bench restarts the service with --queue-poll-s (default: the product's) for the
+burst and puts the dev stack's own setting back at the end.
 
     bash contrib/dev-stack.sh up
     .venv/bin/python bench/submit_burst.py --jobs 10000 --rounds 5
@@ -24,6 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from submit_overhead import STACK, set_mode, sh  # noqa: E402  (the modes are switched the same way)
+
+from policy_service.config import PolicyConfig  # noqa: E402
 
 ID_RE = re.compile(r"swapaware:v1 id=([0-9a-f]+)")
 MODES = ("off", "on", "hung")
@@ -87,13 +96,15 @@ def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int) -> 
     stop, sq = threading.Event(), []
     sampler = threading.Thread(target=squeue_sampler, args=(env, stop, sq), daemon=True)
     sampler.start()
-    if mode == "hung":
+    # off: a cluster without swapaware, so the service does not run either (its queue poll's
+    # squeue calls load slurmctld); hung: the plugin on and the service stopped.
+    if mode in ("off", "hung"):
         os.kill(service_pid(env), signal.SIGSTOP)
     try:
         with ThreadPoolExecutor(submitters) as pool:
             results = list(pool.map(lambda i: submit(env, tag, i), range(n)))
     finally:
-        if mode == "hung":
+        if mode in ("off", "hung"):
             os.kill(service_pid(env), signal.SIGCONT)
         stop.set()
         sampler.join()
@@ -119,8 +130,23 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10_000, help="submissions in all (split over modes and rounds)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--submitters", type=int, default=8)
+    ap.add_argument("--queue-poll-s", type=float, default=PolicyConfig().queue_poll_s,
+                    help="the service's policy.queue_poll_s during the burst (default: the product's)")
     args = ap.parse_args()
     env = stack_env()
+    restart_service(env, {"SWAPAWARE_POLICY__QUEUE_POLL_S": str(args.queue_poll_s)})
+    try:
+        run(args, env)
+    finally:
+        restart_service(env, {})
+
+
+def restart_service(env: dict[str, str], extra: dict[str, str]) -> None:
+    sh("bash", str(STACK), "service-stop", env=env)
+    sh("bash", str(STACK), "service-start", env={**env, **extra})
+
+
+def run(args: argparse.Namespace, env: dict[str, str]) -> None:
     per_block = max(1, args.jobs // (len(MODES) * args.rounds))
     stats = {m: {"lat": [], "errors": [], "squeue": [], "rpc_us": [], "comments": 0, "recorded": 0, "lost": 0,
                  "extra": 0}
@@ -137,7 +163,8 @@ def main() -> None:
                   f"p99 {1e3 * percentile(res['lat'], 0.99):.1f} ms, errors {len(res['errors'])}", file=sys.stderr)
     set_mode("on", env)
     base50, base99 = percentile(stats["off"]["lat"], 0.5), percentile(stats["off"]["lat"], 0.99)
-    print(f"{per_block * args.rounds} sbatch per mode from {args.submitters} submitters, {args.rounds} interleaved rounds")
+    print(f"{per_block * args.rounds} sbatch per mode from {args.submitters} submitters, {args.rounds} interleaved rounds; "
+          f"the service polls the queue every {args.queue_poll_s:g} s; off = plugin off and service stopped")
     print(f"{'mode':5s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50/off':>8s} {'p99/off':>8s} {'errors':>7s} "
           f"{'squeue p50/p99 ms':>18s} {'submit RPC us':>14s} {'AdminComments':>14s} {'recorded':>9s} {'lost':>5s} {'extra':>6s}")
     for mode in MODES:
