@@ -24,18 +24,24 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from submit_overhead import STACK, set_mode, sh  # noqa: E402  (the modes are switched the same way)
+from submit_overhead import CLUSTER, STACK, set_mode, sh  # noqa: E402  (the modes are switched the same way)
 
 from policy_service.config import PolicyConfig  # noqa: E402
 
 ID_RE = re.compile(r"swapaware:v1 id=([0-9a-f]+)")
 MODES = ("off", "on", "hung")
+# --modes noop: a job_submit.lua that returns at once (service stopped): what loading any
+# job_submit.lua costs or saves in Slurm itself, apart from swapaware.
+NOOP_LUA = ("function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS end\n"
+            "function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end\n")
+STOPPED = ("off", "hung", "noop")  # modes during which the service process is stopped
 
 
 def stack_env() -> dict[str, str]:
@@ -98,20 +104,20 @@ def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int) -> 
     sampler.start()
     # off: a cluster without swapaware, so the service does not run either (its queue poll's
     # squeue calls load slurmctld); hung: the plugin on and the service stopped.
-    if mode in ("off", "hung"):
+    if mode in STOPPED:
         os.kill(service_pid(env), signal.SIGSTOP)
     try:
         with ThreadPoolExecutor(submitters) as pool:
             results = list(pool.map(lambda i: submit(env, tag, i), range(n)))
     finally:
-        if mode in ("off", "hung"):
+        if mode in STOPPED:
             os.kill(service_pid(env), signal.SIGCONT)
         stop.set()
         sampler.join()
     count, mean_us = submit_rpc_us(env)
     out = {"lat": [r[0] for r in results], "errors": [r[1] for r in results if r[1]], "squeue": sq,
            "rpc_us": [mean_us] * count}
-    if mode != "off":
+    if mode in ("on", "hung"):
         db = Path(env["SWAPAWARE_DEV_DIR"]) / "lib" / "history.sqlite3"
         comments = held_comments(env, tag)
         # Wait for the writer to catch up, and (hung) for what the service decides of the requests
@@ -130,6 +136,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10_000, help="submissions in all (split over modes and rounds)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--submitters", type=int, default=8)
+    ap.add_argument("--modes", default=",".join(MODES), help=f"modes to run, from {MODES + ('noop',)}; off first")
     ap.add_argument("--queue-poll-s", type=float, default=PolicyConfig().queue_poll_s,
                     help="the service's policy.queue_poll_s during the burst (default: the product's)")
     args = ap.parse_args()
@@ -141,20 +148,32 @@ def main() -> None:
         restart_service(env, {})
 
 
+def switch(mode: str, env: dict[str, str]) -> None:
+    if mode != "noop":
+        set_mode("off" if mode == "off" else "on", env)
+        return
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "job_submit.lua").write_text(NOOP_LUA)
+        sh("bash", str(CLUSTER), "plugin", "on", env={**env, "SWAPAWARE_LUA_DIR": d})
+
+
 def restart_service(env: dict[str, str], extra: dict[str, str]) -> None:
     sh("bash", str(STACK), "service-stop", env=env)
     sh("bash", str(STACK), "service-start", env={**env, **extra})
 
 
 def run(args: argparse.Namespace, env: dict[str, str]) -> None:
-    per_block = max(1, args.jobs // (len(MODES) * args.rounds))
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes or modes[0] != "off" or not set(modes) <= {*MODES, "noop"}:
+        raise SystemExit(f"--modes: off first, then any of on, hung, noop (got {args.modes!r})")
+    per_block = max(1, args.jobs // (len(modes) * args.rounds))
     stats = {m: {"lat": [], "errors": [], "squeue": [], "rpc_us": [], "comments": 0, "recorded": 0, "lost": 0,
                  "extra": 0}
-             for m in MODES}
+             for m in modes}
     run_tag = f"burst{int(time.time()) % 100000}"
     for r in range(args.rounds):
-        for mode in (MODES if r % 2 == 0 else tuple(reversed(MODES))):
-            set_mode("off" if mode == "off" else "on", env)
+        for mode in (modes if r % 2 == 0 else tuple(reversed(modes))):
+            switch(mode, env)
             block(env, mode, args.submitters, f"{run_tag}w{r}{mode}", args.submitters)  # warm-up, not counted
             res = block(env, mode, per_block, f"{run_tag}r{r}{mode}", args.submitters)
             for k, v in res.items():
@@ -167,12 +186,12 @@ def run(args: argparse.Namespace, env: dict[str, str]) -> None:
           f"the service polls the queue every {args.queue_poll_s:g} s; off = plugin off and service stopped")
     print(f"{'mode':5s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50/off':>8s} {'p99/off':>8s} {'errors':>7s} "
           f"{'squeue p50/p99 ms':>18s} {'submit RPC us':>14s} {'AdminComments':>14s} {'recorded':>9s} {'lost':>5s} {'extra':>6s}")
-    for mode in MODES:
+    for mode in modes:
         s = stats[mode]
         p50, p99 = percentile(s["lat"], 0.5), percentile(s["lat"], 0.99)
         sq = f"{1e3 * percentile(s['squeue'], 0.5):.0f}/{1e3 * percentile(s['squeue'], 0.99):.0f}"
         rpc = sum(s["rpc_us"]) / len(s["rpc_us"]) if s["rpc_us"] else float("nan")
-        tail = ("" if mode == "off" else
+        tail = ("" if mode not in ("on", "hung") else
                 f" {s['comments']:14d} {s['recorded']:9d} {s['lost']:5d} {s['extra']:6d}")
         print(f"{mode:5s} {1e3 * p50:8.1f} {1e3 * p99:8.1f} {p50 / base50:8.3f} {p99 / base99:8.3f} "
               f"{len(s['errors']):7d} {sq:>18s} {rpc:14.0f}{tail}")
