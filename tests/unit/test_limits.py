@@ -2,6 +2,7 @@
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service import limits
 from policy_service.limits import DEFAULT_STRING_BYTES, MAX_REPEATED, STRING_BYTES, oversize
 
 
@@ -47,3 +48,19 @@ def test_report_events_batch_is_bounded_and_its_events_are_checked_one_by_one():
 def test_sluid_is_bounded():
     assert oversize(pb.JobStartedRequest(job_id=1, sluid="s" * 64)) == []
     assert oversize(pb.JobFinishedRequest(job_id=1, sluid="s" * 65)) == ["sluid is 65 bytes, at most 64"]
+
+
+def test_field_rules_are_kept_once_per_field_not_per_request():
+    """The per-field rules are cached by descriptor: many requests must not grow the cache (it
+    would if the protobuf runtime handed out a new descriptor object per message)."""
+    from policy_service.adapters import json_codec
+    for i in range(2000):
+        msg = pb.AdmitRequest(job=pb.JobFacts(user=f"u{i}", job_name="n", work_dir="/w" * (i % 7)), brief=True)
+        assert oversize(msg) == []
+        json_codec.to_dict(msg)
+    def fields(desc) -> int:
+        return len(desc.fields) + sum(fields(d) for d in desc.nested_types)
+    # every field of every message this project defines (other tests fill the caches too)
+    n_fields = sum(fields(d) for d in pb.DESCRIPTOR.message_types_by_name.values())
+    assert 0 < len(limits._RULES) <= n_fields
+    assert 0 < len(json_codec._OUT) <= n_fields
