@@ -26,9 +26,10 @@ from policy_service.client import RETRYABLE
 from policy_service.limits import MAX_REQUEST_BYTES
 
 log = logging.getLogger("swapaware.spool")
-# The RPCs a hook spools (proto method name -> request message); the node side needs no more of the
-# service than the proto.
-EVENT_REQUESTS: dict[str, type[Message]] = {"JobStarted": pb.JobStartedRequest, "JobFinished": pb.JobFinishedRequest}
+# The RPCs a hook spools: proto method name -> (request message, its field in a batched JobEvent).
+# The node side needs no more of the service than the proto.
+EVENT_REQUESTS: dict[str, tuple[type[Message], str]] = {"JobStarted": (pb.JobStartedRequest, "started"),
+                                                        "JobFinished": (pb.JobFinishedRequest, "finished")}
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def _load(spool_dir: Path, path: Path) -> tuple[str, Message] | None:
         method = data["method"]
         if method not in EVENT_REQUESTS:
             raise ValueError(f"{method!r} is not an event a hook spools")
-        msg = EVENT_REQUESTS[method]()
+        msg = EVENT_REQUESTS[method][0]()
         json_format.ParseDict(data["request"], msg)
         return method, msg
     except Exception as exc:  # unreadable file: keep it aside, never drop it silently
@@ -94,12 +95,8 @@ def _load(spool_dir: Path, path: Path) -> tuple[str, Message] | None:
         return None
 
 
-def _as_event(method: str, msg: Message) -> pb.JobEvent | None:
-    if method == "JobStarted":
-        return pb.JobEvent(started=msg)
-    if method == "JobFinished":
-        return pb.JobEvent(finished=msg)
-    return None
+def _as_event(method: str, msg: Message) -> pb.JobEvent:
+    return pb.JobEvent(**{EVENT_REQUESTS[method][1]: msg})
 
 
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
@@ -209,7 +206,7 @@ def replay(spool_dir: Path, send: Callable[[str, Message], object], max_events: 
         i = 0
         while i < len(items):
             chunk = _chunk(items, i, batch if batched else 1)
-            if batched and all(_as_event(m, msg) is not None for _, m, msg in chunk):
+            if batched:
                 done = _batch(spool_dir, send, chunk, t)
                 if done is None:  # send these one by one (and later ones too, on an older service)
                     batched = False
