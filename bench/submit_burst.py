@@ -3,7 +3,7 @@ parallel submitters, with the plugin off (and the service stopped: a cluster wit
 on, and on with the service hung (SIGSTOP), interleaved
 in rounds so machine noise hits every mode alike. Printed per mode: p50/p99 sbatch latency and
 their ratios against plugin-off, errors, `squeue` latency sampled during the burst, and for the
-modes with the plugin on: the decisions the history recorded in the round against the
+modes with swapaware's plugin on: the decisions the history recorded in the round against the
 AdminComments Slurm holds (equal: nothing lost, nothing extra).
 
 The dev stack's service polls the queue every 2 s (its tests wait for snapshots); each poll is an
@@ -42,6 +42,7 @@ MODES = ("off", "on", "hung")
 NOOP_LUA = ("function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS end\n"
             "function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end\n")
 STOPPED = ("off", "hung", "noop")  # modes during which the service process is stopped
+DECIDING = ("on", "hung")  # modes whose job_submit.lua is swapaware's: decisions checked against Slurm
 
 
 def stack_env() -> dict[str, str]:
@@ -103,7 +104,8 @@ def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int) -> 
     sampler = threading.Thread(target=squeue_sampler, args=(env, stop, sq), daemon=True)
     sampler.start()
     # off: a cluster without swapaware, so the service does not run either (its queue poll's
-    # squeue calls load slurmctld); hung: the plugin on and the service stopped.
+    # squeue calls load slurmctld); hung: the plugin on and the service stopped; noop: a plugin
+    # that is not swapaware's.
     if mode in STOPPED:
         os.kill(service_pid(env), signal.SIGSTOP)
     try:
@@ -117,7 +119,7 @@ def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int) -> 
     count, mean_us = submit_rpc_us(env)
     out = {"lat": [r[0] for r in results], "errors": [r[1] for r in results if r[1]], "squeue": sq,
            "rpc_us": [mean_us] * count}
-    if mode in ("on", "hung"):
+    if mode in DECIDING:
         db = Path(env["SWAPAWARE_DEV_DIR"]) / "lib" / "history.sqlite3"
         comments = held_comments(env, tag)
         # Wait for the writer to catch up, and (hung) for what the service decides of the requests
@@ -191,7 +193,7 @@ def run(args: argparse.Namespace, env: dict[str, str]) -> None:
         p50, p99 = percentile(s["lat"], 0.5), percentile(s["lat"], 0.99)
         sq = f"{1e3 * percentile(s['squeue'], 0.5):.0f}/{1e3 * percentile(s['squeue'], 0.99):.0f}"
         rpc = sum(s["rpc_us"]) / len(s["rpc_us"]) if s["rpc_us"] else float("nan")
-        tail = ("" if mode not in ("on", "hung") else
+        tail = ("" if mode not in DECIDING else
                 f" {s['comments']:14d} {s['recorded']:9d} {s['lost']:5d} {s['extra']:6d}")
         print(f"{mode:5s} {1e3 * p50:8.1f} {1e3 * p99:8.1f} {p50 / base50:8.3f} {p99 / base99:8.3f} "
               f"{len(s['errors']):7d} {sq:>18s} {rpc:14.0f}{tail}")
