@@ -10,7 +10,7 @@ from policy_service.admin.slurm_files import (
     GresLine,
     NodeLine,
     SlurmConf,
-    _gres_totals,
+    gres_totals,
     parse_gres_conf,
     parse_slurm_conf,
 )
@@ -129,7 +129,7 @@ def _node_checks(conf: SlurmConf, gres: GresConf, shards_per_gpu: int) -> list[C
 
 
 def _gres_conf_check(node: NodeLine, lines: Sequence[GresLine], shards_per_gpu: int) -> Check:
-    totals = _gres_totals(lines)
+    totals = gres_totals(lines)
     shard_lines = [g for g in lines if g.name == "shard"]
     problems = []
     if totals.get("gpu", 0) != node.gres.get("gpu", 0):
@@ -158,7 +158,7 @@ def _telemetry_checks(telemetry: GpuTelemetry | None, cfg: Config, gres: GresCon
     except TelemetryError as exc:
         return [Check("nvml", False, f"{telemetry.source}: {exc}", "check the driver with nvidia-smi")]
     checks = [_check("nvml", count > 0, f"{telemetry.source}: {count} GPU(s)", "no GPU visible to NVML")]
-    gres_gpus = _gres_totals(gres.for_node(hostname)).get("gpu", 0)
+    gres_gpus = gres_totals(gres.for_node(hostname)).get("gpu", 0)
     checks.append(_check("gres_conf_gpu_count", gres_gpus == count, f"gres.conf gpu={gres_gpus}, NVML sees {count}",
                          "regenerate gres.conf with swapaware gres-conf"))
     if totals:

@@ -145,7 +145,7 @@ def parse_gres_conf(text: str) -> GresConf:
     return GresConf(params, tuple(lines))
 
 
-def _gres_totals(lines: Sequence[GresLine]) -> dict[str, int]:
+def gres_totals(lines: Sequence[GresLine]) -> dict[str, int]:
     out: dict[str, int] = {}
     for g in lines:
         n = g.count if g.count is not None else max(1, len(g.files))
