@@ -36,6 +36,21 @@ host_release() {
     echo ""
 }
 
+# release_lock RELEASE WHAT: take RELEASE's run lock on fd 9 (flock on
+# $MATRIX_STATE/swa-<release>.lock, held until this shell exits), or refuse naming the holder.
+# Commands the holder starts should run with 9>&- so that nothing they leave running keeps it.
+release_lock() {
+    mkdir -p "$MATRIX_STATE"
+    local lock
+    lock=$MATRIX_STATE/$(ns_name "$1").lock
+    exec 9<>"$lock"
+    if ! flock -n 9; then
+        mdie "Slurm $1: another run of this release is in progress ($(tr -d '\0' <"$lock" | head -c 200)); \
+wait for it to end, or end it, before starting another (lock: $lock)"
+    fi
+    printf 'pid %s since %s: %s\n' "$$" "$(date -u +%FT%TZ)" "$2" >"$lock"
+}
+
 release_ok() { [[ -n ${SUITE_OF[$1]:-} ]]; }
 root_dir() { echo "$MATRIX_CACHE/roots/${SUITE_OF[$1]}"; }
 ns_name() { echo "swa-${1//./}"; }

@@ -7,6 +7,12 @@
 #   run.sh RELEASE [COMMAND...]      default COMMAND: bash contrib/run-tests.sh --integration-only
 #   run.sh RELEASE --cleanup         remove the namespace and the mounts of RELEASE
 #
+# One run per release at a time: a run holds $MATRIX_STATE/<release>.lock (flock) until it has
+# cleaned up, and a second run of that release (or --cleanup) while it holds it refuses, naming the
+# holder, instead of overwriting the first run's copy of the checkout and ending its processes.
+# The command itself runs without the lock's descriptor, so a daemon it leaves behind cannot hold
+# the lock after the run has ended.
+#
 # Everything it starts lives under the root's /var/tmp and the namespace; the command's own
 # cleanup (the tests stop their daemons by pid file) runs inside, and --cleanup runs at the end.
 set -euo pipefail
@@ -116,17 +122,18 @@ sync_source() {
     fi
 }
 
+[[ $(id -u) -eq 0 ]] || mdie "must run as root"
+release_lock "$REL" "run.sh $REL $*"
 if [[ ${1:-} == --cleanup ]]; then
     cleanup
     exit 0
 fi
-[[ $(id -u) -eq 0 ]] || mdie "must run as root"
 (($#)) || set -- bash contrib/run-tests.sh --integration-only
 trap cleanup EXIT
 if ((ON_HOST)); then
     netns_up
     mlog "Slurm $REL: $(dpkg-query -W -f='${Version}' slurmctld 2>/dev/null || echo 'not installed') on the host, namespace $NS"
-    in_ns env CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$REPO" "$@"
+    in_ns env CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$REPO" "$@" 9>&-
     exit $?
 fi
 [[ -f $ROOT/.swapaware-root ]] || mdie "no root for $REL: run contrib/matrix/root.sh build $REL"
@@ -135,4 +142,4 @@ mount_root "$ROOT"
 sync_source
 netns_up
 mlog "Slurm $REL: $(chroot "$ROOT" dpkg-query -W -f='${Version}' slurmctld) in $ROOT, namespace $NS"
-in_ns chroot "$ROOT" "${ROOT_ENV[@]}" SWAPAWARE_VENV=$VENV CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$SRC" "$@"
+in_ns chroot "$ROOT" "${ROOT_ENV[@]}" SWAPAWARE_VENV=$VENV CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$SRC" "$@" 9>&-
