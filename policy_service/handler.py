@@ -27,7 +27,7 @@ from policy_service.core import policy
 from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.enforcement import NodeEnforcementRegistry, NodeReport
 from policy_service.core.mode import apply_mode
-from policy_service.core.request import RequestError, history_keys, job_request
+from policy_service.core.request import PER_GPU_OPTIONS, RequestError, history_keys, job_request
 from policy_service.core.types import Action, Decision, EstimateSource, JobRequest, KeyLevel, ReasonCode, Rewrite
 from policy_service.correlation import Correlator
 from policy_service.events import MAX_JOB_ID, EventApplier, gpu_utilisation  # noqa: F401  (gpu_utilisation: API)
@@ -206,7 +206,8 @@ class PolicyHandler:
                 script_fingerprint=job.script_fingerprint, gres_fields=fields, min_nodes=job.min_nodes,
                 num_tasks=job.num_tasks, time_limit_min=job.time_limit_min, comment=job.comment,
                 env_mem_hint=job.env_mem_hint, qos=job.qos, is_batch=is_batch(job),
-                het_job=job.het_job)
+                het_job=job.het_job, per_gpu={f: getattr(job, f) for f, _ in PER_GPU_OPTIONS},
+                exclusive=job.exclusive)
         except RequestError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         keys = history_keys(jr)

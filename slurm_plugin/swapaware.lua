@@ -42,7 +42,7 @@ M.counters = { instance = string.format("%d-%s", os.time(), string.match(tostrin
 local GRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
 local REWRITE_KEYS = {
   tresPerNode = "tres_per_node", tresPerJob = "tres_per_job", tresPerTask = "tres_per_task",
-  tresPerSocket = "tres_per_socket", adminComment = "admin_comment",
+  tresPerSocket = "tres_per_socket", adminComment = "admin_comment", tresBind = "tres_bind",
 }
 
 local have_cjson, cjson = pcall(require, "cjson")
@@ -200,6 +200,22 @@ local function env_value(env, name)
   return ""
 end
 
+-- num16(v): a 16-bit job_desc number (--ntasks-per-gpu), 0 when unset (NO_VAL16 = 65534 and up).
+local function num16(v)
+  v = tonumber(v)
+  if v == nil or v < 0 or v >= 65534 then return 0 end
+  return math.floor(v)
+end
+
+-- exclusive(shared): --exclusive as job_desc.shared holds it ("node", "user", "mcs", or the number
+-- of a value not named here); "" for unset (NO_VAL16) and --oversubscribe (1).
+local EXCLUSIVE = { [0] = "node", [2] = "user", [3] = "mcs" }
+function M.exclusive(shared)
+  shared = tonumber(shared)
+  if shared == nil or shared == 1 or shared >= 65534 then return "" end
+  return EXCLUSIVE[shared] or tostring(math.floor(shared))
+end
+
 -- het_job_offset: NO_VAL for a plain job, 0, 1, ... for the components of a heterogeneous job.
 function M.het_component(offset)
   offset = tonumber(offset)
@@ -236,6 +252,12 @@ function M.facts(job_desc, submit_uid)
     isBatch = job_desc.script ~= nil,
     hetJob = M.het_component(job_desc.het_job_offset),
     qos = text(job_desc.qos, 1024),
+    cpusPerTres = text(job_desc.cpus_per_tres, 1024),
+    memPerTres = text(job_desc.mem_per_tres, 1024),
+    ntasksPerTres = num16(job_desc.ntasks_per_tres),
+    tresBind = text(job_desc.tres_bind, 1024),
+    tresFreq = text(job_desc.tres_freq, 1024),
+    exclusive = M.exclusive(job_desc.shared),
   }
 end
 

@@ -21,7 +21,9 @@ inner() {
     # A job_submit.lua that records the GRES fields of each job_desc (and changes nothing).
     cat >"$lua/job_submit.lua" <<LUA
 local cjson = require("cjson")
-local F = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket", "name", "comment" }
+local F = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket", "name", "comment",
+            "cpus_per_tres", "mem_per_tres", "ntasks_per_tres", "tres_bind", "tres_freq", "shared",
+            "min_cpus", "cpus_per_task", "pn_min_memory", "num_tasks", "sockets_per_node" }
 function slurm_job_submit(jd, part_list, uid)
   local rec = { batch = jd.script ~= nil }
   for _, k in ipairs(F) do rec[k] = jd[k] end
@@ -47,7 +49,13 @@ print(cluster_release('', 30.0).dialect.sacct_json_arg)")
     for spec in "gres_gpu:--gres=gpu:1" "gres_typed:--gres=gpu:h100:1" "gpus:--gpus=1" \
         "gpus_per_node:--gpus-per-node=1" "gpus_per_task:--gpus-per-task=1 -n1" \
         "gpus_per_task_cpus:--gpus-per-task=1 -n1 --cpus-per-task=2" "gres_zero:--gres=gpu:0" \
-        "gres_shard:--gres=shard:2" "gres_gpu2:--gres=gpu:2"; do
+        "gres_shard:--gres=shard:2" "gres_gpu2:--gres=gpu:2" \
+        "cpus_per_gpu:--gres=gpu:1 --cpus-per-gpu=2" "gpus_cpus_per_gpu:--gpus=1 --cpus-per-gpu=2" \
+        "mem_per_gpu:--gres=gpu:1 --mem-per-gpu=1G" "ntasks_per_gpu:--gpus=1 --ntasks-per-gpu=2" \
+        "gpu_freq:--gres=gpu:1 --gpu-freq=high" "gpu_bind:--gres=gpu:1 --gpu-bind=closest" \
+        "gpu_bind_map:--gres=gpu:1 --gpu-bind=map_gpu:0" "gpus_per_socket:--gpus-per-socket=1 --sockets-per-node=1" \
+        "exclusive:--exclusive --gres=gpu:1" "exclusive_user:--exclusive=user --gres=gpu:1" \
+        "oversubscribe:--oversubscribe --gres=gpu:1" "test_only:--test-only --gres=gpu:1"; do
         name=${spec%%:*}
         # shellcheck disable=SC2086
         if ! sbatch --parsable --hold --job-name="$name" --comment="$name" ${spec#*:} --wrap true \
@@ -106,7 +114,9 @@ for rel in "$@"; do
     src=/var/tmp/swapaware-golden-out
     [[ $rel == "$host" ]] || src=$(root_dir "$rel")$src
     dest=$REPO/tests/golden/$rel
-    rm -rf "$dest" && mkdir -p "$dest"
+    # what this script writes is replaced; other files there (e.g. a captured sacct export) stay
+    mkdir -p "$dest"
+    rm -f "$dest/rejected.txt"
     cp "$src"/* "$dest"/
     # Names and hosts of this machine are not part of the facts: keep the files stable.
     sed -i "s/$(hostname -s)/node1/g" "$dest"/*

@@ -219,6 +219,14 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
         return Action.PASS_THROUGH, 0, 1.0, 0, [Reason(ReasonCode.UNSUPPORTED_REQUEST,
                                                        f"request {g.raw!r} is left as it is")]
     whole = Action.WHOLE_GPU, 0, 1.0, 0
+    if req.exclusive:
+        return *whole, [Reason(ReasonCode.EXCLUSIVE, f"--exclusive={req.exclusive}: Slurm never starts an exclusive job "
+                                                     "that holds shards; the job keeps its request")]
+    if req.per_gpu_options:
+        return *whole, [Reason(ReasonCode.PER_GPU_OPTION,
+                               f"{' '.join(req.per_gpu_options)} is expressed per GPU and has no faithful "
+                               "translation to shards (the job and its steps would be refused or lose their "
+                               "GPU binding); the job keeps its request")]
     if g.gpu_type:
         return *whole, [Reason(ReasonCode.TYPED_GPU, f"shards carry no GPU type, so the job keeps its "
                                                      f"gpu:{g.gpu_type} request ({g.raw})")]
@@ -264,8 +272,9 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
 
 def _keeps_request(req: JobRequest) -> bool:
     """A GPU request never rewritten, not even to hold a whole GPU as shards (typed, no batch
-    script, or part of a heterogeneous job)."""
-    return bool(req.gpu.gpu_type) or not req.is_batch or req.het_job
+    script, part of a heterogeneous job, exclusive, or with options expressed per GPU)."""
+    return (bool(req.gpu.gpu_type) or not req.is_batch or req.het_job or bool(req.exclusive)
+            or bool(req.per_gpu_options))
 
 
 def whole_gpu_as_shards(cfg: Config, dialect: SlurmDialect) -> bool:
@@ -352,6 +361,7 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     rewrite = Rewrite(
         tres_per_node=fields.get("tres_per_node"), tres_per_job=fields.get("tres_per_job"),
         tres_per_task=fields.get("tres_per_task"), tres_per_socket=fields.get("tres_per_socket"),
+        tres_bind="" if shards and req.implicit_gpu_bind else None,
         site_factor=sf if action is not Action.PASS_THROUGH or req.gpu.kind is GresKind.SHARD else None,
         admin_comment=comment if req.gpu.kind is not GresKind.NONE else None,
         user_message=user_message,

@@ -189,6 +189,44 @@ def parse_hints(comment: str, env_mem_hint: str) -> tuple[int | None, AccessClas
     return mem_bytes, access, " ".join(bad)
 
 
+# job_desc fields that hold options a user expressed per GPU, with the option that sets each.
+PER_GPU_OPTIONS = (
+    ("cpus_per_tres", "--cpus-per-gpu"),
+    ("mem_per_tres", "--mem-per-gpu"),
+    ("ntasks_per_tres", "--ntasks-per-gpu"),
+    ("tres_bind", "--gpu-bind"),
+    ("tres_freq", "--gpu-freq"),
+)
+NO_VAL16 = 65534  # job_desc's 16-bit numbers read this when unset
+EXCLUSIVE_NAMES = {"0": "node", "2": "user", "3": "mcs"}  # job_desc.shared; 1 is --oversubscribe
+
+
+# The binding Slurm 23.02+ gives a --gpus-per-task job itself (tres_bind, "gres/gpu:per_task:1"):
+# not an option the user typed.
+_IMPLICIT_BIND_RE = re.compile(r"^gres[:/]gpu:per_task:\d+$")
+
+
+def implicit_gpu_bind(tres_bind: str) -> bool:
+    return bool(_IMPLICIT_BIND_RE.match(tres_bind or ""))
+
+
+def per_gpu_options(values: dict[str, str | int]) -> tuple[str, ...]:
+    """The per-GPU options a job carries, as 'option=value' in PER_GPU_OPTIONS order: a value
+    that is set (a non-empty string, a count other than 0 and NO_VAL16), except the binding Slurm
+    gives --gpus-per-task itself."""
+    out = []
+    for field, option in PER_GPU_OPTIONS:
+        value = values.get(field)
+        if field == "tres_bind" and implicit_gpu_bind(str(value or "")):
+            continue
+        if isinstance(value, int):
+            if value not in (0, NO_VAL16):
+                out.append(f"{option}={value}")
+        elif value:
+            out.append(f"{option}={value}")
+    return tuple(out)
+
+
 def _num(value: int, default: int) -> int:
     return default if value in (0, SLURM_NO_VAL, SLURM_NO_VAL + 1) else value
 
@@ -201,18 +239,22 @@ def node_count(min_nodes: int) -> int:
 def job_request(*, user: str, account: str, partition: str, job_name: str, script_fingerprint: str,
                 gres_fields: dict[str, str], min_nodes: int = 1, num_tasks: int = 1, time_limit_min: int = 0,
                 comment: str = "", env_mem_hint: str = "", qos: str = "", is_batch: bool = True,
-                het_job: bool = False
+                het_job: bool = False, per_gpu: dict[str, str | int] | None = None, exclusive: str = ""
                 ) -> tuple[JobRequest, AccessClass | None]:
     """Build the typed request (and the access-class hint) from job_desc facts. ``is_batch``:
-    the job has a batch script (false for the allocations srun and salloc create)."""
+    the job has a batch script (false for the allocations srun and salloc create). ``per_gpu``:
+    the job_desc fields of PER_GPU_OPTIONS; ``exclusive``: --exclusive as JobFacts carries it."""
     if not user:
         raise RequestError("job facts carry no user")
     hint_bytes, access, bad = parse_hints(comment, env_mem_hint)
+    bind = str((per_gpu or {}).get("tres_bind") or "")
     req = JobRequest(
         user=user, account=account, partition=partition, job_name=job_name,
         script_fingerprint=script_fingerprint, gpu=gpu_request(gres_fields),
         min_nodes=_num(min_nodes, 1), num_tasks=_num(num_tasks, 1), time_limit_s=_num(time_limit_min, 0) * 60,
         hint_bytes=hint_bytes, hint_text=bad, qos=qos or "", is_batch=is_batch, het_job=het_job,
+        per_gpu_options=per_gpu_options(per_gpu or {}), exclusive=exclusive.strip(),
+        implicit_gpu_bind=bind if implicit_gpu_bind(bind) else "",
     )
     return req, access
 

@@ -76,6 +76,8 @@ class ReasonCode(enum.Enum):
     TYPED_GPU = "typed_gpu"  # gpu:<type>: shards carry no GPU type, the request stays
     INTERACTIVE = "interactive"  # no batch script (srun/salloc): its steps ask for GPUs by name
     HET_JOB = "het_job"  # a component of a heterogeneous job: the request stays
+    PER_GPU_OPTION = "per_gpu_option"  # --cpus-per-gpu, --mem-per-gpu, ...: no faithful shard translation
+    EXCLUSIVE = "exclusive"  # --exclusive: Slurm never starts an exclusive job holding shards
     DRY_RUN_NOT_SLURMCTLD = "dry_run_not_slurmctld"  # an Admit not from slurmctld: answered, not recorded
     SHADOW_MODE = "shadow_mode"  # policy.mode = shadow: decided and recorded, the job left as submitted
     MODE_OFF = "mode_off"  # policy.mode = off: not decided, the job left as submitted
@@ -117,6 +119,10 @@ class JobRequest:
     qos: str = ""  # the QoS the job asked for ("" when it takes its association's default)
     is_batch: bool = True  # false for the allocations srun and salloc create (no batch script)
     het_job: bool = False  # a component of a heterogeneous job
+    # Options the user expressed per GPU, as "--cpus-per-gpu=gres/gpu:2" ... (PER_GPU_OPTIONS order)
+    per_gpu_options: tuple[str, ...] = ()
+    exclusive: str = ""  # "node", "user", "mcs" (--exclusive[=...]); "" when the job may share nodes
+    implicit_gpu_bind: str = ""  # the binding Slurm gave --gpus-per-task itself ("gres/gpu:per_task:1")
 
 
 @dataclass(frozen=True)
@@ -263,6 +269,7 @@ class Rewrite:
     tres_per_job: str | None = None
     tres_per_task: str | None = None
     tres_per_socket: str | None = None
+    tres_bind: str | None = None
     site_factor: int | None = None
     admin_comment: str | None = None
     user_message: str | None = None

@@ -390,3 +390,36 @@ def test_a_script_slurm_will_refuse_is_not_decided(service, tmp_path):
     assert any("over max_script_bytes=4194304" in line for line in out["logs"])
     service.handler.flush()
     assert len(list(service.store.decisions())) == 1
+
+
+# ----------------------------------------------------------------------------- per-GPU options, --exclusive
+@pytest.mark.parametrize("extra,code", [
+    ({"cpus_per_tres": "gres:gpu:2"}, "per_gpu_option"),
+    ({"mem_per_tres": "gres:gpu:1024"}, "per_gpu_option"),
+    ({"ntasks_per_tres": 2, "num_tasks": 2}, "per_gpu_option"),
+    ({"tres_bind": "gpu:closest"}, "per_gpu_option"),
+    ({"tres_freq": "gpu:high"}, "per_gpu_option"),
+    ({"shared": 0}, "exclusive"),
+    ({"shared": 2}, "exclusive"),
+    ({"shared": 1}, None),  # --oversubscribe: shares as a plain request does
+    ({"shared": 65534, "ntasks_per_tres": 65534}, None),  # unset, as job_desc reads it
+])
+def test_per_gpu_options_and_exclusive_reach_the_service_and_keep_the_request(service, client, slurm_jobs,
+                                                                              tmp_path, extra, code):
+    """job_desc values as slurmctld 22.05 gives them (tests/golden): a class that shares keeps its
+    request whole, untouched (not even held as all of a GPU's shards), with the reason in the record."""
+    teach(service, client, slurm_jobs, script_fingerprint(SCRIPT.encode()), 3 * GIB)
+    out = run_lua(tmp_path, [gpu_job(**extra)], service.socket_path)
+    job = out["results"][0]["job"]
+    d_id = job["admin_comment"].split()[1].removeprefix("id=")
+    if code is None:
+        assert job["tres_per_node"] == "gres:shard:1", job
+        return
+    assert job["tres_per_node"] == "gres:gpu:1", job
+    assert "action=whole_gpu" in job["admin_comment"] and code in job["admin_comment"], job["admin_comment"]
+    service.handler.flush()
+    facts = json.loads(service.store.decision(d_id).facts_json)
+    for key, field in (("cpusPerTres", "cpus_per_tres"), ("memPerTres", "mem_per_tres"), ("tresBind", "tres_bind"),
+                       ("tresFreq", "tres_freq")):
+        assert facts.get(key, "") == extra.get(field, ""), facts
+    assert facts.get("exclusive", "") == {0: "node", 2: "user"}.get(extra.get("shared"), "")

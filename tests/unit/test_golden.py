@@ -11,7 +11,11 @@ from policy_service.adapters.slurm_text import (job_gpu_indices, parse_sacct_jso
                                                 parse_squeue_pending, scontrol_field)
 from policy_service.core.dialect import dialect_for, parse_release
 from policy_service.core.request import gpu_request, parse_gres_entries, shard_rewrite
-from policy_service.core.types import GresKind
+from policy_service.core import policy
+from policy_service.core.request import job_request
+from policy_service.core.types import Action, GresKind, ReasonCode
+
+from .test_policy import NO_OVERSUB, history
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 RELEASES = ("22.05", "24.11", "26.05")
@@ -27,6 +31,21 @@ REQUESTS = {
     "gres_zero": (GresKind.NONE, 0, "", ""),
     "gres_shard": (GresKind.SHARD, 2, "", "tres_per_node"),
     "gres_gpu2": (GresKind.GPU, 2, "", "tres_per_node"),
+}
+# Held jobs with options a user expresses per GPU, --exclusive and --oversubscribe (captured after
+# the cases above): case -> (the reason the job keeps its request, or None: it may share; the
+# option named in that reason). Every one asks for one GPU.
+KEEPS = {
+    "cpus_per_gpu": (ReasonCode.PER_GPU_OPTION, "--cpus-per-gpu="),
+    "gpus_cpus_per_gpu": (ReasonCode.PER_GPU_OPTION, "--cpus-per-gpu="),
+    "mem_per_gpu": (ReasonCode.PER_GPU_OPTION, "--mem-per-gpu="),
+    "ntasks_per_gpu": (ReasonCode.PER_GPU_OPTION, "--ntasks-per-gpu=2"),
+    "gpu_freq": (ReasonCode.PER_GPU_OPTION, "--gpu-freq="),
+    "gpu_bind": (ReasonCode.PER_GPU_OPTION, "--gpu-bind="),
+    "gpu_bind_map": (ReasonCode.PER_GPU_OPTION, "--gpu-bind="),
+    "exclusive": (ReasonCode.EXCLUSIVE, "--exclusive=node"),
+    "exclusive_user": (ReasonCode.EXCLUSIVE, "--exclusive=user"),
+    "oversubscribe": (None, ""),
 }
 
 
@@ -74,7 +93,7 @@ def test_rewrite_speaks_the_release_and_keeps_other_tres(release, case):
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_squeue_pending_rows_and_the_gpu_demand_they_make(release):
-    rows = parse_squeue_pending(_read(release, "squeue_pending.txt"))
+    rows = parse_squeue_pending(_read(release, "squeue_pending.txt"))[:len(REQUESTS)]  # submitted first
     assert len(rows) == len(REQUESTS) and all(r.reason == "JobHeldUser" for r in rows)
     assert rows[0].tres_per_node == _dialect(release).gres("gpu", 1)
     per_task = [r for r in rows if r.tres_per_task]
@@ -119,3 +138,55 @@ def test_sacct_json_of_the_pinned_parser(release):
     assert shard.admin_comment.startswith("swapaware:v1 id=golden")
     assert "gres/shard=2" in shard.tres_alloc and "gres/gpu=1" in gpu.tres_alloc
     assert shard.start_time > 0 and shard.end_time >= shard.start_time
+
+
+def _lua_facts(jd: dict) -> dict:
+    """What job_submit.lua sends of a captured job_desc (slurm_plugin/swapaware.lua: num16, exclusive)."""
+    def num16(v):
+        return 0 if v is None or v >= 65534 else int(v)
+    shared = jd.get("shared")
+    exclusive = "" if shared is None or shared == 1 or shared >= 65534 else {0: "node", 2: "user", 3: "mcs"}.get(
+        shared, str(shared))
+    return {"cpus_per_tres": jd.get("cpus_per_tres", ""), "mem_per_tres": jd.get("mem_per_tres", ""),
+            "ntasks_per_tres": num16(jd.get("ntasks_per_tres")), "tres_bind": jd.get("tres_bind", ""),
+            "tres_freq": jd.get("tres_freq", "")}, exclusive
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("case", sorted(KEEPS))
+def test_per_gpu_options_and_exclusive_keep_the_request_on_every_release(release, case):
+    """A class that would share (one observed 3 GiB run): a job with an option expressed per GPU,
+    or --exclusive, keeps its request exactly (no rewrite, not even as all of a GPU's shards on
+    22.05), and the reason names the option; --oversubscribe shares as a plain request does."""
+    jd = _job_descs(release)[case]
+    fields = {k: jd[k] for k in ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket") if k in jd}
+    per_gpu, exclusive = _lua_facts(jd)
+    req, access = job_request(user="u", account="a", partition="gpu", job_name="train", script_fingerprint="fp",
+                              gres_fields=fields, num_tasks=jd.get("num_tasks", 1), per_gpu=per_gpu,
+                              exclusive=exclusive)
+    assert req.gpu.kind is GresKind.GPU and req.gpu.per_node == 1, jd
+    d = policy.decide(req, history(3), NO_OVERSUB, decision_id="d", now=1.0, job_class="c", gres_fields=fields,
+                      access=access, dialect=_dialect(release))
+    code, option = KEEPS[case]
+    if code is None:
+        assert d.action is Action.SHARE and d.rewrite.tres_per_node == _dialect(release).gres("shard", 1), d
+        return
+    assert (d.action, d.shards) == (Action.WHOLE_GPU, 0), d.reasons
+    assert all(getattr(d.rewrite, f) is None for f in ("tres_per_node", "tres_per_job", "tres_per_task",
+                                                      "tres_per_socket")), d.rewrite
+    (reason,) = [r for r in d.reasons if r.code is code]
+    assert option in reason.message, reason.message
+    assert f"{code.value}" in d.rewrite.admin_comment
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_lua_sees_per_gpu_options_in_the_release_spelling(release):
+    jds = _job_descs(release)
+    pre = _dialect(release).gres_prefix
+    assert jds["cpus_per_gpu"]["cpus_per_tres"] == f"{pre}gpu:2"
+    assert jds["gpus_cpus_per_gpu"]["cpus_per_tres"] == f"{pre}gpu:2"
+    assert jds["mem_per_gpu"]["mem_per_tres"] == f"{pre}gpu:1024"  # MiB
+    assert jds["ntasks_per_gpu"]["ntasks_per_tres"] == 2
+    assert jds["gpu_bind"]["tres_bind"].endswith("closest") and jds["gpu_freq"]["tres_freq"].endswith("high")
+    for case, want in (("exclusive", 0), ("exclusive_user", 2), ("oversubscribe", 1), ("gres_gpu", 65534)):
+        assert jds[case]["shared"] == want, (case, jds[case])

@@ -8,12 +8,13 @@ from policy_service.adapters.slurm_text import (SQUEUE_TIME_ENV, _clock_time, in
 from policy_service.core.dialect import dialect_for, parse_release
 from tests.slurm_cli_fake import GOLDEN, RELEASES, RecordingCli, sacct_text, squeue_line
 
-# What each release's golden sacct.json holds (tests/golden/<release>/sacct.json): job 10 a
-# cancelled whole-GPU job with no AdminComment, job 11 a cancelled shard job with one.
+# What each release's golden sacct.json holds (tests/golden/<release>/sacct.json): job 22 a
+# cancelled whole-GPU job with no AdminComment, job 23 a cancelled shard job with one (after the
+# held jobs of contrib/matrix/golden.sh).
 GOLDEN_TIMES = {  # release -> (submit, start, end) of both jobs
-    "22.05": (1796284575, 1796284578, 1796284578),
-    "24.11": (1796284593, 1796284596, 1796284596),
-    "26.05": (1796284609, 1796284611, 1796284611),
+    "22.05": (1796385895, 1796385898, 1796385898),
+    "24.11": (1796386018, 1796386020, 1796386021),
+    "26.05": (1796386043, 1796386046, 1796386046),
 }
 
 
@@ -22,11 +23,11 @@ def test_sacct_instances_of_every_release(release):
     found = parse_sacct_instances((GOLDEN / release / "sacct.json").read_text())
     submit, start, end = GOLDEN_TIMES[release]
     assert [(i.job_id, i.cluster, i.submit_time, i.start_time, i.end_time, i.state, i.source) for i in found] == [
-        (10, "swapaware-dev", submit, start, end, "CANCELLED", "sacct"),
-        (11, "swapaware-dev", submit, start, end, "CANCELLED", "sacct")]
+        (22, "swapaware-dev", submit, start, end, "CANCELLED", "sacct"),
+        (23, "swapaware-dev", submit, start, end, "CANCELLED", "sacct")]
     assert found[0].admin_comment == ""  # 22.05: null; 24.11+: ""
     assert found[1].admin_comment == "swapaware:v1 id=golden action=share shards=2"
-    assert found[1].key == f"swapaware-dev/11/{submit}" and found[1].sluid == ""
+    assert found[1].key == f"swapaware-dev/23/{submit}" and found[1].sluid == ""
 
 
 @pytest.mark.parametrize("release", RELEASES)
