@@ -41,8 +41,10 @@ What each mechanism does, and does not, guarantee:
 limit; cgroup v2 dmem max/low; ``auto`` the strongest the node has, else ``framework_env``). Their
 lines are ``framework_env``'s plus the mechanism's. An unavailable mechanism is not claimed.
 
-Every shard job also gets a ``print`` line (Slurm writes it to the task's output) saying what cap
-is enforced, or that its share is advisory.
+What cap is enforced, or that the share is advisory, is said once per job, on the batch step's
+standard error (never with ``print``, which Slurm writes into the task's standard output, where
+``$(srun ...)`` and ``srun > file`` would capture it): a job's stdout is exactly what it would be
+without swapaware.
 
 The config is read from ``/etc/swapaware/swapaware.toml`` only: the job's environment (which
 the user controls) is not consulted for ``SWAPAWARE_*`` overrides or ``SWAPAWARE_CONFIG``.
@@ -150,8 +152,20 @@ def enforcement_message(env: Mapping[str, str], cfg: Config, lines: list[str], b
     return (backend or choose(cfg)[0]).apply(job).message
 
 
+# SLURM_STEP_ID of the batch step as a task of it sees it (SLURM_BATCH_SCRIPT), or unset.
+BATCH_STEP_IDS = ("", "batch", "4294967291")
+
+
+def says_enforcement(env: Mapping[str, str]) -> bool:
+    """Whether this task is where the job hears what cap it has: the batch step's first task, once
+    per job (steps started with srun each run the TaskProlog again, for every task)."""
+    return env.get("SLURM_STEP_ID", "").strip() in BATCH_STEP_IDS and env.get("SLURM_LOCALID", "0") == "0"
+
+
 def main() -> int:
-    """Print the lines for this task; always exit 0 (a failing TaskProlog must not fail the task)."""
+    """Print the export lines for this task (stdout: Slurm applies them to the task's environment)
+    and, for the batch step only, the cap on stderr; always exit 0 (a failing TaskProlog must not
+    fail the task)."""
     try:
         cfg = load_config(env={})
     except ConfigError as exc:
@@ -161,9 +175,12 @@ def main() -> int:
     backend = None if cfg.agent.enforcement in (Enforcement.FRAMEWORK_ENV, Enforcement.MPS,
                                                 Enforcement.NONE) else choose(cfg)[0]
     lines = task_prolog_lines(os.environ, cfg, pipe_dir_exists, backend)
-    message = enforcement_message(os.environ, cfg, lines, backend)
-    for line in lines + ([f"print {message}"] if message else []):
+    for line in lines:
         sys.stdout.write(line + "\n")
+    if says_enforcement(os.environ):
+        message = enforcement_message(os.environ, cfg, lines, backend)
+        if message:
+            sys.stderr.write(message + "\n")
     return 0
 
 

@@ -84,5 +84,23 @@ def test_main_prints_lines_and_ignores_user_overrides() -> None:
     done = subprocess.run([sys.executable, "-m", "slurm_plugin.task_prolog"], env=env, capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == _framework(40 * GIB, 0.5) + [
-        "print swapaware: GPU memory share 40960 MiB is ADVISORY (not enforced on this node): stay within it"]
+    # stdout holds only what Slurm applies to the task's environment: nothing reaches the task's output
+    assert done.stdout.splitlines() == _framework(40 * GIB, 0.5)
+    assert done.stderr.splitlines() == [
+        "swapaware: GPU memory share 40960 MiB is ADVISORY (not enforced on this node): stay within it"]
+
+
+@pytest.mark.skipif(DEFAULT_CONFIG_PATH.exists(), reason="a site config exists on this machine")
+@pytest.mark.parametrize("step, localid, says", [
+    (None, None, True), ("batch", "0", True), ("4294967291", "0", True),  # the batch step
+    ("0", "0", False), ("3", "1", False), ("batch", "1", False),  # srun steps, other tasks
+])
+def test_only_the_batch_step_says_what_cap_the_job_has(step, localid, says) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SWAPAWARE_", "SLURM_"))}
+    env.update(SLURM_SHARDS_ON_NODE="4", SWAPAWARE_CONFIG="/nonexistent")
+    env.update({k: v for k, v in (("SLURM_STEP_ID", step), ("SLURM_LOCALID", localid)) if v is not None})
+    done = subprocess.run([sys.executable, "-m", "slurm_plugin.task_prolog"], env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0
+    assert done.stdout.splitlines() == _framework(40 * GIB, 0.5)  # every task gets its environment
+    assert done.stderr.startswith("swapaware: GPU memory share") is says, done.stderr
