@@ -33,7 +33,10 @@ local function set(options, key, value)
   return pcall(function() options[key] = value end)
 end
 
--- The step's new --gres, or nil when the step is left as it is. env: a function like os.getenv.
+-- The step's new --gres, or nil when the step is left as it is, and its new --tres-per-task (nil:
+-- unchanged). On 23.11+ a step inherits the job's --gpus-per-task as --tres-per-task
+-- ("gres/gpu=1", from SLURM_TRES_PER_TASK in the batch step's environment): its gpu entry goes,
+-- the rest ("cpu=2") stays. env: a function like os.getenv.
 function M.step_gres(options, env)
   if get(options, "type") ~= "srun" then return nil end
   if (env("SLURM_JOB_ID") or "") == "" then return nil end
@@ -44,19 +47,21 @@ function M.step_gres(options, env)
     local v = get(options, key)
     if v ~= "" and v ~= "0" and not string.match(v, "^[%a%d_-]*:?0$") then asks = true end
   end
-  if not asks then return nil end
+  local per_task_kept, per_task_gpu = M.split_gres(get(options, "tres-per-task"))
+  if not asks and not per_task_gpu then return nil end
   kept[#kept + 1] = "shard:" .. tostring(math.floor(shards))
-  return table.concat(kept, ",")
+  return table.concat(kept, ","), per_task_gpu and table.concat(per_task_kept, ",") or nil
 end
 
 function M.mend_step(options, env)
   env = env or os.getenv
-  local ok, gres = pcall(M.step_gres, options, env)
+  local ok, gres, per_task = pcall(M.step_gres, options, env)
   if not ok or gres == nil then return false end
   for _, key in ipairs(M.GPU_OPTIONS) do
     -- Lua nil cannot be assigned (the option setter takes strings); "" is "not given".
     if get(options, key) ~= "" then set(options, key, "") end
   end
+  if per_task ~= nil then set(options, "tres-per-task", per_task) end
   set(options, "gres", gres)
   if slurm and slurm.log_verbose then
     slurm.log_verbose("swapaware: this job holds %s GPU shard(s): the step asks for --gres=%s",

@@ -43,6 +43,11 @@ CASES = [
     ({"type": "srun", "gres": "gres/gpu:1"}, {}, False, "gres/gpu:1", {}),  # not inside a job
     ({"type": "sbatch", "gres": "gres/gpu:1"}, IN_SHARD_JOB, False, "gres/gpu:1", {}),  # a new job
     ({"type": "salloc", "gpus": "1"}, IN_SHARD_JOB, False, None, {"gpus": "1"}),
+    # 23.11+: a plain srun inherits the job's --gpus-per-task as --tres-per-task
+    ({"type": "srun", "tres-per-task": "gres/gpu=1"}, IN_SHARD_JOB, True, "shard:2", {"tres-per-task": ""}),
+    ({"type": "srun", "tres-per-task": "cpu=2,gres/gpu=1"}, IN_SHARD_JOB, True, "shard:2", {"tres-per-task": "cpu=2"}),
+    ({"type": "srun", "tres-per-task": "cpu=2"}, IN_SHARD_JOB, False, None, {"tres-per-task": "cpu=2"}),
+    ({"type": "srun", "tres-per-task": "gres/gpu=1"}, IN_GPU_JOB, False, None, {"tres-per-task": "gres/gpu=1"}),
 ]
 
 

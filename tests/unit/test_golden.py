@@ -190,3 +190,22 @@ def test_lua_sees_per_gpu_options_in_the_release_spelling(release):
     assert jds["gpu_bind"]["tres_bind"].endswith("closest") and jds["gpu_freq"]["tres_freq"].endswith("high")
     for case, want in (("exclusive", 0), ("exclusive_user", 2), ("oversubscribe", 1), ("gres_gpu", 65534)):
         assert jds[case]["shared"] == want, (case, jds[case])
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("case", ["gpus_per_task", "gpus_per_task_cpus"])
+def test_the_binding_slurm_gives_gpus_per_task_is_cleared_with_a_shard_rewrite(release, case):
+    """24.11+ bind a --gpus-per-task job to its GPUs themselves (tres_bind gres/gpu:per_task:1): not a
+    user's option, so the job shares, and the binding goes with the gpu request it belongs to."""
+    jd = _job_descs(release)[case]
+    fields = {k: jd[k] for k in ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket") if k in jd}
+    per_gpu, exclusive = _lua_facts(jd)
+    req, access = job_request(user="u", account="a", partition="gpu", job_name="train", script_fingerprint="fp",
+                              gres_fields=fields, num_tasks=jd.get("num_tasks", 1), per_gpu=per_gpu,
+                              exclusive=exclusive)
+    assert req.per_gpu_options == ()
+    d = policy.decide(req, history(3), NO_OVERSUB, decision_id="d", now=1.0, job_class="c", gres_fields=fields,
+                      access=access, dialect=_dialect(release))
+    assert d.action is Action.SHARE
+    assert d.rewrite.tres_bind == ("" if "tres_bind" in jd else None), (jd, d.rewrite)
+    assert ("tres_bind" in jd) is (release != "22.05")

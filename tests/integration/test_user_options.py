@@ -1,0 +1,133 @@
+"""Every GPU option a user types keeps its meaning: each job below runs once with swapaware's
+job_submit plugin on and once with it off, on the same cluster, and the two runs must agree on what
+the job got (its state, CPUs, memory, whether each step sees a GPU) and on its stdout, byte for
+byte. With the plugin on the job's class would share (a memory hint makes it shareable on a first
+run): options expressed per GPU, --exclusive and --gpu-bind keep the request whole and say why,
+and a plain request that is rewritten to shards prints nothing more than it would without
+swapaware."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from tests.slurm_stack import CLUSTER, Stack
+
+from .conftest import decision_of, job_field
+
+pytestmark = pytest.mark.integration
+
+HINT = "--comment=swapaware:mem=2G"
+# What the batch step and every task of one step see (set/unset, not the index: the GPU a job
+# lands on may differ between the two runs), sorted: tasks of one step print in any order.
+SCRIPT = """#!/bin/bash
+echo "batch gpu=${CUDA_VISIBLE_DEVICES:+set}"
+srun bash -c 'echo "task $SLURM_PROCID gpu=${CUDA_VISIBLE_DEVICES:+set} step_gpus=${SLURM_STEP_GPUS:+set}'\\
+' ordinal=${GPU_DEVICE_ORDINAL:+set} cpus=$SLURM_CPUS_ON_NODE"' | sort
+echo done
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    args: tuple[str, ...]
+    reason: str  # the reason the job keeps its request with the plugin on; "" when it shares
+
+
+CASES = (
+    Case("cpus_per_gpu", ("--gres=gpu:1", "--cpus-per-gpu=2"), "per_gpu_option"),
+    Case("gpus_cpus_per_gpu", ("--gpus=1", "--cpus-per-gpu=2"), "per_gpu_option"),
+    Case("mem_per_gpu", ("--gres=gpu:1", "--mem-per-gpu=300M"), "per_gpu_option"),
+    Case("ntasks_per_gpu", ("--gpus=1", "--ntasks-per-gpu=2"), "per_gpu_option"),
+    Case("gpu_freq", ("--gres=gpu:1", "--gpu-freq=high"), "per_gpu_option"),
+    Case("gpu_bind_closest", ("--gres=gpu:1", "--gpu-bind=closest"), "per_gpu_option"),
+    Case("gpu_bind_map", ("--gres=gpu:1", "--gpu-bind=map_gpu:0"), "per_gpu_option"),
+    Case("gpu_bind_single", ("--gres=gpu:1", "--gpu-bind=single:1"), "per_gpu_option"),
+    Case("exclusive", ("--exclusive", "--gres=gpu:1"), "exclusive"),
+    Case("plain", ("--gres=gpu:1",), ""),
+    Case("gpus_per_task", ("--gpus-per-task=1", "--ntasks=1"), ""),
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    job: int
+    state: str
+    stdout: str
+    stderr: str
+    alloc: dict[str, str]  # sacct AllocTRES: cpu, mem, node, billing, gres/gpu or gres/shard
+    tres_per_node: str
+    admin_comment: str
+
+
+def _plugin(stack: Stack, mode: str) -> None:
+    stack.run("bash", str(CLUSTER), "plugin", mode, timeout=300)
+
+
+def _submit(stack: Stack, case: Case, tag: str) -> int:
+    out = stack.state / "jobs" / f"opt-{case.name}-{tag}"
+    return stack.sbatch(SCRIPT, *case.args, HINT, f"--job-name=opt-{case.name}", f"--output={out}.out",
+                        f"--error={out}.err")
+
+
+def _collect(stack: Stack, case: Case, tag: str, job: int) -> Run:
+    info = stack.show_job(job)
+    state = stack.wait_done(job, timeout_s=180)
+    out = stack.state / "jobs" / f"opt-{case.name}-{tag}"
+    tres = stack.run("sacct", "-X", "-n", "-P", "-j", str(job), "-o", "alloctres").stdout.strip()
+    alloc = dict(kv.split("=", 1) for kv in tres.split(",") if "=" in kv)
+    return Run(job, state, out.with_suffix(".out").read_text(), out.with_suffix(".err").read_text(), alloc,
+               job_field(info, "TresPerNode"), job_field(info, "AdminComment"))
+
+
+@pytest.fixture(scope="module")
+def side_by_side(stack):
+    """Every case submitted with the plugin on, then with it off (the cluster as it would be without
+    swapaware), each run to its end; the plugin is on again afterwards."""
+    tag = uuid.uuid4().hex[:6]
+    runs: dict[str, dict[str, Run]] = {"on": {}, "off": {}}
+    try:
+        for mode in ("on", "off"):
+            _plugin(stack, mode)
+            jobs = {c.name: _submit(stack, c, f"{tag}-{mode}") for c in CASES}
+            runs[mode] = {c.name: _collect(stack, c, f"{tag}-{mode}", jobs[c.name]) for c in CASES}
+    finally:
+        _plugin(stack, "on")
+    return runs
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_the_job_gets_and_prints_what_it_would_without_swapaware(side_by_side, case):
+    on, off = side_by_side["on"][case.name], side_by_side["off"][case.name]
+    assert off.state == "COMPLETED", off
+    assert on.state == off.state, (on, off)
+    if case.reason:  # the request as typed: everything allocated, and billed, is the same
+        assert on.alloc == off.alloc, (on, off)
+    else:  # shards of the GPU instead of the GPU; the CPUs and memory the job got are the same
+        assert (on.alloc["cpu"], on.alloc["mem"]) == (off.alloc["cpu"], off.alloc["mem"]), (on, off)
+    assert on.stdout == off.stdout, (on.stdout, off.stdout)
+    assert "gpu=set" in on.stdout and "gpu=\n" not in on.stdout and "gpu= " not in on.stdout, on.stdout
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_the_decision_says_why_the_request_stayed_or_shares(side_by_side, stack, case):
+    on, off = side_by_side["on"][case.name], side_by_side["off"][case.name]
+    d = decision_of(on.admin_comment)
+    if case.reason:
+        assert d["action"] == "whole_gpu" and case.reason in d["why"].split(","), d
+        assert on.tres_per_node == off.tres_per_node, (on, off)  # the request exactly as typed
+    else:
+        assert d["action"] == "share", d
+        assert on.tres_per_node == stack.gres("shard", 1), on
+
+
+def test_a_shared_job_writes_nothing_of_swapawares_to_its_output(side_by_side):
+    """stdout is the job's own (compared above); stderr holds at most one line of swapaware's per
+    job, however many steps and tasks it runs."""
+    for case in CASES:
+        on, off = side_by_side["on"][case.name], side_by_side["off"][case.name]
+        extra = [ln for ln in on.stderr.splitlines() if ln not in off.stderr.splitlines()]
+        assert len(extra) <= 1 and all(ln.startswith("swapaware:") for ln in extra), (case.name, on.stderr)
+        assert "swapaware" not in on.stdout, (case.name, on.stdout)
