@@ -227,9 +227,6 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
                                f"{' '.join(req.per_gpu_options)} is expressed per GPU and has no faithful "
                                "translation to shards (the job and its steps would be refused or lose their "
                                "GPU binding); the job keeps its request")]
-    if g.gpu_type:
-        return *whole, [Reason(ReasonCode.TYPED_GPU, f"shards carry no GPU type, so the job keeps its "
-                                                     f"gpu:{g.gpu_type} request ({g.raw})")]
     if req.het_job:
         return *whole, [Reason(ReasonCode.HET_JOB, "a component of a heterogeneous job: its steps name their "
                                                    "component's GPUs (srun --het-group), which shards of one "
@@ -271,10 +268,9 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
 
 
 def _keeps_request(req: JobRequest) -> bool:
-    """A GPU request never rewritten, not even to hold a whole GPU as shards (typed, no batch
-    script, part of a heterogeneous job, exclusive, or with options expressed per GPU)."""
-    return (bool(req.gpu.gpu_type) or not req.is_batch or req.het_job or bool(req.exclusive)
-            or bool(req.per_gpu_options))
+    """A GPU request never rewritten, not even to hold a whole GPU as shards (no batch script, part
+    of a heterogeneous job, exclusive, or with options expressed per GPU)."""
+    return not req.is_batch or req.het_job or bool(req.exclusive) or bool(req.per_gpu_options)
 
 
 def whole_gpu_as_shards(cfg: Config, dialect: SlurmDialect) -> bool:
@@ -284,8 +280,8 @@ def whole_gpu_as_shards(cfg: Config, dialect: SlurmDialect) -> bool:
     return dialect.gpu_beside_shard_bug if setting is WholeGpuAsShards.AUTO else setting is WholeGpuAsShards.ON
 
 
-def _as_shards_reason(shards: int, dialect: SlurmDialect) -> Reason:
-    held = f"held as all {shards} shards of one GPU"
+def _as_shards_reason(shards: int, dialect: SlurmDialect, gpu_type: str = "") -> Reason:
+    held = f"held as all {shards} shards of one {gpu_type + ' ' if gpu_type else ''}GPU"
     if dialect.gpu_beside_shard_bug:
         why = (f"on Slurm {dialect.name} a gpu job can land on a GPU whose shards are in use, all of its shards "
                "cannot")
@@ -342,7 +338,7 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     if (action is Action.WHOLE_GPU and _single_gpu(req) and not _keeps_request(req) and cfg.policy.enable_sharing
             and whole_gpu_as_shards(cfg, dialect)):
         shards = cfg.gpu.shards_per_gpu
-        route_reasons.append(_as_shards_reason(shards, dialect))
+        route_reasons.append(_as_shards_reason(shards, dialect, req.gpu.gpu_type))
     if replaces:
         route_reasons.insert(0, Reason(ReasonCode.REDECIDED, f"re-decided while the job was pending: replaces "
                                                              f"decision {replaces}"))
@@ -352,9 +348,10 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     fields = {}
     user_message = None
     if shards:
-        fields = shard_rewrite(dict(gres_fields), req.gpu.source_field, shards, dialect)
+        fields = shard_rewrite(dict(gres_fields), req.gpu.source_field, shards, dialect, req.gpu.gpu_type)
     if action in (Action.SHARE, Action.SHARE_OVERSUBSCRIBED):
-        user_message = (f"swapaware: gpu request rewritten to {shards} shard(s) of one GPU "
+        of_gpu = f"one {req.gpu.gpu_type} GPU" if req.gpu.gpu_type else "one GPU"
+        user_message = (f"swapaware: gpu request rewritten to {shards} shard(s) of {of_gpu} "
                         f"(predicted peak {estimator.fmt_bytes(est.peak_bytes)})")
     comment = admin_comment(decision_id, version, action, shards, est, sf, reasons,
                             cfg.policy.admin_comment_max_chars)

@@ -135,17 +135,19 @@ def gpu_request(fields: dict[str, str]) -> GpuRequest:
                       source_field=fname, raw=entry.text)
 
 
-def shard_rewrite(fields: dict[str, str], source_field: str, shards: int, dialect: SlurmDialect
-                  ) -> dict[str, str]:
+def shard_rewrite(fields: dict[str, str], source_field: str, shards: int, dialect: SlurmDialect,
+                  gpu_type: str = "") -> dict[str, str]:
     """New values for the GRES fields: the GPU request becomes ``<k>`` shards in tres_per_node,
-    written in the dialect's spelling (``gres/shard:<k>`` on 23.02+); every other entry stays as
-    it was written, and every gpu entry of every field is cleared."""
+    written in the dialect's spelling (``gres/shard:<k>`` on 23.02+), of the GPU type the job
+    asked for (``gres/shard:a100:<k>``: shards take their GPU's type where gres.conf gives GPUs a
+    ``Type=``, on every supported release); every other entry stays as it was written, and every
+    gpu entry of every field is cleared."""
     out: dict[str, str] = {}
     for fname in GRES_FIELDS:
         old = fields.get(fname, "") or ""
         kept = [e.render() for e in parse_gres_entries(old) if not _is_gpu_entry(e)]
         if fname == "tres_per_node":
-            kept.append(dialect.gres("shard", shards))
+            kept.append(dialect.gres("shard", shards, gpu_type))
         new = ",".join(kept)
         if new != old or fname == source_field:
             out[fname] = new

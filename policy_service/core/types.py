@@ -73,7 +73,7 @@ class ReasonCode(enum.Enum):
     COMPUTE_BOUND = "compute_bound"
     COMPUTE_OVERCOMMITTED = "compute_overcommitted"
     REDECIDED = "redecided"
-    TYPED_GPU = "typed_gpu"  # gpu:<type>: shards carry no GPU type, the request stays
+    TYPED_GPU = "typed_gpu"  # gpu:<type> kept as typed (decisions before typed requests shared)
     INTERACTIVE = "interactive"  # no batch script (srun/salloc): its steps ask for GPUs by name
     HET_JOB = "het_job"  # a component of a heterogeneous job: the request stays
     PER_GPU_OPTION = "per_gpu_option"  # --cpus-per-gpu, --mem-per-gpu, ...: no faithful shard translation

@@ -73,9 +73,9 @@ def test_srun_and_salloc_allocations_keep_their_request(start, slurm_jobs):
         d = json_format.ParseDict(resp["response"], pb.AdmitResponse()).decision
         assert d.action == pb.ACTION_WHOLE_GPU and [r.code for r in d.reasons][0] == "interactive"
         assert not d.rewrite.HasField("tres_per_node") and "why=interactive" in d.rewrite.admin_comment
-        typed = client.admit(facts(gres="gres/gpu:a100:1")).decision
-        assert typed.action == pb.ACTION_WHOLE_GPU and typed.reasons[0].code == "typed_gpu"
-        assert not typed.rewrite.HasField("tres_per_node") and typed.rewrite.HasField("site_factor")
+        typed = client.admit(facts(gres="gres/gpu:a100:1")).decision  # learned from alice/train's run
+        assert typed.action == pb.ACTION_SHARE and "typed_gpu" not in [r.code for r in typed.reasons]
+        assert typed.rewrite.tres_per_node == "gres/shard:a100:1"  # shares within its type
         unset = client.admit(facts(gres="gres/gpu:1")).decision  # a client that does not say: batch
         assert unset.action == pb.ACTION_SHARE
 

@@ -239,16 +239,15 @@ def test_service_socket_serves_many_requests_on_one_connection(service):
             assert b'"decision"' in f.readline()
 
 
-def test_srun_salloc_allocations_typed_gpus_and_het_jobs_keep_their_request(service, tmp_path):
+def test_srun_salloc_allocations_and_het_jobs_keep_their_request(service, tmp_path):
     srun = gpu_job()
     del srun["script"]  # job_desc.script is nil for the allocations srun and salloc create
     # het_job_offset: 4294967294 (NO_VAL) for plain jobs, 0, 1, ... for a heterogeneous job's components
     het0 = gpu_job(het_job_offset=0)
     plain = gpu_job(het_job_offset=4294967294, name="plain")
-    out = run_lua(tmp_path, [srun, gpu_job(tres_per_node="gres:gpu:a100:1"), het0, plain], service.socket_path)
-    assert "why=het_job" not in out["results"][3]["job"]["admin_comment"]
-    for res, code, gres in zip(out["results"], ("interactive", "typed_gpu", "het_job"),
-                               ("gres:gpu:1", "gres:gpu:a100:1", "gres:gpu:1")):
+    out = run_lua(tmp_path, [srun, het0, plain], service.socket_path)
+    assert "why=het_job" not in out["results"][2]["job"]["admin_comment"]
+    for res, code, gres in zip(out["results"], ("interactive", "het_job"), ("gres:gpu:1", "gres:gpu:1")):
         assert res["rc"] == 0 and res["job"]["tres_per_node"] == gres  # as typed
         assert f"why={code}" in res["job"]["admin_comment"] and res["job"]["site_factor"] == 0
 
@@ -403,6 +402,7 @@ def test_a_script_slurm_will_refuse_is_not_decided(service, tmp_path):
     ({"shared": 2}, "exclusive"),
     ({"shared": 1}, None),  # --oversubscribe: shares as a plain request does
     ({"shared": 65534, "ntasks_per_tres": 65534}, None),  # unset, as job_desc reads it
+    ({"tres_per_node": "gres:gpu:a100:1"}, None),  # typed: shares within its type
 ])
 def test_per_gpu_options_and_exclusive_reach_the_service_and_keep_the_request(service, client, slurm_jobs,
                                                                               tmp_path, extra, code):
@@ -413,7 +413,8 @@ def test_per_gpu_options_and_exclusive_reach_the_service_and_keep_the_request(se
     job = out["results"][0]["job"]
     d_id = job["admin_comment"].split()[1].removeprefix("id=")
     if code is None:
-        assert job["tres_per_node"] == "gres:shard:1", job
+        typed = "a100:" if "a100" in extra.get("tres_per_node", "") else ""
+        assert job["tres_per_node"] == f"gres:shard:{typed}1", job
         return
     assert job["tres_per_node"] == "gres:gpu:1", job
     assert "action=whole_gpu" in job["admin_comment"] and code in job["admin_comment"], job["admin_comment"]

@@ -1,5 +1,5 @@
 """What users type keeps working with swapaware, on the release these tests run against: GPU steps
-inside a rewritten batch job, interactive srun/salloc, typed GPUs, --gpus-per-task, gpu:0, job
+inside a rewritten batch job, interactive srun/salloc, typed GPUs (shared within their type), --gpus-per-task, gpu:0, job
 arrays, held jobs and heterogeneous jobs. A memory hint (swapaware:mem=2G) makes a first run
 shareable, so each test sees a rewrite without a learned history."""
 import uuid
@@ -69,16 +69,17 @@ def test_salloc_allocation_runs_gpu_steps(stack):
     assert d["action"] == "whole_gpu" and "interactive" in d["why"], d
 
 
-def test_typed_gpu_request_stays_on_its_type(stack):
-    job = stack.sbatch("#!/bin/sh\necho job_gpus=$SLURM_JOB_GPUS\n", "--gres=gpu:h100:1", HINT,
-                       f"--job-name={_name('typed')}")
+def test_typed_gpu_request_shares_within_its_type(stack):
+    job = stack.sbatch("#!/bin/sh\necho job_gpus=$SLURM_JOB_GPUS\nsrun --gres=gpu:h100:1 sh -c 'echo step_gpus=$CUDA_VISIBLE_DEVICES'\n",
+                       "--gres=gpu:h100:1", HINT, f"--job-name={_name('typed')}")
     info = stack.show_job(job)
-    assert job_field(info, "TresPerNode") == stack.gres("gpu", 1, "h100"), info
+    assert job_field(info, "TresPerNode") == stack.gres("shard", 1, "h100"), info
     d = decision_of(job_field(info, "AdminComment"))
-    assert d["action"] == "whole_gpu" and "typed_gpu" in d["why"], d
-    assert stack.wait_done(job) == "COMPLETED"
-    out = (stack.state / "jobs" / f"slurm-{job}.out").read_text().strip()
-    assert out in ("job_gpus=2", "job_gpus=3"), out  # the dev cluster's h100s are GPUs 2 and 3
+    assert d["action"] == "share" and "typed_gpu" not in d["why"], d
+    assert stack.wait_done(job) == "COMPLETED", (stack.state / "jobs" / f"slurm-{job}.out").read_text()
+    lines = (stack.state / "jobs" / f"slurm-{job}.out").read_text().splitlines()
+    assert lines[0] in ("job_gpus=2", "job_gpus=3"), lines  # the dev cluster's h100s are GPUs 2 and 3
+    assert any(ln.startswith("step_gpus=") and ln != "step_gpus=" for ln in lines), lines  # the step has it too
 
 
 def test_gpus_per_task_job_is_a_gpu_job(stack):

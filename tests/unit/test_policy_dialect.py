@@ -82,10 +82,6 @@ def test_whole_gpu_as_shards_accepts_a_plain_boolean():
 
 
 KEEPS = [  # (fields, is_batch, reason code)
-    ({"tres_per_node": "gres:gpu:a100:1"}, True, ReasonCode.TYPED_GPU),
-    ({"tres_per_node": "gres/gpu:a100:1"}, True, ReasonCode.TYPED_GPU),
-    ({"tres_per_node": "gres/gpu:a100:2"}, True, ReasonCode.TYPED_GPU),  # before the multi-GPU check
-    ({"tres_per_task": "cpu=2,gres/gpu:a100=1"}, True, ReasonCode.TYPED_GPU),
     ({"tres_per_node": "gres:gpu:1"}, False, ReasonCode.INTERACTIVE),
     ({"tres_per_node": "gres/gpu:1"}, False, ReasonCode.INTERACTIVE),
     ({"tres_per_node": "gres/gpu:2"}, False, ReasonCode.INTERACTIVE),
@@ -98,7 +94,7 @@ KEEPS = [  # (fields, is_batch, reason code)
 @pytest.mark.parametrize("setting", list(WholeGpuAsShards))
 @pytest.mark.parametrize("stats", [None, history(3)])
 @pytest.mark.parametrize("fields,is_batch,code", KEEPS)
-def test_typed_and_interactive_requests_stay_as_typed(fields, is_batch, code, stats, setting, dialect):
+def test_interactive_and_het_requests_stay_as_typed(fields, is_batch, code, stats, setting, dialect):
     d = decide(fields, stats, with_as_shards(setting, NO_OVERSUB), dialect, is_batch=is_batch)
     assert (d.action, d.shards) == (Action.WHOLE_GPU, 0)
     assert code in codes(d) and ReasonCode.WHOLE_GPU_AS_SHARDS not in codes(d)
@@ -107,9 +103,41 @@ def test_typed_and_interactive_requests_stay_as_typed(fields, is_batch, code, st
     assert r.site_factor is not None and f"why={code.value}" in r.admin_comment and r.user_message is None
 
 
-def test_typed_and_interactive_messages():
-    typed = decide({"tres_per_node": "gres/gpu:a100:1"}, history(3), dialect=D24)
-    assert "gpu:a100" in typed.reasons[0].message and "shards carry no GPU type" in typed.reasons[0].message
+@pytest.mark.parametrize("fields,dialect,expected", [
+    ({"tres_per_node": "gres:gpu:a100:1"}, D22, {"tres_per_node": "gres:shard:a100:1"}),
+    ({"tres_per_node": "gres/gpu:a100:1"}, D24, {"tres_per_node": "gres/shard:a100:1"}),
+    ({"tres_per_job": "gres/gpu:h100:1"}, D26, {"tres_per_node": "gres/shard:h100:1", "tres_per_job": ""}),
+    ({"tres_per_task": "cpu=2,gres/gpu:a100=1"}, D24, {"tres_per_node": "gres/shard:a100:1", "tres_per_task": "cpu=2"}),
+])
+def test_typed_requests_share_within_their_type(fields, dialect, expected):
+    """Shards take their GPU's type (gres.conf Type= with the same File=, on every release): a
+    typed request shares only GPUs of its type."""
+    d = decide(fields, history(3), NO_OVERSUB, dialect)
+    assert (d.action, d.shards) == (Action.SHARE, 1)
+    got = {f: getattr(d.rewrite, f) for f in ("tres_per_node", "tres_per_job", "tres_per_task") if getattr(d.rewrite, f)
+           is not None}
+    assert got == expected
+    back = gpu_request({**fields, **got})
+    assert (back.kind.value, back.gpu_type) == ("shard", "a100" if "a100" in str(fields) else "h100")
+    assert ReasonCode.TYPED_GPU not in codes(d) and "of one " + back.gpu_type + " GPU" in d.rewrite.user_message
+
+
+@pytest.mark.parametrize("dialect,held", [(D22, "gres:shard:a100:8"), (D24, None), (D26, None)])
+def test_a_typed_whole_gpu_is_held_as_the_shards_of_its_type_where_the_release_needs_it(dialect, held):
+    d = decide({"tres_per_node": dialect.gres("gpu", 1, "a100")}, None, dialect=dialect)
+    assert d.action is Action.WHOLE_GPU and d.rewrite.tres_per_node == held
+    if held:
+        assert "all 8 shards of one a100 GPU" in next(r.message for r in d.reasons
+                                                       if r.code is ReasonCode.WHOLE_GPU_AS_SHARDS)
+
+
+def test_typed_multi_gpu_and_multi_node_requests_stay_whole():
+    assert ReasonCode.MULTI_GPU in codes(decide({"tres_per_node": "gres/gpu:a100:2"}, history(3), dialect=D24))
+    assert ReasonCode.MULTI_NODE in codes(decide({"tres_per_node": "gres/gpu:a100:1"}, history(3), dialect=D24,
+                                                 nodes=2))
+
+
+def test_interactive_messages():
     srun = decide({"tres_per_node": "gres/gpu:1"}, history(3), dialect=D24, is_batch=False)
     assert "srun or salloc" in srun.reasons[0].message
 
@@ -123,7 +151,3 @@ def test_none_shard_and_other_come_first(fields, is_batch, code):
     d = decide(fields, history(3), dialect=D24, is_batch=is_batch)
     assert d.action is Action.PASS_THROUGH and d.reasons[0].code is code
 
-
-def test_typed_multi_node_job_says_typed():
-    d = decide({"tres_per_node": "gres/gpu:a100:1"}, history(3), dialect=D24, nodes=2)
-    assert d.reasons[0].code is ReasonCode.TYPED_GPU
