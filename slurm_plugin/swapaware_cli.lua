@@ -23,6 +23,11 @@ function M.split_gres(value)
   return kept, gpu
 end
 
+-- implicit_gpu_bind(v): the binding Slurm gives --gpus-per-task itself ("gres/gpu:per_task:1").
+function M.implicit_gpu_bind(value)
+  return string.match(value or "", "^gres[:/]gpu:per_task:%d+$") ~= nil
+end
+
 local function get(options, key)
   local ok, v = pcall(function() return options[key] end)
   if not ok or v == nil then return "" end
@@ -62,6 +67,11 @@ function M.mend_step(options, env)
     if get(options, key) ~= "" then set(options, key, "") end
   end
   if per_task ~= nil then set(options, "tres-per-task", per_task) end
+  -- The binding Slurm gives --gpus-per-task itself, inherited by the step (26.05:
+  -- SLURM_TRES_BIND=gres/gpu:per_task:1), names GPUs the job does not hold: the step would run
+  -- without CUDA_VISIBLE_DEVICES. A binding the user typed never gets here (such a job is not
+  -- rewritten to shards).
+  if M.implicit_gpu_bind(get(options, "tres-bind")) then set(options, "tres-bind", "") end
   set(options, "gres", gres)
   if slurm and slurm.log_verbose then
     slurm.log_verbose("swapaware: this job holds %s GPU shard(s): the step asks for --gres=%s",

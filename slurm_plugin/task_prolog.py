@@ -52,6 +52,7 @@ the user controls) is not consulted for ``SWAPAWARE_*`` overrides or ``SWAPAWARE
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Mapping
@@ -162,6 +163,23 @@ def says_enforcement(env: Mapping[str, str]) -> bool:
     return env.get("SLURM_STEP_ID", "").strip() in BATCH_STEP_IDS and env.get("SLURM_LOCALID", "0") == "0"
 
 
+# The environment sbatch gives a --gpus-per-task job (23.02+): SLURM_TRES_PER_TASK=gres/gpu=1 and,
+# on 26.05, SLURM_TRES_BIND=gres/gpu:per_task:1, the binding Slurm made itself. An srun in a job
+# rewritten to shards reads them back as its own options; the binding names GPUs the job does not
+# hold, and measured on 26.05.5 the step then runs without CUDA_VISIBLE_DEVICES even when
+# cli_filter has cleared the option. Unset in the batch script's environment, its steps take the
+# job's own shards.
+_IMPLICIT_BIND = re.compile(r"^gres[:/]gpu:per_task:\d+$")
+
+
+def inherited_gpu_lines(env: Mapping[str, str]) -> list[str]:
+    """``unset`` lines for what a shard job's srun steps must not inherit (none for other jobs,
+    and none for a binding the user typed: such a job is never rewritten to shards)."""
+    if _shards(env) <= 0 or not _IMPLICIT_BIND.match(env.get("SLURM_TRES_BIND", "")):
+        return []
+    return ["unset SLURM_TRES_BIND"]
+
+
 def main() -> int:
     """Print the export lines for this task (stdout: Slurm applies them to the task's environment)
     and, for the batch step only, the cap on stderr; always exit 0 (a failing TaskProlog must not
@@ -175,7 +193,7 @@ def main() -> int:
     backend = None if cfg.agent.enforcement in (Enforcement.FRAMEWORK_ENV, Enforcement.MPS,
                                                 Enforcement.NONE) else choose(cfg)[0]
     lines = task_prolog_lines(os.environ, cfg, pipe_dir_exists, backend)
-    for line in lines:
+    for line in lines + inherited_gpu_lines(os.environ):
         sys.stdout.write(line + "\n")
     if says_enforcement(os.environ):
         message = enforcement_message(os.environ, cfg, lines, backend)

@@ -48,6 +48,11 @@ CASES = [
     ({"type": "srun", "tres-per-task": "cpu=2,gres/gpu=1"}, IN_SHARD_JOB, True, "shard:2", {"tres-per-task": "cpu=2"}),
     ({"type": "srun", "tres-per-task": "cpu=2"}, IN_SHARD_JOB, False, None, {"tres-per-task": "cpu=2"}),
     ({"type": "srun", "tres-per-task": "gres/gpu=1"}, IN_GPU_JOB, False, None, {"tres-per-task": "gres/gpu=1"}),
+    # 26.05: it also inherits the binding Slurm gave --gpus-per-task, to GPUs the job does not hold
+    ({"type": "srun", "tres-per-task": "gres/gpu=1", "tres-bind": "gres/gpu:per_task:1"}, IN_SHARD_JOB, True,
+     "shard:2", {"tres-per-task": "", "tres-bind": ""}),
+    ({"type": "srun", "gres": "gres/gpu:1", "tres-bind": "gres/gpu:closest"}, IN_SHARD_JOB, True, "shard:2",
+     {"tres-bind": "gres/gpu:closest"}),  # not Slurm's own: left as the user typed it
 ]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from policy_service.config import DEFAULT_CONFIG_PATH, GIB, AgentConfig, Config, Enforcement, GpuConfig
-from slurm_plugin.task_prolog import task_prolog_lines
+from slurm_plugin.task_prolog import inherited_gpu_lines, task_prolog_lines
 
 
 def _cfg(mode: Enforcement, shards_per_gpu: int = 8, memory_bytes: int = 80 * GIB) -> Config:
@@ -104,3 +104,13 @@ def test_only_the_batch_step_says_what_cap_the_job_has(step, localid, says) -> N
     assert done.returncode == 0
     assert done.stdout.splitlines() == _framework(40 * GIB, 0.5)  # every task gets its environment
     assert done.stderr.startswith("swapaware: GPU memory share") is says, done.stderr
+
+
+@pytest.mark.parametrize("env, unset", [
+    ({"SLURM_SHARDS_ON_NODE": "1", "SLURM_TRES_BIND": "gres/gpu:per_task:1"}, True),  # 26.05 --gpus-per-task
+    ({"SLURM_SHARDS_ON_NODE": "1", "SLURM_TRES_BIND": "gres/gpu:closest"}, False),  # typed by a user
+    ({"SLURM_SHARDS_ON_NODE": "1"}, False),
+    ({"SLURM_TRES_BIND": "gres/gpu:per_task:1"}, False),  # a job that holds its GPUs keeps its binding
+])
+def test_a_shard_job_does_not_hand_slurms_own_gpu_binding_to_its_steps(env, unset) -> None:
+    assert inherited_gpu_lines(env) == (["unset SLURM_TRES_BIND"] if unset else [])
