@@ -316,6 +316,10 @@ class PolicyHandler:
         self.flush()
         row = self.store.decision(d_id)
         if row is None:
+            if self.store.decision_status(d_id) == "never_held":
+                raise HandlerError(grpc.StatusCode.NOT_FOUND, f"decision {d_id!r} was never held by a job in Slurm "
+                                   "(a --test-only submission, a job refused after the plugin ran, or an answer "
+                                   "slurmctld stopped waiting for): its record was deleted")
             raise HandlerError(grpc.StatusCode.NOT_FOUND, f"decision {d_id!r} is not in the history")
         self._may_explain(caller, row.facts)
         out = pb.ExplainResponse(job_id=job_id)

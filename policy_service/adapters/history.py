@@ -214,6 +214,14 @@ class HistoryStore:
         with self._tx() as c:
             c.executemany("INSERT OR REPLACE INTO decision_status VALUES (?,?,?)", [(i, status, at) for i in ids])
 
+    def drop_decisions(self, ids: Iterable[str]) -> int:
+        """Delete the records (facts and decision) of decisions no job followed, that no observation
+        names; their status rows stay, so that the id is still known as never held. Returns how
+        many were deleted."""
+        with self._tx() as c:
+            return sum(c.execute("DELETE FROM decisions WHERE decision_id=? AND NOT EXISTS (SELECT 1 FROM "
+                                 "observations WHERE decision_id=?)", (i, i)).rowcount for i in ids)
+
     def decision_status(self, decision_id: str) -> str:
         rows = self._read("SELECT status FROM decision_status WHERE decision_id=?", (decision_id,))
         return rows[0][0] if rows else ""

@@ -7,8 +7,10 @@ for (the service hung past the plugin's deadline), leaves a decision that no job
 ``service.reconcile_s`` the reconciler takes the decisions made between ``reconcile_window_s``
 and ``reconcile_settle_s`` ago that have no status yet, reads the decision ids in Slurm's
 AdminComments (one ``squeue`` for the jobs slurmctld holds, one ``sacct`` for the accounting of
-the window) and marks each ``held`` or ``never_held``. A never-held decision was never a job: no
-observation can name it, reports leave it out, and `swapaware explain` says so. When Slurm
+the window) and marks each ``held`` or ``never_held``. A never-held decision was never a job (a
+``--test-only`` submission, which slurmctld runs through job_submit exactly as a real one, or a
+job refused after the plugin ran): its record, the facts and the decision, is deleted, and only
+its id and status stay, so that `swapaware explain` can say what became of it. When Slurm
 cannot be read nothing is marked: the next round tries again.
 """
 from __future__ import annotations
@@ -56,8 +58,10 @@ class Reconciler:
         self.store.mark_decisions(held, "held", now)
         self.store.mark_decisions(never, "never_held", now)
         if never:
-            log.warning("%d decision(s) were never held by Slurm (no job's AdminComment names them: refused "
-                        "after the plugin ran, or answered after slurmctld stopped waiting): %s", len(never),
+            dropped = self.store.drop_decisions(never)
+            log.warning("%d decision(s) were never held by Slurm (no job's AdminComment names them: a --test-only "
+                        "submission, refused after the plugin ran, or answered after slurmctld stopped waiting); "
+                        "%d record(s) deleted: %s", len(never), dropped,
                         ", ".join(never[:10]) + (" ..." if len(never) > 10 else ""))
         return Reconciled(len(ids), len(held), tuple(never))
 

@@ -1,8 +1,13 @@
 """Decisions no job in Slurm ever held (refused after the plugin ran, answered after slurmctld
-stopped waiting) are found against Slurm's AdminComments and marked; Explain says so."""
+stopped waiting) are found against Slurm's AdminComments and marked, their records deleted; Explain
+says what became of them."""
 from __future__ import annotations
 
+import grpc
+import pytest
+
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.handler import HandlerError
 from policy_service.adapters.reconcile import Reconciler
 from policy_service.adapters.slurm_text import decision_ids_in
 from policy_service.config import load_config
@@ -39,8 +44,12 @@ def test_decisions_no_job_holds_are_marked_never_held(service_env, slurm_jobs):
         assert (done.checked, done.held, done.never_held) == (4, 3, (orphan.decision_id,))
         assert [svc.store.decision_status(d.decision_id) for d in kept] == ["held"] * 3
         assert rec.run_once().checked == 0  # each decision is checked once
-        explained = h.explain(pb.ExplainRequest(decision_id=orphan.decision_id)).decision
-        assert "never_held" in [r.code for r in explained.reasons]
+        # the record of a decision no job followed is deleted; its id is still known as never held
+        assert svc.store.decision(orphan.decision_id) is None
+        assert all(svc.store.decision(d.decision_id) is not None for d in kept)
+        with pytest.raises(HandlerError) as err:
+            h.explain(pb.ExplainRequest(decision_id=orphan.decision_id))
+        assert err.value.code is grpc.StatusCode.NOT_FOUND and "never held" in err.value.message
         assert "never_held" not in [r.code for r in h.explain(pb.ExplainRequest(
             decision_id=kept[0].decision_id)).decision.reasons]
     finally:

@@ -23,7 +23,15 @@ def _recorded_admit_without_a_job(sock_path: str, name: str) -> str:
     return reply["response"]["decision"]["decisionId"]
 
 
+def _decision_ids_named(stack, name: str) -> set[str]:
+    with stack.history() as db:
+        return {r[0] for r in db.execute("SELECT decision_id FROM decisions WHERE job_name=?", (name,))}
+
+
 def test_held_and_never_held_decisions_are_told_apart(stack):
+    """Held jobs (pending, or cancelled: only the accounting has those) are marked held; a recorded
+    Admit no job followed, and an ``sbatch --test-only`` (slurmctld runs job_submit for it exactly as
+    for a real submission), are marked never held and their records deleted."""
     tag = f"recon-{uuid.uuid4().hex[:6]}"
     with stack.service_with(SWAPAWARE_SERVICE__RECONCILE_S="2", SWAPAWARE_SERVICE__RECONCILE_SETTLE_S="3"):
         for i in range(12):
@@ -34,16 +42,25 @@ def test_held_and_never_held_decisions_are_told_apart(stack):
         assert len(held) == 12
         stack.run("scancel", "-n", f"{tag}-1")  # held, then cancelled: only the accounting has these
         orphan = _recorded_admit_without_a_job(str(stack.state / "run" / "swapaware.sock"), f"{tag}-orphan")
+        test_only = stack.run("sbatch", "--test-only", "--gres=gpu:1", f"--job-name={tag}-test", "--wrap=true")
+        assert "to start at" in test_only.stderr, test_only.stderr  # answered, no job made
+        found = wait_for(lambda: _decision_ids_named(stack, f"{tag}-test"), 30,
+                                         "the --test-only submission's decision in the history")
+        (probe,) = found
+        watched = held | {orphan, probe}
 
         def status() -> dict[str, str]:
             with stack.history() as db:
-                rows = db.execute("SELECT s.decision_id, s.status FROM decision_status s JOIN decisions d "
-                                  "USING (decision_id) WHERE d.job_name LIKE ?", (f"{tag}-%",)).fetchall()
+                rows = db.execute(f"SELECT decision_id, status FROM decision_status WHERE decision_id IN "
+                                  f"({','.join('?' * len(watched))})", sorted(watched)).fetchall()
             return dict(rows)
 
-        wait_for(lambda: len(status()) == 13, 120, lambda: f"13 decisions to be reconciled: {status()}")
+        wait_for(lambda: len(status()) == 14, 120, lambda: f"14 decisions to be reconciled: {status()}")
         got = status()
         assert {d for d, s in got.items() if s == "held"} == held
-        assert {d for d, s in got.items() if s == "never_held"} == {orphan}
-        assert "never_held" in stack.swapaware("explain", "--decision", orphan).stdout
+        assert {d for d, s in got.items() if s == "never_held"} == {orphan, probe}
+        assert _decision_ids_named(stack, f"{tag}-test") == set() == _decision_ids_named(stack, f"{tag}-orphan")
+        assert len(_decision_ids_named(stack, f"{tag}-0") | _decision_ids_named(stack, f"{tag}-1")) == 12
+        r = stack.swapaware("explain", "--decision", probe, check=False)
+        assert r.returncode != 0 and "never held" in r.stdout + r.stderr, r
         stack.run("scancel", "-n", f"{tag}-0", check=False)
