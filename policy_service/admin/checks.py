@@ -2,9 +2,10 @@
 inputs (config texts, the typed config, a telemetry object, probe results)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
+from policy_service.admin.billing import billing_checks
+from policy_service.admin.check import Check, _check, _list_values
 from policy_service.admin.slurm_files import (
     GresConf,
     GresLine,
@@ -20,22 +21,6 @@ from slurm_plugin.nvml import GpuTelemetry, TelemetryError
 
 
 GPU_MEMORY_MIN_FRAC = 0.90  # config below 90 % of the device wastes memory; above 100 % over-commits
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-
-
-def _check(name: str, ok: bool, detail: str, fix: str) -> Check:
-    return Check(name, ok, detail, "" if ok else fix)
-
-
-def _list_values(raw: str) -> list[str]:
-    return [v.strip().lower() for v in raw.split(",") if v.strip()]
 
 
 def _slurm_param_checks(conf: SlurmConf, cfg: Config) -> list[Check]:
@@ -175,6 +160,7 @@ def doctor_checks(slurm_conf_text: str, gres_conf_text: str, cfg: Config, teleme
     """Everything ``swapaware doctor`` verifies, as a list of checks (None probes are skipped)."""
     conf, gres = parse_slurm_conf(slurm_conf_text), parse_gres_conf(gres_conf_text)
     checks = _slurm_param_checks(conf, cfg) + _node_checks(conf, gres, cfg.gpu.shards_per_gpu)
+    checks += billing_checks(conf, gres, cfg.gpu.shards_per_gpu)
     checks += _telemetry_checks(telemetry, cfg, gres, hostname)
     if service_reachable is not None:
         checks.append(_check("service", service_reachable, f"policy service at {cfg.hooks.service_address}",

@@ -1,6 +1,6 @@
 """The parts of slurm.conf and gres.conf the checks need: ``Key=Value`` tokens, ``#`` comments,
-``NodeName=DEFAULT``, hostlists (``gpu[01-04,07]``) and bracketed device files
-(``/dev/nvidia[0-3]``). Not a full Slurm parser (no ``Include``)."""
+``NodeName=DEFAULT`` and ``PartitionName=DEFAULT``, ``NodeSet=``, hostlists (``gpu[01-04,07]``)
+and bracketed device files (``/dev/nvidia[0-3]``). Not a full Slurm parser (no ``Include``)."""
 from __future__ import annotations
 
 import re
@@ -14,15 +14,31 @@ class NodeLine:
     names: tuple[str, ...]
     expr: str
     gres: Mapping[str, int]
+    features: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PartitionLine:
+    name: str
+    params: Mapping[str, str]  # lower-case key -> value, PartitionName=DEFAULT values filled in
+    nodes: tuple[str, ...]  # node names, Nodes=ALL and NodeSet names resolved
+    inherited: frozenset[str] = frozenset()  # keys whose value comes from PartitionName=DEFAULT
+
+    def get(self, key: str, default: str = "") -> str:
+        return self.params.get(key.lower(), default)
 
 
 @dataclass(frozen=True)
 class SlurmConf:
     params: Mapping[str, str]  # lower-case key -> value (last wins)
     nodes: tuple[NodeLine, ...]
+    partitions: tuple[PartitionLine, ...] = ()
 
     def get(self, key: str, default: str = "") -> str:
         return self.params.get(key.lower(), default)
+
+    def node(self, name: str) -> NodeLine | None:
+        return next((n for n in self.nodes if name in n.names), None)
 
 
 @dataclass(frozen=True)
@@ -31,6 +47,7 @@ class GresLine:
     nodes: tuple[str, ...] | None  # None: applies to every node reading the file
     count: int | None
     files: tuple[str, ...]
+    type: str | None = None  # Type=, as written
 
 
 @dataclass(frozen=True)
@@ -107,10 +124,31 @@ def parse_gres_spec(spec: str) -> dict[str, int]:
     return out
 
 
+def _features(attrs: Mapping[str, str]) -> tuple[str, ...]:
+    raw = attrs.get("features", attrs.get("feature", ""))
+    return tuple(f.strip().lower() for f in raw.split(",") if f.strip())
+
+
+def _partition_nodes(expr: str, nodes: Sequence[NodeLine], nodesets: Mapping[str, list[str]]) -> tuple[str, ...]:
+    """A partition's ``Nodes=``: ``ALL``, NodeSet names and hostlists (top-level commas)."""
+    if expr.strip().upper() == "ALL":
+        return tuple(n for node in nodes for n in node.names)
+    out: list[str] = []
+    for item in expand_list(expr):
+        for name in nodesets.get(item, [item]):
+            if name not in out:
+                out.append(name)
+    return tuple(out)
+
+
 def parse_slurm_conf(text: str) -> SlurmConf:
     params: dict[str, str] = {}
     nodes: list[NodeLine] = []
     default_gres = ""
+    default_features: tuple[str, ...] = ()
+    partition_defaults: dict[str, str] = {}
+    partitions: list[tuple[str, dict[str, str], frozenset[str]]] = []
+    nodeset_lines: list[tuple[str, dict[str, str]]] = []
     for line in text.splitlines():
         tokens = _tokens(line)
         if not tokens:
@@ -120,14 +158,34 @@ def parse_slurm_conf(text: str) -> SlurmConf:
             attrs = dict(tokens[1:])
             if first_value.upper() == "DEFAULT":
                 default_gres = attrs.get("gres", default_gres)
+                default_features = _features(attrs) or default_features
                 continue
             gres = parse_gres_spec(attrs.get("gres", default_gres))
-            nodes.append(NodeLine(tuple(expand_list(first_value)), first_value, gres))
-        elif first_key in ("partitionname", "nodeset", "downnodes", "frontendname", "switchname"):
+            nodes.append(NodeLine(tuple(expand_list(first_value)), first_value, gres,
+                                  _features(attrs) or default_features))
+        elif first_key == "partitionname":
+            attrs = dict(tokens[1:])
+            if first_value.upper() == "DEFAULT":
+                partition_defaults.update(attrs)
+            else:
+                partitions.append((first_value, {**partition_defaults, **attrs},
+                                   frozenset(partition_defaults) - frozenset(attrs)))
+        elif first_key == "nodeset":
+            nodeset_lines.append((first_value, dict(tokens[1:])))
+        elif first_key in ("downnodes", "frontendname", "switchname"):
             continue
         else:
             params.update(tokens)
-    return SlurmConf(params, tuple(nodes))
+    nodesets: dict[str, list[str]] = {}
+    for name, attrs in nodeset_lines:
+        members = expand_list(attrs["nodes"]) if "nodes" in attrs else []
+        if "feature" in attrs:
+            wanted = attrs["feature"].strip().lower()
+            members += [n for node in nodes if wanted in node.features for n in node.names]
+        nodesets[name] = members
+    parts = tuple(PartitionLine(name, attrs, _partition_nodes(attrs.get("nodes", ""), nodes, nodesets), inherited)
+                  for name, attrs, inherited in partitions)
+    return SlurmConf(params, tuple(nodes), parts)
 
 
 def parse_gres_conf(text: str) -> GresConf:
@@ -141,7 +199,7 @@ def parse_gres_conf(text: str) -> GresConf:
         nodes = tuple(expand_list(attrs["nodename"])) if "nodename" in attrs else None
         count = _count(attrs["count"]) if "count" in attrs else None
         files = tuple(expand_list(attrs["file"])) if "file" in attrs else ()
-        lines.append(GresLine(attrs["name"].lower(), nodes, count, files))
+        lines.append(GresLine(attrs["name"].lower(), nodes, count, files, attrs.get("type") or None))
     return GresConf(params, tuple(lines))
 
 

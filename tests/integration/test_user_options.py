@@ -112,6 +112,21 @@ def test_the_job_gets_and_prints_what_it_would_without_swapaware(side_by_side, c
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_billing_is_what_the_job_holds(side_by_side, case):
+    """The dev cluster bills CPU=1, GRES/gpu=8, GRES/shard=1 (8 shards a GPU): a job kept whole bills
+    exactly what it bills without swapaware, a shared job its CPUs and the fraction of the GPU it
+    holds."""
+    on, off = side_by_side["on"][case.name], side_by_side["off"][case.name]
+    cpus, gpus = int(off.alloc["cpu"]), int(off.alloc["gres/gpu"])  # --exclusive: all of the node's
+    assert off.alloc["billing"] == str(cpus + 8 * gpus), off.alloc
+    if case.reason:
+        assert on.alloc["billing"] == off.alloc["billing"], (on.alloc, off.alloc)
+    else:
+        shards = int(on.alloc["gres/shard"])
+        assert "gres/gpu" not in on.alloc and on.alloc["billing"] == str(cpus + shards), on.alloc
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_the_decision_says_why_the_request_stayed_or_shares(side_by_side, stack, case):
     on, off = side_by_side["on"][case.name], side_by_side["off"][case.name]
     d = decision_of(on.admin_comment)
