@@ -152,21 +152,28 @@ def _lua_facts(jd: dict) -> dict:
             "tres_freq": jd.get("tres_freq", "")}, exclusive
 
 
-@pytest.mark.parametrize("release", RELEASES)
-@pytest.mark.parametrize("case", sorted(KEEPS))
-def test_per_gpu_options_and_exclusive_keep_the_request_on_every_release(release, case):
-    """A class that would share (one observed 3 GiB run): a job with an option expressed per GPU,
-    or --exclusive, keeps its request exactly (no rewrite, not even as all of a GPU's shards on
-    22.05), and the reason names the option; --oversubscribe shares as a plain request does."""
+def _decide_captured(release: str, case: str):
+    """The captured job_desc of ``case`` as job_submit.lua sends it, decided for a class that would
+    share (one observed 3 GiB run): (job_desc, request, decision)."""
     jd = _job_descs(release)[case]
     fields = {k: jd[k] for k in ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket") if k in jd}
     per_gpu, exclusive = _lua_facts(jd)
     req, access = job_request(user="u", account="a", partition="gpu", job_name="train", script_fingerprint="fp",
                               gres_fields=fields, num_tasks=jd.get("num_tasks", 1), per_gpu=per_gpu,
                               exclusive=exclusive)
-    assert req.gpu.kind is GresKind.GPU and req.gpu.per_node == 1, jd
     d = policy.decide(req, history(3), NO_OVERSUB, decision_id="d", now=1.0, job_class="c", gres_fields=fields,
                       access=access, dialect=_dialect(release))
+    return jd, req, d
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("case", sorted(KEEPS))
+def test_per_gpu_options_and_exclusive_keep_the_request_on_every_release(release, case):
+    """A class that would share (one observed 3 GiB run): a job with an option expressed per GPU,
+    or --exclusive, keeps its request exactly (no rewrite, not even as all of a GPU's shards on
+    22.05), and the reason names the option; --oversubscribe shares as a plain request does."""
+    jd, req, d = _decide_captured(release, case)
+    assert req.gpu.kind is GresKind.GPU and req.gpu.per_node == 1, jd
     code, option = KEEPS[case]
     if code is None:
         assert d.action is Action.SHARE and d.rewrite.tres_per_node == _dialect(release).gres("shard", 1), d
@@ -197,15 +204,8 @@ def test_lua_sees_per_gpu_options_in_the_release_spelling(release):
 def test_the_binding_slurm_gives_gpus_per_task_is_cleared_with_a_shard_rewrite(release, case):
     """24.11+ bind a --gpus-per-task job to its GPUs themselves (tres_bind gres/gpu:per_task:1): not a
     user's option, so the job shares, and the binding goes with the gpu request it belongs to."""
-    jd = _job_descs(release)[case]
-    fields = {k: jd[k] for k in ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket") if k in jd}
-    per_gpu, exclusive = _lua_facts(jd)
-    req, access = job_request(user="u", account="a", partition="gpu", job_name="train", script_fingerprint="fp",
-                              gres_fields=fields, num_tasks=jd.get("num_tasks", 1), per_gpu=per_gpu,
-                              exclusive=exclusive)
+    jd, req, d = _decide_captured(release, case)
     assert req.per_gpu_options == ()
-    d = policy.decide(req, history(3), NO_OVERSUB, decision_id="d", now=1.0, job_class="c", gres_fields=fields,
-                      access=access, dialect=_dialect(release))
     assert d.action is Action.SHARE
     assert d.rewrite.tres_bind == ("" if "tres_bind" in jd else None), (jd, d.rewrite)
     assert ("tres_bind" in jd) is (release != "22.05")
