@@ -257,6 +257,9 @@ class ServiceConfig:
     max_workers: int = 16
     # Deadline for each Slurm CLI call the service makes (job id -> decision lookups).
     slurm_timeout_s: float = 5.0
+    # The controller's slurm.conf, read for the partitions' DefCpuPerGPU / DefMemPerGPU (a GPU job
+    # of such a partition keeps its request). "": $SLURM_CONF, else /etc/slurm/slurm.conf.
+    slurm_conf: str = ""
     # File holding a shared secret; when set, JobStarted/JobFinished over gRPC must carry it
     # ("authorization: Bearer <secret>"), so only the nodes' hooks can feed the model.
     # Empty: no check (single-node setups, gRPC bound to 127.0.0.1).

@@ -27,6 +27,7 @@ from policy_service.core import policy
 from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.enforcement import NodeEnforcementRegistry, NodeReport
 from policy_service.core.mode import apply_mode
+from policy_service.adapters.partitions import PartitionDefaults
 from policy_service.core.request import PER_GPU_OPTIONS, RequestError, history_keys, job_request
 from policy_service.core.types import Action, Decision, EstimateSource, JobRequest, KeyLevel, ReasonCode, Rewrite
 from policy_service.correlation import Correlator
@@ -106,8 +107,11 @@ class PolicyHandler:
     def __init__(self, cfg: Config, store: HistoryStore, slurm: SlurmAccess | None,
                  clock: Callable[[], float] = time.time, new_id: Callable[[], str] = _new_id,
                  queue_monitor: QueueMonitor | None = None, dialect: SlurmDialect = SLURM_22_05,
-                 authorizer=None):
+                 authorizer=None, partitions: Callable[[], PartitionDefaults] | None = None):
         self.cfg, self.store, self.slurm = cfg, store, slurm
+        # the partitions' per-GPU defaults (adapters/partitions.py: slurm.conf, re-read when it
+        # changes); None: none known (tests, the simulator)
+        self.partitions = partitions
         # policy_service.access.Authorizer: who may record an Admit and see which Explain (callers
         # come from the transports); None: every caller is trusted (tests, the simulator).
         self.authorizer = authorizer
@@ -207,7 +211,8 @@ class PolicyHandler:
                 num_tasks=job.num_tasks, time_limit_min=job.time_limit_min, comment=job.comment,
                 env_mem_hint=job.env_mem_hint, qos=job.qos, is_batch=is_batch(job),
                 het_job=job.het_job, per_gpu={f: getattr(job, f) for f, _ in PER_GPU_OPTIONS},
-                exclusive=job.exclusive)
+                exclusive=job.exclusive,
+                partition_gpu_defaults=self.partitions().for_job(job.partition) if self.partitions else ())
         except RequestError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         keys = history_keys(jr)

@@ -19,6 +19,7 @@ from policy_service.access import Authorizer
 from policy_service.adapters.grpc_server import start_grpc
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.local_socket import start_local_socket
+from policy_service.adapters.partitions import SlurmConfWatch, slurm_conf_path
 from policy_service.adapters.queue import QueueMonitor, reads_queue
 from policy_service.adapters.reconcile import Reconciler
 from policy_service.adapters.redecide import PendingRedecider
@@ -115,7 +116,9 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     except BaseException:
         store.close()
         raise
-    handler = PolicyHandler(cfg, store, slurm, queue_monitor=monitor, dialect=release.dialect, authorizer=authorizer)
+    partitions = SlurmConfWatch(slurm_conf_path(cfg.service.slurm_conf))
+    handler = PolicyHandler(cfg, store, slurm, queue_monitor=monitor, dialect=release.dialect, authorizer=authorizer,
+                            partitions=partitions.current)
     if monitor is not None and cfg.policy.redecide_pending:
         monitor.on_poll = PendingRedecider(handler, slurm, cfg)
     server = None

@@ -222,6 +222,11 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
     if req.exclusive:
         return *whole, [Reason(ReasonCode.EXCLUSIVE, f"--exclusive={req.exclusive}: Slurm never starts an exclusive job "
                                                      "that holds shards; the job keeps its request")]
+    if req.partition_gpu_defaults:
+        return *whole, [Reason(ReasonCode.PER_GPU_DEFAULT,
+                               f"partition {req.partition or '(default)'} gives each GPU "
+                               f"{', '.join(req.partition_gpu_defaults)}: a job that holds shards holds no GPU and "
+                               "would get none of it; the job keeps its request")]
     if req.per_gpu_options:
         return *whole, [Reason(ReasonCode.PER_GPU_OPTION,
                                f"{' '.join(req.per_gpu_options)} is expressed per GPU and has no faithful "
@@ -269,8 +274,10 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
 
 def _keeps_request(req: JobRequest) -> bool:
     """A GPU request never rewritten, not even to hold a whole GPU as shards (no batch script, part
-    of a heterogeneous job, exclusive, or with options expressed per GPU)."""
-    return not req.is_batch or req.het_job or bool(req.exclusive) or bool(req.per_gpu_options)
+    of a heterogeneous job, exclusive, with options expressed per GPU, or in a partition that gives
+    each GPU CPUs or memory by default)."""
+    return (not req.is_batch or req.het_job or bool(req.exclusive) or bool(req.per_gpu_options)
+            or bool(req.partition_gpu_defaults))
 
 
 def whole_gpu_as_shards(cfg: Config, dialect: SlurmDialect) -> bool:

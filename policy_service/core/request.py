@@ -241,11 +241,12 @@ def node_count(min_nodes: int) -> int:
 def job_request(*, user: str, account: str, partition: str, job_name: str, script_fingerprint: str,
                 gres_fields: dict[str, str], min_nodes: int = 1, num_tasks: int = 1, time_limit_min: int = 0,
                 comment: str = "", env_mem_hint: str = "", qos: str = "", is_batch: bool = True,
-                het_job: bool = False, per_gpu: dict[str, str | int] | None = None, exclusive: str = ""
-                ) -> tuple[JobRequest, AccessClass | None]:
+                het_job: bool = False, per_gpu: dict[str, str | int] | None = None, exclusive: str = "",
+                partition_gpu_defaults: tuple[str, ...] = ()) -> tuple[JobRequest, AccessClass | None]:
     """Build the typed request (and the access-class hint) from job_desc facts. ``is_batch``:
     the job has a batch script (false for the allocations srun and salloc create). ``per_gpu``:
-    the job_desc fields of PER_GPU_OPTIONS; ``exclusive``: --exclusive as JobFacts carries it."""
+    the job_desc fields of PER_GPU_OPTIONS; ``exclusive``: --exclusive as JobFacts carries it;
+    ``partition_gpu_defaults``: what the job's partition gives each GPU (adapters/partitions.py)."""
     if not user:
         raise RequestError("job facts carry no user")
     hint_bytes, access, bad = parse_hints(comment, env_mem_hint)
@@ -256,7 +257,7 @@ def job_request(*, user: str, account: str, partition: str, job_name: str, scrip
         min_nodes=_num(min_nodes, 1), num_tasks=_num(num_tasks, 1), time_limit_s=_num(time_limit_min, 0) * 60,
         hint_bytes=hint_bytes, hint_text=bad, qos=qos or "", is_batch=is_batch, het_job=het_job,
         per_gpu_options=per_gpu_options(per_gpu or {}), exclusive=exclusive.strip(),
-        implicit_gpu_bind=bind if implicit_gpu_bind(bind) else "",
+        implicit_gpu_bind=bind if implicit_gpu_bind(bind) else "", partition_gpu_defaults=partition_gpu_defaults,
     )
     return req, access
 

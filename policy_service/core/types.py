@@ -77,6 +77,7 @@ class ReasonCode(enum.Enum):
     INTERACTIVE = "interactive"  # no batch script (srun/salloc): its steps ask for GPUs by name
     HET_JOB = "het_job"  # a component of a heterogeneous job: the request stays
     PER_GPU_OPTION = "per_gpu_option"  # --cpus-per-gpu, --mem-per-gpu, ...: no faithful shard translation
+    PER_GPU_DEFAULT = "per_gpu_default"  # the partition's DefCpuPerGPU / DefMemPerGPU: a shard job gets none
     EXCLUSIVE = "exclusive"  # --exclusive: Slurm never starts an exclusive job holding shards
     DRY_RUN_NOT_SLURMCTLD = "dry_run_not_slurmctld"  # an Admit not from slurmctld: answered, not recorded
     SHADOW_MODE = "shadow_mode"  # policy.mode = shadow: decided and recorded, the job left as submitted
@@ -123,6 +124,7 @@ class JobRequest:
     per_gpu_options: tuple[str, ...] = ()
     exclusive: str = ""  # "node", "user", "mcs" (--exclusive[=...]); "" when the job may share nodes
     implicit_gpu_bind: str = ""  # the binding Slurm gave --gpus-per-task itself ("gres/gpu:per_task:1")
+    partition_gpu_defaults: tuple[str, ...] = ()  # "DefCpuPerGPU=2", ... of the job's partition(s)
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,9 @@ def service_env(tmp_path: Path) -> dict[str, str]:
         "SWAPAWARE_HOOKS__SPOOL_DIR": str(tmp_path / "spool"),
         "SWAPAWARE_HOOKS__AGENT_SOCKET": str(tmp_path / "no-agent.sock"),
         "SWAPAWARE_HOOKS__DEADLINE_S": "2",
+        # the partitions' per-GPU defaults come from this slurm.conf (none unless a test writes it),
+        # never from the machine's
+        "SWAPAWARE_SERVICE__SLURM_CONF": str(tmp_path / "slurm.conf"),
         # Decisions here are about memory; the queue rules have their own tests
         # (test_queue_monitor.py, test_compute_aware_service.py).
         "SWAPAWARE_POLICY__SHARE_MIN_QUEUE": "0",

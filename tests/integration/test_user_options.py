@@ -46,6 +46,8 @@ CASES = (
     Case("gpu_bind_map", ("--gres=gpu:1", "--gpu-bind=map_gpu:0"), "per_gpu_option"),
     Case("gpu_bind_single", ("--gres=gpu:1", "--gpu-bind=single:1"), "per_gpu_option"),
     Case("exclusive", ("--exclusive", "--gres=gpu:1"), "exclusive"),
+    # a partition with DefCpuPerGPU=2 DefMemPerGPU=600 (the dev cluster's gpudef): 2 CPUs, 600M
+    Case("partition_defaults", ("--partition=gpudef", "--gres=gpu:1"), "per_gpu_default"),
     Case("plain", ("--gres=gpu:1",), ""),
     Case("gpus_per_task", ("--gpus-per-task=1", "--ntasks=1"), ""),
 )
@@ -103,6 +105,8 @@ def test_the_job_gets_and_prints_what_it_would_without_swapaware(side_by_side, c
     on, off = side_by_side["on"][case.name], side_by_side["off"][case.name]
     assert off.state == "COMPLETED", off
     assert on.state == off.state, (on, off)
+    if case.name == "partition_defaults":  # the partition's DefCpuPerGPU=2 DefMemPerGPU=600 applied
+        assert (off.alloc["cpu"], off.alloc["mem"]) == ("2", "600M"), off.alloc
     if case.reason:  # the request as typed: everything allocated, and billed, is the same
         assert on.alloc == off.alloc, (on, off)
     else:  # shards of the GPU instead of the GPU; the CPUs and memory the job got are the same
