@@ -41,10 +41,12 @@ What each mechanism does, and does not, guarantee:
 limit; cgroup v2 dmem max/low; ``auto`` the strongest the node has, else ``framework_env``). Their
 lines are ``framework_env``'s plus the mechanism's. An unavailable mechanism is not claimed.
 
-What cap is enforced, or that the share is advisory, is said once per job, on the batch step's
-standard error (never with ``print``, which Slurm writes into the task's standard output, where
-``$(srun ...)`` and ``srun > file`` would capture it): a job's stdout is exactly what it would be
-without swapaware.
+What cap is enforced, or that the share is advisory, is logged once per job (the batch step's
+first task) to the node's syslog (``swapaware-taskprolog``, facility user), never put in the job's
+output: Slurm writes a ``print`` line into the task's standard output, where ``$(srun ...)`` and
+``srun > file`` would capture it, and discards everything else a TaskProlog writes, its standard
+error included (slurmstepd runs it with stdout and stderr on one pipe and keeps only ``print``,
+``export`` and ``unset`` lines). A job's output is exactly what it would be without swapaware.
 
 The config is read from ``/etc/swapaware/swapaware.toml`` only: the job's environment (which
 the user controls) is not consulted for ``SWAPAWARE_*`` overrides or ``SWAPAWARE_CONFIG``.
@@ -54,8 +56,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+import syslog
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from policy_service.config import Config, ConfigError, Enforcement, load_config
 from slurm_plugin.enforce import Backend, JobCap
@@ -158,8 +161,8 @@ BATCH_STEP_IDS = ("", "batch", "4294967291")
 
 
 def says_enforcement(env: Mapping[str, str]) -> bool:
-    """Whether this task is where the job hears what cap it has: the batch step's first task, once
-    per job (steps started with srun each run the TaskProlog again, for every task)."""
+    """Whether this task logs what cap the job has: the batch step's first task, once per job
+    (steps started with srun each run the TaskProlog again, for every task)."""
     return env.get("SLURM_STEP_ID", "").strip() in BATCH_STEP_IDS and env.get("SLURM_LOCALID", "0") == "0"
 
 
@@ -180,14 +183,21 @@ def inherited_gpu_lines(env: Mapping[str, str]) -> list[str]:
     return ["unset SLURM_TRES_BIND"]
 
 
-def main() -> int:
-    """Print the export lines for this task (stdout: Slurm applies them to the task's environment)
-    and, for the batch step only, the cap on stderr; always exit 0 (a failing TaskProlog must not
-    fail the task)."""
+def syslog_line(message: str) -> None:
+    """One line to the node's syslog (nowhere where the node has no syslog socket)."""
+    syslog.openlog("swapaware-taskprolog", 0, syslog.LOG_USER)
+    syslog.syslog(syslog.LOG_INFO, message)
+    syslog.closelog()
+
+
+def main(log: Callable[[str], None] = syslog_line) -> int:
+    """Print the export/unset lines for this task (stdout: Slurm applies them to the task's
+    environment, and shows nothing of them) and, for the batch step only, log the cap; always exit
+    0 (a failing TaskProlog must not fail the task)."""
     try:
         cfg = load_config(env={})
     except ConfigError as exc:
-        sys.stderr.write(f"swapaware task prolog: {exc}; no memory fencing\n")
+        log(f"job {os.environ.get('SLURM_JOB_ID', '?')}: {exc}; no memory fencing")
         return 0
     pipe_dir_exists = Path(cfg.agent.mps_pipe_dir).is_dir()
     backend = None if cfg.agent.enforcement in (Enforcement.FRAMEWORK_ENV, Enforcement.MPS,
@@ -198,7 +208,7 @@ def main() -> int:
     if says_enforcement(os.environ):
         message = enforcement_message(os.environ, cfg, lines, backend)
         if message:
-            sys.stderr.write(message + "\n")
+            log(f"job {os.environ.get('SLURM_JOB_ID', '?')}: {message}")
     return 0
 
 
