@@ -59,9 +59,10 @@ def _req():
     return r
 
 
-def replay_class(runs: list[Run], cfg: EstimatorConfig, gpu: GpuConfig) -> list[tuple[str, float, float, int]]:
-    """One class's runs in order: (kind, APE, charge/peak, over) per scored run; kind is
-    'shared' or 'whole'."""
+def replay_class(runs: list[Run], cfg: EstimatorConfig, gpu: GpuConfig
+                 ) -> list[tuple[str, float, float, int, int, int]]:
+    """One class's runs in order: (kind, APE, charge/peak, over, charge bytes, peak bytes) per
+    scored run; kind is 'shared' or 'whole'."""
     req, s, out = _req(), ClassStats(), []
     for run in runs:
         peak = run.peak_bytes
@@ -72,7 +73,7 @@ def replay_class(runs: list[Run], cfg: EstimatorConfig, gpu: GpuConfig) -> list[
             ape = abs(est.peak_bytes - peak) / peak
             shared = est.known and s.whole_gpu_runs_left == 0 and charge <= gpu.memory_bytes
             over = int(shared and peak > charge)
-            out.append(("shared" if shared else "whole", ape, charge / peak, over))
+            out.append(("shared" if shared else "whole", ape, charge / peak, over, charge, peak))
         if shared and peak > charge:
             oom, _ = estimator.infer_oom(reported=False, failed=True, peak_bytes=charge, charged_bytes=charge,
                                          charge_frac=cfg.oom_charge_frac)
