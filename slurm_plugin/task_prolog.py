@@ -166,8 +166,8 @@ def says_enforcement(env: Mapping[str, str]) -> bool:
     return env.get("SLURM_STEP_ID", "").strip() in BATCH_STEP_IDS and env.get("SLURM_LOCALID", "0") == "0"
 
 
-# The environment sbatch gives a --gpus-per-task job (23.02+): SLURM_TRES_PER_TASK=gres/gpu=1 and,
-# on 26.05, SLURM_TRES_BIND=gres/gpu:per_task:1, the binding Slurm made itself. An srun in a job
+# The environment sbatch gives a --gpus-per-task job (24.11 and 26.05): SLURM_TRES_PER_TASK=gres/gpu=1
+# and SLURM_TRES_BIND=gres/gpu:per_task:1, the binding Slurm made itself. An srun in a job
 # rewritten to shards reads them back as its own options; the binding names GPUs the job does not
 # hold, and measured on 26.05.5 the step then runs without CUDA_VISIBLE_DEVICES even when
 # cli_filter has cleared the option. Unset in the batch script's environment, its steps take the

@@ -200,11 +200,10 @@ PER_GPU_OPTIONS = (
     ("tres_freq", "--gpu-freq"),
 )
 NO_VAL16 = 65534  # job_desc's 16-bit numbers read this when unset
-EXCLUSIVE_NAMES = {"0": "node", "2": "user", "3": "mcs"}  # job_desc.shared; 1 is --oversubscribe
 
 
-# The binding Slurm 23.02+ gives a --gpus-per-task job itself (tres_bind, "gres/gpu:per_task:1"):
-# not an option the user typed.
+# The binding Slurm gives a --gpus-per-task job itself (tres_bind "gres/gpu:per_task:1", seen on
+# 24.11 and 26.05; 22.05 gives none): not an option the user typed.
 _IMPLICIT_BIND_RE = re.compile(r"^gres[:/]gpu:per_task:\d+$")
 
 
