@@ -171,7 +171,8 @@ def says_enforcement(env: Mapping[str, str]) -> bool:
 # rewritten to shards reads them back as its own options; the binding names GPUs the job does not
 # hold, and measured on 26.05.5 the step then runs without CUDA_VISIBLE_DEVICES even when
 # cli_filter has cleared the option. Unset in the batch script's environment, its steps take the
-# job's own shards.
+# job's own shards. (The same test as policy_service.core.request.implicit_gpu_bind, which the node
+# wing does not import.)
 _IMPLICIT_BIND = re.compile(r"^gres[:/]gpu:per_task:\d+$")
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from policy_service.admin.slurm_files import SlurmConf, parse_slurm_conf
+from policy_service.adapters.slurm_files import SlurmConf, parse_slurm_conf
 
 log = logging.getLogger("swapaware.service")
 

@@ -1,8 +1,11 @@
 """Admin tools that look at both wings: ``swapaware doctor`` (slurm.conf, gres.conf, this node's
 GPUs and memory enforcement, the service and agent, the queue) and ``swapaware gres-conf``.
 
-  slurm_files.py  slurm.conf / gres.conf, as far as the checks need them
-  checks.py       the checks and gres.conf lines (pure over their inputs)
+  checks.py       the checks and gres.conf lines (pure over their inputs); slurm.conf / gres.conf
+                  parsing lives in policy_service/adapters/slurm_files.py, which the service also
+                  reads slurm.conf with (without importing these tools, which reach the node wing)
+  billing.py      the check of how shared jobs are billed
+  check.py        one check's result
   commands.py     the click commands
 """
 from policy_service.admin.checks import (
@@ -14,7 +17,7 @@ from policy_service.admin.checks import (
     queue_check,
 )
 from policy_service.admin.commands import doctor_command, gres_conf_command, probe_service
-from policy_service.admin.slurm_files import (
+from policy_service.adapters.slurm_files import (
     GresConf,
     GresLine,
     NodeLine,

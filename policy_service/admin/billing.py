@@ -16,7 +16,7 @@ from fractions import Fraction
 from typing import Sequence
 
 from policy_service.admin.check import Check, _check, _list_values
-from policy_service.admin.slurm_files import GresConf, PartitionLine, SlurmConf
+from policy_service.adapters.slurm_files import GresConf, PartitionLine, SlurmConf
 
 WEIGHT_EXACT_DIGITS = 12  # a terminating decimal up to this many significant digits is printed exactly
 WEIGHT_ROUND_DIGITS = 6  # otherwise it is rounded to this many

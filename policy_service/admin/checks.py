@@ -6,7 +6,7 @@ from typing import Sequence
 
 from policy_service.admin.billing import billing_checks
 from policy_service.admin.check import Check, _check, _list_values
-from policy_service.admin.slurm_files import (
+from policy_service.adapters.slurm_files import (
     GresConf,
     GresLine,
     NodeLine,

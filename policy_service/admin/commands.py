@@ -11,7 +11,7 @@ from typing import Sequence
 import click
 
 from policy_service.admin.checks import Check, doctor_checks, enforcement_checks, gres_conf_lines, queue_check
-from policy_service.admin.slurm_files import parse_slurm_conf
+from policy_service.adapters.slurm_files import parse_slurm_conf
 from policy_service.config import Config, ConfigError, load_config
 from slurm_plugin.nvml import GpuTelemetry, TelemetryError, open_telemetry
 
