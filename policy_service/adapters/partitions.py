@@ -1,13 +1,17 @@
-"""What a job's partition gives each GPU by default (slurm.conf ``DefCpuPerGPU``,
-``DefMemPerGPU``), read from the controller's slurm.conf.
+"""What a job's partition gives it, read from the controller's slurm.conf and gres.conf: the
+per-GPU defaults (``DefCpuPerGPU``, ``DefMemPerGPU``) and the shard counts of its GPUs.
 
 Slurm gives a job that asks for GPUs those CPUs and that memory per GPU unless the job says
 otherwise; a job that holds shards holds no GPU and gets none of them (measured on 22.05: with
 ``DefCpuPerGPU=2`` a ``--gres=gpu:1`` job ran with 2 CPUs, the same job rewritten to a shard with 1).
 Such a job keeps its request (``core/policy.py``, reason ``per_gpu_default``).
 
-``partition_defaults`` is pure; ``SlurmConfWatch`` re-reads the file when it changed (a ``stat``
-at most every ``check_every_s``), and keeps the last good reading when it cannot be read.
+A shard is a fixed amount of memory on every GPU, so GPUs of different memory have different
+shard counts (``adapters/fleet.py``); the policy sizes a job for the GPUs its partitions hold.
+
+``partition_defaults`` is pure; ``SlurmConfWatch`` re-reads the files when they changed (a ``stat``
+at most every ``check_every_s``), and keeps the last good reading when slurm.conf cannot be read.
+gres.conf is read beside slurm.conf; without it a node's shards per GPU come from its ``Gres=``.
 ``Include`` lines are not followed (as ``swapaware doctor``).
 """
 from __future__ import annotations
@@ -20,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from policy_service.adapters.slurm_files import SlurmConf, parse_slurm_conf
+from policy_service.adapters.fleet import GpuShards, of_type, partition_gpus, shard_counts
+from policy_service.adapters.slurm_files import GresConf, SlurmConf, parse_gres_conf, parse_slurm_conf
 
 log = logging.getLogger("swapaware.service")
 
@@ -31,11 +36,22 @@ PER_GPU_DEFAULTS = ("DefCpuPerGPU", "DefMemPerGPU")
 class PartitionDefaults:
     by_partition: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> ("DefCpuPerGPU=2", ...)
     default_partition: str = ""  # the Default=YES partition: where a job that names none goes
+    gpus: Mapping[str, tuple[GpuShards, ...]] = field(default_factory=dict)  # every partition -> its GPUs
+
+    def _names(self, partition: str) -> list[str]:
+        return [p.strip() for p in (partition or "").split(",") if p.strip()] or [self.default_partition]
 
     def for_job(self, partition: str) -> tuple[str, ...]:
         """The per-GPU defaults of the partitions a job may run in (``-p a,b``: any of them)."""
-        names = [p.strip() for p in (partition or "").split(",") if p.strip()] or [self.default_partition]
-        return tuple(dict.fromkeys(v for n in names for v in self.by_partition.get(n, ())))
+        return tuple(dict.fromkeys(v for n in self._names(partition) for v in self.by_partition.get(n, ())))
+
+    def shard_counts(self, partition: str, gpu_type: str = "") -> tuple[int, ...] | None:
+        """Shard counts of the GPUs (of ``gpu_type``, "" any) a job in ``partition`` can land on;
+        None where a partition is not known (the policy then takes gpu.shards_per_gpu)."""
+        names = self._names(partition)
+        if not all(n in self.gpus for n in names):
+            return None
+        return shard_counts(of_type([g for n in names for g in self.gpus[n]], gpu_type))
 
 
 NONE = PartitionDefaults()
@@ -45,8 +61,8 @@ def _set(value: str) -> bool:
     return value.strip() not in ("", "0")
 
 
-def partition_defaults(conf: SlurmConf) -> PartitionDefaults:
-    """Each partition's own DefCpuPerGPU / DefMemPerGPU, else the cluster-wide ones."""
+def partition_defaults(conf: SlurmConf, gres: GresConf | None = None) -> PartitionDefaults:
+    """Each partition's own DefCpuPerGPU / DefMemPerGPU, else the cluster-wide ones, and its GPUs."""
     by: dict[str, tuple[str, ...]] = {}
     default = ""
     for part in conf.partitions:
@@ -59,16 +75,20 @@ def partition_defaults(conf: SlurmConf) -> PartitionDefaults:
             by[part.name] = tuple(values)
         if part.get("Default").strip().upper() == "YES":
             default = part.name
-    return PartitionDefaults(by, default)
+    gres = gres or GresConf({}, ())
+    gpus = {part.name: tuple(partition_gpus(conf, part, gres)) for part in conf.partitions}
+    return PartitionDefaults(by, default, gpus)
 
 
 class SlurmConfWatch:
-    """The partition defaults of the slurm.conf at ``path``, re-read when its mtime or size changed."""
+    """The partitions of the slurm.conf at ``path`` (and gres.conf beside it), re-read when either's
+    mtime or size changed."""
 
     def __init__(self, path: Path, check_every_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
         self.path, self.check_every_s, self.clock = Path(path), check_every_s, clock
+        self.gres_path = self.path.parent / "gres.conf"
         self._lock = threading.Lock()
-        self._seen: tuple[float, int] | None = None
+        self._seen: tuple[tuple[float, int], tuple[float, int] | None] | None = None
         self._next_check = float("-inf")
         self._current = NONE
         self._failed: str = ""
@@ -86,21 +106,36 @@ class SlurmConfWatch:
 
     def _reload(self) -> None:
         try:
-            st = os.stat(self.path)
-            if (st.st_mtime, st.st_size) == self._seen:
+            seen = (_stamp(self.path), _stamp(self.gres_path) if self.gres_path.exists() else None)
+            if seen == self._seen:
                 return
             conf = parse_slurm_conf(self.path.read_text(errors="replace"))
-            self._current, self._seen = partition_defaults(conf), (st.st_mtime, st.st_size)
+            gres = parse_gres_conf(self.gres_path.read_text(errors="replace")) if seen[1] else None
+            self._current, self._seen = partition_defaults(conf, gres), seen
             self._failed = ""
-            log.info("slurm.conf %s: partitions with per-GPU defaults (their GPU jobs keep their request): %s",
-                     self.path, ", ".join(f"{p} ({' '.join(v)})" for p, v in self._current.by_partition.items())
-                     or "none")
+            log.info("slurm.conf %s: partitions with per-GPU defaults (their GPU jobs keep their request): %s; "
+                     "shards per GPU (%s): %s", self.path,
+                     ", ".join(f"{p} ({' '.join(v)})" for p, v in self._current.by_partition.items()) or "none",
+                     self.gres_path if seen[1] else "no gres.conf: from slurm.conf's Gres=",
+                     "; ".join(f"{p} {_fmt_counts(g)}" for p, g in self._current.gpus.items()) or "no partitions")
         except (OSError, ValueError) as exc:
             why = f"{type(exc).__name__}: {exc}"
             if why != self._failed:
                 log.warning("cannot read slurm.conf %s (%s): per-GPU partition defaults taken as %s", self.path, why,
                             "the last ones read" if self._seen else "none")
                 self._failed = why
+
+
+def _stamp(path: Path) -> tuple[float, int]:
+    st = os.stat(path)
+    return st.st_mtime, st.st_size
+
+
+def _fmt_counts(gpus: tuple[GpuShards, ...]) -> str:
+    by_type: dict[str, set[int]] = {}
+    for g in gpus:
+        by_type.setdefault(g.type or "untyped", set()).add(int(g.shards))
+    return ",".join(f"{t}:{'/'.join(map(str, sorted(c)))}" for t, c in sorted(by_type.items())) or "none"
 
 
 def slurm_conf_path(configured: str) -> Path:

@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Sequence
 
 from policy_service.admin.check import Check, _check, _list_values
+from policy_service.adapters.fleet import partition_gpus
 from policy_service.adapters.slurm_files import GresConf, PartitionLine, SlurmConf
 
 WEIGHT_EXACT_DIGITS = 12  # a terminating decimal up to this many significant digits is printed exactly
@@ -32,13 +33,6 @@ class _Weight:
     @property
     def norm(self) -> str:
         return self.key.strip().lower()
-
-
-@dataclass(frozen=True)
-class _GpuShards:
-    node: str
-    type: str | None
-    shards: Fraction  # shards of this GPU
 
 
 def _parse_weights(raw: str) -> list[_Weight]:
@@ -110,26 +104,6 @@ def _fmt_count(x: Fraction) -> str:
     return str(x.numerator) if x.denominator == 1 else format_weight(x)[0]
 
 
-def _partition_gpus(conf: SlurmConf, part: PartitionLine, gres: GresConf) -> list[_GpuShards]:
-    """The GPUs of the partition's nodes with their shard counts and types. gres.conf first
-    (``Name=shard Count=`` per ``File=``; a shard takes the type of the gpu line with its File=,
-    or its own Type=), else the node's slurm.conf ``Gres=`` (shards / gpus, type unknown)."""
-    out: list[_GpuShards] = []
-    for name in part.nodes:
-        node = conf.node(name)
-        if node is None or node.gres.get("gpu", 0) <= 0:
-            continue
-        lines = gres.for_node(name)
-        gpu_types = {f: g.type for g in lines if g.name == "gpu" for f in g.files}
-        shard_lines = [g for g in lines if g.name == "shard" and g.files and g.count]
-        for g in shard_lines:
-            per_gpu = Fraction(g.count or 0, len(g.files))
-            out += [_GpuShards(name, g.type or gpu_types.get(f), per_gpu) for f in g.files]
-        if not shard_lines and node.gres.get("shard", 0) > 0:
-            out.append(_GpuShards(name, None, Fraction(node.gres["shard"], node.gres["gpu"])))
-    return out
-
-
 def _max_tres_note(conf: SlurmConf, example_shard_bill: str) -> str:
     flags = _list_values(conf.get("PriorityFlags"))
     if "max_tres_gres" in flags:
@@ -153,7 +127,7 @@ def _billing_check(conf: SlurmConf, part: PartitionLine, gres: GresConf, shards_
     if not gpu_weights:
         return Check(name, True, f"TRESBillingWeights={raw or '(unset)'}: no GRES/gpu weight, billing of GPUs is "
                                  "not configured in this partition: nothing to do for shards", "")
-    gpus = _partition_gpus(conf, part, gres)
+    gpus = partition_gpus(conf, part, gres)
     suggested = [(w.key, w.value) for w in weights]
     problems: list[str] = []
     fine: list[str] = []

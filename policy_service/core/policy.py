@@ -108,10 +108,23 @@ def oversubscription_gate(cfg: Config, view: EnforcementView | None) -> tuple[bo
                          f"not oversubscribed: {view.summary} (policy.allow_oversubscription = auto)")
 
 
+def shard_counts(req: JobRequest, cfg: Config) -> tuple[int, ...]:
+    """Shard counts of the GPUs the job can land on, distinct and sorted (gpu.shards_per_gpu where
+    the fleet is not known). A shard is gpu.shard_bytes on every GPU: a GPU with more memory has more."""
+    return req.gpu_shard_counts if req.gpu_shard_counts is not None else (cfg.gpu.shards_per_gpu,)
+
+
+def _of_gpus(counts: tuple[int, ...], shard: int) -> str:
+    """How the GPUs a job can land on are cut, for reasons: "8 shards" or "4 or 8 shards"."""
+    return f"{' or '.join(map(str, counts))} shards of {estimator.fmt_bytes(shard)}"
+
+
 def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config,
-                 util: tuple[float, KeyLevel] | None = None, enforcement: EnforcementView | None = None
-                 ) -> tuple[Action, int, float, int, list[Reason]]:
-    """(action, shards, slowdown, offloaded bytes, reasons) for a single-GPU job with an estimate."""
+                 util: tuple[float, KeyLevel] | None = None, enforcement: EnforcementView | None = None,
+                 counts: tuple[int, ...] = ()) -> tuple[Action, int, float, int, list[Reason]]:
+    """(action, shards, slowdown, offloaded bytes, reasons) for a single-GPU job with an estimate.
+    ``counts``: the shard counts of the GPUs it can land on (default: gpu.shards_per_gpu). The job
+    is sized against the largest of them; Slurm places k shards only on a GPU that has k free."""
     reasons = []
     may_oversubscribe, not_enforced = oversubscription_gate(cfg, enforcement)
     need = est.sized_bytes
@@ -119,11 +132,13 @@ def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config,
         reasons.append(Reason(ReasonCode.RAISED_TO_OBSERVED_MAX,
                               f"raised to the largest observed peak {estimator.fmt_bytes(est.observed_max_bytes)}"))
         need = est.observed_max_bytes
-    spg, shard = cfg.gpu.shards_per_gpu, cfg.gpu.shard_bytes
-    if need > cfg.gpu.memory_bytes:
+    counts = counts or (cfg.gpu.shards_per_gpu,)
+    spg, shard = max(counts), cfg.gpu.shard_bytes
+    if need > spg * shard:
+        where = "the device's" if len(counts) == 1 else "the largest GPU it can land on,"
         reasons.append(Reason(ReasonCode.TOO_LARGE_TO_SHARE,
-                              f"{estimator.fmt_bytes(need)} is more than the device's "
-                              f"{estimator.fmt_bytes(cfg.gpu.memory_bytes)}: whole GPU"))
+                              f"{estimator.fmt_bytes(need)} is more than {where} "
+                              f"{estimator.fmt_bytes(spg * shard)}: whole GPU"))
         return Action.WHOLE_GPU, 0, 1.0, 0, reasons
     k = _shards_needed(need, shard)
     k_compute = 1
@@ -151,9 +166,10 @@ def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config,
                               f"<= budget {cfg.policy.max_victim_slowdown:.2f}x ({access.value})"))
         return Action.SHARE_OVERSUBSCRIBED, k2, slow, off, reasons
     if k < spg:
+        on = (f"{k} of {spg} shards" if len(counts) == 1 else
+              f"{k} shards, on a GPU that has at least {k} (the GPUs it can land on have {_of_gpus(counts, shard)})")
         reasons.append(Reason(ReasonCode.FITS_IN_SHARDS,
-                              f"{estimator.fmt_bytes(need)} fits {k} of {spg} shards "
-                              f"({estimator.fmt_bytes(k * shard)})"))
+                              f"{estimator.fmt_bytes(need)} fits {on} ({estimator.fmt_bytes(k * shard)})"))
         return Action.SHARE, k, 1.0, 0, reasons
     if may_oversubscribe:
         reasons.append(Reason(ReasonCode.OVERSUBSCRIPTION_TOO_COSTLY,
@@ -259,10 +275,15 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
     short = _queue_gate(queue, view, cfg)
     if short is not None:
         return *whole, [short]
-    action, shards, slow, off, reasons = _size_shards(est, access, cfg, util, enforcement)
+    counts = shard_counts(req, cfg)
+    if not counts:
+        return *whole, [Reason(ReasonCode.NO_SHARD_GPUS,
+                               f"no {g.gpu_type + ' ' if g.gpu_type else ''}GPU of partition "
+                               f"{req.partition or '(default)'} has shards (gres.conf): whole GPU")]
+    action, shards, slow, off, reasons = _size_shards(est, access, cfg, util, enforcement, counts)
     long_queue = _compute_overcommit(queue, view, cfg) if util is not None and cfg.policy.compute_aware else None
     if long_queue is not None:
-        by_memory = _size_shards(est, access, cfg, None, enforcement)
+        by_memory = _size_shards(est, access, cfg, None, enforcement, counts)
         if by_memory[:2] != (action, shards):  # the compute floor binds: the long queue lifts it
             action, shards, slow, off, reasons = by_memory
             reasons.append(long_queue)
@@ -295,6 +316,20 @@ def _as_shards_reason(shards: int, dialect: SlurmDialect, gpu_type: str = "") ->
     else:
         why = f"policy.whole_gpu_as_shards = true on Slurm {dialect.name}: no shard job can land on it"
     return Reason(ReasonCode.WHOLE_GPU_AS_SHARDS, f"{held}: {why}")
+
+
+def _whole_as_shards(req: JobRequest, cfg: Config, dialect: SlurmDialect) -> tuple[int, Reason]:
+    """(shards, reason) of a whole GPU held as shards: all shards of one GPU, where every GPU the job
+    can land on has the same count; else 0 (the request stays: a GPU with fewer shards would hold
+    the job's whole GPU in part, and one with more would go to it in part)."""
+    counts = shard_counts(req, cfg)
+    if len(counts) == 1:
+        return counts[0], _as_shards_reason(counts[0], dialect, req.gpu.gpu_type)
+    of = f"{req.gpu.gpu_type} GPUs" if req.gpu.gpu_type else "GPUs"
+    return 0, Reason(ReasonCode.WHOLE_GPU_SIZES_DIFFER,
+                     f"not held as shards: the {of} it can land on have "
+                     f"{' or '.join(map(str, counts)) or 'no'} shards, so no one shard count is a whole GPU; the job "
+                     f"keeps its request (on Slurm {dialect.name} a shard job may then land on its GPU)")
 
 
 # The history keys whose learning can change a pending job's decision (class, user+name); the
@@ -344,8 +379,8 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     sf, prio_reason = site_factor(class_stats, cfg)
     if (action is Action.WHOLE_GPU and _single_gpu(req) and not _keeps_request(req) and cfg.policy.enable_sharing
             and whole_gpu_as_shards(cfg, dialect)):
-        shards = cfg.gpu.shards_per_gpu
-        route_reasons.append(_as_shards_reason(shards, dialect, req.gpu.gpu_type))
+        shards, held = _whole_as_shards(req, cfg, dialect)
+        route_reasons.append(held)
     if replaces:
         route_reasons.insert(0, Reason(ReasonCode.REDECIDED, f"re-decided while the job was pending: replaces "
                                                              f"decision {replaces}"))

@@ -241,11 +241,13 @@ def job_request(*, user: str, account: str, partition: str, job_name: str, scrip
                 gres_fields: dict[str, str], min_nodes: int = 1, num_tasks: int = 1, time_limit_min: int = 0,
                 comment: str = "", env_mem_hint: str = "", qos: str = "", is_batch: bool = True,
                 het_job: bool = False, per_gpu: dict[str, str | int] | None = None, exclusive: str = "",
-                partition_gpu_defaults: tuple[str, ...] = ()) -> tuple[JobRequest, AccessClass | None]:
+                partition_gpu_defaults: tuple[str, ...] = (),
+                gpu_shard_counts: tuple[int, ...] | None = None) -> tuple[JobRequest, AccessClass | None]:
     """Build the typed request (and the access-class hint) from job_desc facts. ``is_batch``:
     the job has a batch script (false for the allocations srun and salloc create). ``per_gpu``:
     the job_desc fields of PER_GPU_OPTIONS; ``exclusive``: --exclusive as JobFacts carries it;
-    ``partition_gpu_defaults``: what the job's partition gives each GPU (adapters/partitions.py)."""
+    ``partition_gpu_defaults``: what the job's partition gives each GPU (adapters/partitions.py);
+    ``gpu_shard_counts``: the shard counts of the GPUs it can land on (None: not known)."""
     if not user:
         raise RequestError("job facts carry no user")
     hint_bytes, access, bad = parse_hints(comment, env_mem_hint)
@@ -257,6 +259,7 @@ def job_request(*, user: str, account: str, partition: str, job_name: str, scrip
         hint_bytes=hint_bytes, hint_text=bad, qos=qos or "", is_batch=is_batch, het_job=het_job,
         per_gpu_options=per_gpu_options(per_gpu or {}), exclusive=exclusive.strip(),
         implicit_gpu_bind=bind if implicit_gpu_bind(bind) else "", partition_gpu_defaults=partition_gpu_defaults,
+        gpu_shard_counts=gpu_shard_counts,
     )
     return req, access
 

@@ -78,6 +78,8 @@ class ReasonCode(enum.Enum):
     HET_JOB = "het_job"  # a component of a heterogeneous job: the request stays
     PER_GPU_OPTION = "per_gpu_option"  # --cpus-per-gpu, --mem-per-gpu, ...: no faithful shard translation
     PER_GPU_DEFAULT = "per_gpu_default"  # the partition's DefCpuPerGPU / DefMemPerGPU: a shard job gets none
+    NO_SHARD_GPUS = "no_shard_gpus"  # no GPU the job can land on has shards (gres.conf)
+    WHOLE_GPU_SIZES_DIFFER = "whole_gpu_sizes_differ"  # 22.05: GPUs of different shard counts, whole kept as gpu
     EXCLUSIVE = "exclusive"  # --exclusive: Slurm never starts an exclusive job holding shards
     DRY_RUN_NOT_SLURMCTLD = "dry_run_not_slurmctld"  # an Admit not from slurmctld: answered, not recorded
     SHADOW_MODE = "shadow_mode"  # policy.mode = shadow: decided and recorded, the job left as submitted
@@ -125,6 +127,9 @@ class JobRequest:
     exclusive: str = ""  # "node", "user", "mcs" (--exclusive[=...]); "" when the job may share nodes
     implicit_gpu_bind: str = ""  # the binding Slurm gave --gpus-per-task itself ("gres/gpu:per_task:1")
     partition_gpu_defaults: tuple[str, ...] = ()  # "DefCpuPerGPU=2", ... of the job's partition(s)
+    # Shard counts (distinct, sorted) of the GPUs with shards the job can land on: its partitions'
+    # nodes, its GPU type (adapters/fleet.py). None: not known, every GPU has gpu.shards_per_gpu.
+    gpu_shard_counts: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

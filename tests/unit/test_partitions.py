@@ -37,7 +37,9 @@ def test_partition_defaults_from_slurm_conf(partition, expected):
 
 def test_no_per_gpu_defaults_anywhere():
     conf = "NodeName=n1 Gres=gpu:1\nPartitionName=gpu Nodes=n1 Default=YES\n"
-    assert partition_defaults(parse_slurm_conf(conf)) == PartitionDefaults({}, "gpu")
+    parts = partition_defaults(parse_slurm_conf(conf))
+    assert (parts.by_partition, parts.default_partition, parts.for_job("")) == ({}, "gpu", ())
+    assert parts.shard_counts("gpu") == ()  # its GPU has no shards: no job there can share
 
 
 def test_a_gpu_job_of_such_a_partition_keeps_its_request_on_every_release():
