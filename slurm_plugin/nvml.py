@@ -248,14 +248,16 @@ class FakeNvmlTelemetry:
         pass
 
 
-def create_fake_gpus(root: Path, count: int, total_bytes: int, name: str = "Fake GPU") -> None:
-    """Create ``count`` empty fake devices of ``total_bytes`` each under ``root``."""
-    if count < 0 or total_bytes <= 0:
-        raise ValueError("count must be >= 0 and total_bytes > 0")
-    for gpu in range(count):
+def create_fake_gpus(root: Path, count: int, total_bytes: int | Sequence[int], name: str = "Fake GPU") -> None:
+    """Create ``count`` empty fake devices under ``root`` of ``total_bytes`` each, or of
+    ``total_bytes[i]`` for device i (a fleet of GPUs of different memory)."""
+    sizes = [total_bytes] * count if isinstance(total_bytes, int) else list(total_bytes)
+    if count < 0 or len(sizes) != count or any(b <= 0 for b in sizes):
+        raise ValueError("count must be >= 0, with one size > 0 bytes per device")
+    for gpu, size in enumerate(sizes):
         gpu_dir = _gpu_dir(Path(root), gpu)
         (gpu_dir / "procs").mkdir(parents=True, exist_ok=True)
-        _write_atomic(gpu_dir / "total_bytes", f"{total_bytes}\n")
+        _write_atomic(gpu_dir / "total_bytes", f"{size}\n")
         _write_atomic(gpu_dir / "name", f"{name}\n")
         _write_atomic(gpu_dir / "uuid", f"GPU-fake-{gpu:04d}\n")
 
@@ -360,13 +362,19 @@ def _safe_count(telemetry: GpuTelemetry) -> int:
 # --------------------------------------------------------------------------- CLI
 
 
+def _sizes(raw: str) -> int | list[int]:
+    sizes = [int(v) for v in raw.split(",")]
+    return sizes[0] if len(sizes) == 1 else sizes
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m slurm_plugin.nvml", description="fake NVML tools")
     sub = parser.add_subparsers(dest="command", required=True)
     create = sub.add_parser("fake-create", help="create fake GPUs")
     create.add_argument("--root", type=Path, required=True)
     create.add_argument("--count", type=int, required=True)
-    create.add_argument("--total-bytes", type=int, required=True)
+    create.add_argument("--total-bytes", type=_sizes, required=True,
+                        help="bytes per device: one number, or one per device separated by commas")
     alloc = sub.add_parser("fake-alloc", help="allocate fake GPU memory (refuses beyond capacity)")
     alloc.add_argument("--root", type=Path, required=True)
     alloc.add_argument("--gpu", type=int, required=True)

@@ -9,7 +9,6 @@ GPUs and memory enforcement, the service and agent, the queue) and ``swapaware g
   commands.py     the click commands
 """
 from policy_service.admin.checks import (
-    GPU_MEMORY_MIN_FRAC,
     Check,
     doctor_checks,
     enforcement_checks,
@@ -28,6 +27,6 @@ from policy_service.adapters.slurm_files import (
     parse_slurm_conf,
 )
 
-__all__ = ["GPU_MEMORY_MIN_FRAC", "Check", "GresConf", "GresLine", "NodeLine", "SlurmConf", "doctor_checks",
+__all__ = ["Check", "GresConf", "GresLine", "NodeLine", "SlurmConf", "doctor_checks",
            "doctor_command", "enforcement_checks", "expand_list", "gres_conf_command", "gres_conf_lines",
            "parse_gres_conf", "parse_gres_spec", "parse_slurm_conf", "probe_service", "queue_check"]

@@ -158,9 +158,10 @@ def _billing_check(conf: SlurmConf, part: PartitionLine, gres: GresConf, shards_
             problems.append(f"the partition's {what} have different shard counts ({by_count}): no single "
                             f"{shard_key} weight bills them exactly (one weight bills k shards at k x weight, so a "
                             "GPU with fewer shards bills less than a whole GPU, and one with more bills more)")
-            mixed_fix.append(f"give every {gpu_type + ' ' if gpu_type else ''}GPU of the partition the same shard "
-                             f"count in gres.conf (gpu.shards_per_gpu={shards_per_gpu}: swapaware gres-conf), or put "
-                             "GPUs with different counts in different partitions")
+            mixed_fix.append(f"a shard is the same memory on every GPU, so {what} of different memory have "
+                             "different counts: give each memory size its own Type= in gres.conf (e.g. a100-40g, "
+                             "a100-80g) and a GRES/gpu:<type> and GRES/shard:<type> weight each, or put GPUs with "
+                             "different counts in different partitions")
         else:
             shards = counts[0]
         want = gpu_weight / shards
@@ -193,7 +194,7 @@ def _billing_check(conf: SlurmConf, part: PartitionLine, gres: GresConf, shards_
     line = ",".join(f"{k}={v}" for k, v in suggested)
     fix = f'set TRESBillingWeights="{line}" on {where}, then scontrol reconfigure'
     if mixed_fix:
-        fix = "; ".join(dict.fromkeys(mixed_fix)) + f"; then, with {shards_per_gpu} shards per GPU, {fix}"
+        fix = "; ".join(dict.fromkeys(mixed_fix)) + f"; or, taking {shards_per_gpu} shards per GPU, {fix}"
     if inexact:
         fix += (f" ({', '.join(inexact)}: rounded to {WEIGHT_ROUND_DIGITS} significant digits; Slurm keeps weights as "
                 "doubles and truncates a job's billing= to an integer in AllocTRES)")

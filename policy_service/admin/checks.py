@@ -2,6 +2,8 @@
 inputs (config texts, the typed config, a telemetry object, probe results)."""
 from __future__ import annotations
 
+import re
+from fractions import Fraction
 from typing import Sequence
 
 from policy_service.admin.billing import billing_checks
@@ -20,7 +22,7 @@ from slurm_plugin.enforce.choose import choose
 from slurm_plugin.nvml import GpuTelemetry, TelemetryError
 
 
-GPU_MEMORY_MIN_FRAC = 0.90  # config below 90 % of the device wastes memory; above 100 % over-commits
+GIB = 1024**3
 
 
 def _slurm_param_checks(conf: SlurmConf, cfg: Config) -> list[Check]:
@@ -106,14 +108,16 @@ def _node_checks(conf: SlurmConf, gres: GresConf, shards_per_gpu: int) -> list[C
     checks = []
     for node in gpu_nodes:
         gpus, shards = node.gres.get("gpu", 0), node.gres.get("shard", 0)
-        checks.append(_check(f"node_gres[{node.expr}]", shards == gpus * shards_per_gpu,
-                             f"Gres gpu={gpus} shard={shards}, gpu.shards_per_gpu={shards_per_gpu}",
-                             f"set Gres=gpu:{gpus},shard:{gpus * shards_per_gpu} or change gpu.shards_per_gpu"))
-        checks.append(_gres_conf_check(node, gres.for_node(node.names[0]), shards_per_gpu))
+        checks.append(_check(f"node_gres[{node.expr}]", shards > 0,
+                             f"Gres gpu={gpus} shard={shards}",
+                             "no job on these nodes can share a GPU: add the shards swapaware gres-conf prints for "
+                             f"the node (with {shards_per_gpu} per GPU of gpu.memory_bytes: "
+                             f"Gres=gpu:{gpus},shard:{gpus * shards_per_gpu})"))
+        checks.append(_gres_conf_check(node, gres.for_node(node.names[0])))
     return checks
 
 
-def _gres_conf_check(node: NodeLine, lines: Sequence[GresLine], shards_per_gpu: int) -> Check:
+def _gres_conf_check(node: NodeLine, lines: Sequence[GresLine]) -> Check:
     totals = gres_totals(lines)
     shard_lines = [g for g in lines if g.name == "shard"]
     problems = []
@@ -124,12 +128,49 @@ def _gres_conf_check(node: NodeLine, lines: Sequence[GresLine], shards_per_gpu: 
     for g in shard_lines:
         if not g.files:
             problems.append("a Name=shard line has no File=")
-        elif (g.count or 0) != shards_per_gpu * len(g.files):
-            problems.append(f"Name=shard Count={g.count} for {len(g.files)} GPU file(s), expected "
-                            f"{shards_per_gpu} per GPU")
+        elif (g.count or 0) % len(g.files):
+            problems.append(f"Name=shard Count={g.count} for {len(g.files)} GPU files does not divide: write one "
+                            "line per GPU")
     detail = "; ".join(problems) or f"gpu={totals.get('gpu', 0)} shard={totals.get('shard', 0)}"
     return _check(f"gres_conf[{node.names[0]}]", not problems, detail,
                   "regenerate it on the node: swapaware gres-conf > gres.conf (then restart slurmd)")
+
+
+def shards_fitting(total_bytes: int, shard_bytes: int) -> int:
+    """Shards of ``shard_bytes`` a GPU of ``total_bytes`` holds: each job gets its charge."""
+    return total_bytes // shard_bytes if shard_bytes > 0 else 0
+
+
+def _device_index(path: str) -> int | None:
+    """NVML index of a gres.conf ``File=``: its trailing number (``/dev/nvidia3`` -> 3)."""
+    match = re.search(r"(\d+)$", path)
+    return int(match.group(1)) if match else None
+
+
+def _shard_memory_check(totals: Sequence[int], gres: GresConf, hostname: str | None, cfg: Config) -> Check:
+    """Every GPU's shards x gpu.shard_bytes within its memory (NVML index N is File=...N)."""
+    per_gpu = {_device_index(f): Fraction(g.count or 0, len(g.files)) for g in gres.for_node(hostname)
+               if g.name == "shard" and g.files for f in g.files}
+    unit = cfg.gpu.shard_bytes
+    over, under, seen = [], [], []
+    for i, total in enumerate(totals):
+        have, fit = per_gpu.get(i, Fraction(0)), shards_fitting(total, unit)
+        seen.append(f"GPU {i} {total / GIB:.1f} GiB: {_fmt(have)} of {fit}")
+        if have > fit:
+            over.append(f"GPU {i} has {_fmt(have)} shards x {unit / GIB:.1f} GiB = {float(have * unit) / GIB:.1f} GiB, more "
+                        f"than its {total / GIB:.1f} GiB")
+        elif have < fit:
+            under.append(f"GPU {i} could hold {fit}")
+    detail = (f"gpu.shard_bytes={unit} ({unit / GIB:.1f} GiB); " + "; ".join(seen)
+              + (f"; fewer shards than fit (memory unused by shared jobs): {', '.join(under)}" if under else ""))
+    if over:
+        detail += "; " + "; ".join(over) + ": shared jobs there get less memory than their charge"
+    return _check("shard_memory", not over, detail, "regenerate gres.conf: swapaware gres-conf > gres.conf, update "
+                                                    "the node's Gres= in slurm.conf, restart slurmd and slurmctld")
+
+
+def _fmt(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else f"{float(x):.2f}"
 
 
 def _telemetry_checks(telemetry: GpuTelemetry | None, cfg: Config, gres: GresConf,
@@ -147,10 +188,7 @@ def _telemetry_checks(telemetry: GpuTelemetry | None, cfg: Config, gres: GresCon
     checks.append(_check("gres_conf_gpu_count", gres_gpus == count, f"gres.conf gpu={gres_gpus}, NVML sees {count}",
                          "regenerate gres.conf with swapaware gres-conf"))
     if totals:
-        smallest = min(totals)
-        ok = GPU_MEMORY_MIN_FRAC * smallest <= cfg.gpu.memory_bytes <= smallest
-        checks.append(_check("gpu_memory", ok, f"gpu.memory_bytes={cfg.gpu.memory_bytes}, smallest device "
-                                               f"{smallest} bytes", f"set gpu.memory_bytes = {smallest}"))
+        checks.append(_shard_memory_check(totals, gres, hostname, cfg))
     return checks
 
 
@@ -171,25 +209,33 @@ def doctor_checks(slurm_conf_text: str, gres_conf_text: str, cfg: Config, teleme
     return checks
 
 
-def gres_conf_lines(telemetry: GpuTelemetry, shards_per_gpu: int, device_prefix: str = "/dev/nvidia") -> list[str]:
-    """gres.conf for this node: one gpu and one shard line per device. Raises ValueError without GPUs.
+def gres_conf_lines(telemetry: GpuTelemetry, shard_bytes: int, device_prefix: str = "/dev/nvidia") -> list[str]:
+    """gres.conf for this node: one gpu line per device and one shard line per device that holds
+    a shard, ``Count=`` its memory in shards of ``shard_bytes`` (a shard is the same memory on every
+    GPU, so a larger GPU has more). Raises ValueError without GPUs.
 
     Assumes NVML index N is device file ``<prefix>N`` (check ``nvidia-smi -q | grep Minor``).
     """
     count = telemetry.device_count()
     if count <= 0:
         raise ValueError(f"{telemetry.source}: no GPUs found")
+    if shard_bytes <= 0:
+        raise ValueError("the shard size must be > 0 bytes")
+    totals = [telemetry.memory(i).total_bytes for i in range(count)]
+    shards = [shards_fitting(t, shard_bytes) for t in totals]
     lines = [
-        f"# generated by swapaware gres-conf from {telemetry.source}: {count} GPU(s), {shards_per_gpu} shards each",
-        f"# slurm.conf node line: Gres=gpu:{count},shard:{count * shards_per_gpu}",
+        f"# generated by swapaware gres-conf from {telemetry.source}: {count} GPU(s), a shard is {shard_bytes} "
+        f"bytes ({shard_bytes / GIB:.1f} GiB) on every GPU",
+        f"# slurm.conf node line: Gres=gpu:{count},shard:{sum(shards)}",
         "AutoDetect=off",
     ]
     for i in range(count):
         lines += [
-            f"# GPU {i}: {telemetry.name(i)} {telemetry.uuid(i)} {telemetry.memory(i).total_bytes} bytes",
+            f"# GPU {i}: {telemetry.name(i)} {telemetry.uuid(i)} {totals[i]} bytes: {shards[i]} shard(s)",
             f"Name=gpu File={device_prefix}{i}",
-            f"Name=shard Count={shards_per_gpu} File={device_prefix}{i}",
         ]
+        if shards[i]:
+            lines.append(f"Name=shard Count={shards[i]} File={device_prefix}{i}")
     return lines
 
 

@@ -10,7 +10,8 @@ from typing import Sequence
 
 import click
 
-from policy_service.admin.checks import Check, doctor_checks, enforcement_checks, gres_conf_lines, queue_check
+from policy_service.admin.checks import (Check, doctor_checks, enforcement_checks, gres_conf_lines, queue_check,
+                                        shards_fitting)
 from policy_service.adapters.slurm_files import parse_slurm_conf
 from policy_service.config import Config, ConfigError, load_config
 from slurm_plugin.nvml import GpuTelemetry, TelemetryError, open_telemetry
@@ -101,30 +102,32 @@ def _open_telemetry_checked(cfg: Config) -> tuple[GpuTelemetry | None, list[Chec
 @click.option("--slurm-conf", type=click.Path(path_type=Path), default=_default_slurm_conf,
               help="cross-checked against the generated counts when readable")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), default=None)
-@click.option("--shards-per-gpu", type=int, default=None, help="default: gpu.shards_per_gpu")
+@click.option("--shard-bytes", type=int, default=None,
+              help="memory of one shard on every GPU; default: gpu.shard_bytes (gpu.memory_bytes / gpu.shards_per_gpu)")
 @click.option("--device-prefix", default="/dev/nvidia", show_default=True)
-def gres_conf_command(slurm_conf: Path, config_path: Path | None, shards_per_gpu: int | None,
+def gres_conf_command(slurm_conf: Path, config_path: Path | None, shard_bytes: int | None,
                       device_prefix: str) -> None:
-    """Print a gres.conf for this node's GPUs (from NVML, or the fake)."""
+    """Print a gres.conf for this node's GPUs (from NVML, or the fake): each GPU's shards are its
+    memory in units of gpu.shard_bytes."""
     cfg = _load(config_path)
-    shards = shards_per_gpu or cfg.gpu.shards_per_gpu
+    unit = shard_bytes or cfg.gpu.shard_bytes
     try:
         telemetry = open_telemetry(cfg.agent, log)
         if telemetry is None:
             raise click.ClickException("no GPU telemetry on this node (NVML unavailable)")
-        lines = gres_conf_lines(telemetry, shards, device_prefix)
+        lines = gres_conf_lines(telemetry, unit, device_prefix)
+        shards = sum(shards_fitting(telemetry.memory(i).total_bytes, unit) for i in range(telemetry.device_count()))
     except (TelemetryError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo("\n".join(lines))
     _warn_slurm_conf_mismatch(_read(slurm_conf), telemetry.device_count(), shards)
 
 
-def _warn_slurm_conf_mismatch(text: str | None, gpus: int, shards_per_gpu: int) -> None:
+def _warn_slurm_conf_mismatch(text: str | None, gpus: int, shards: int) -> None:
     if text is None:
         return
     host = socket.gethostname().split(".")[0]
     for node in parse_slurm_conf(text).nodes:
-        if host in node.names and (node.gres.get("gpu"), node.gres.get("shard")) != (gpus, gpus * shards_per_gpu):
+        if host in node.names and (node.gres.get("gpu"), node.gres.get("shard")) != (gpus, shards):
             click.echo(f"warning: slurm.conf NodeName={node.expr} has Gres gpu={node.gres.get('gpu', 0)} "
-                       f"shard={node.gres.get('shard', 0)}; this node needs Gres=gpu:{gpus},"
-                       f"shard:{gpus * shards_per_gpu}", err=True)
+                       f"shard={node.gres.get('shard', 0)}; this node needs Gres=gpu:{gpus},shard:{shards}", err=True)

@@ -61,6 +61,20 @@ def test_create_gives_empty_devices_of_the_requested_size(root: Path) -> None:
     assert fake.uuid(1) == "GPU-fake-0001" and fake.name(0) == "Fake GPU"
 
 
+def test_a_mixed_fleet_has_devices_of_different_sizes_each_enforcing_its_own(tmp_path: Path) -> None:
+    create_fake_gpus(tmp_path / "mixed", 3, [400, 480, 800])
+    fake, me = FakeNvmlTelemetry(tmp_path / "mixed"), os.getpid()
+    assert [fake.memory(i).total_bytes for i in range(3)] == [400, 480, 800]
+    with pytest.raises(FakeOutOfMemory):
+        fake_alloc(tmp_path / "mixed", 0, me, 401)
+    assert fake_alloc(tmp_path / "mixed", 2, me, 800) == 800
+    with pytest.raises(ValueError, match="one size"):
+        create_fake_gpus(tmp_path / "bad", 2, [400])
+    made = _cli("fake-create", "--root", str(tmp_path / "cli"), "--count", "2", "--total-bytes", "40,80")
+    made.communicate(timeout=30)
+    assert made.returncode == 0 and FakeNvmlTelemetry(tmp_path / "cli").memory(1).total_bytes == 80
+
+
 def test_alloc_within_capacity_is_counted_per_process(root: Path) -> None:
     me = os.getpid()
     assert fake_alloc(root, 0, me, 400_000) == 400_000
