@@ -24,27 +24,9 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.client import PolicyClient, configured_client, munge_socket_for
 from policy_service.config import AuthConfig, Config, ConfigError, HookConfig, TlsConfig, load_config, read_token
 from slurm_plugin import agent_client, spool
+from slurm_plugin.job_env import parse_gpu_indices  # noqa: F401  (hooks.parse_gpu_indices: API)
 
 log = logging.getLogger("swapaware.hooks")
-
-
-def parse_gpu_indices(env: Mapping[str, str]) -> list[int]:
-    """GPU indices of the job: SLURM_JOB_GPUS ('0,2'), else CUDA_VISIBLE_DEVICES; ranges allowed."""
-    for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
-        text = env.get(var, "").strip()
-        if not text:
-            continue
-        out: list[int] = []
-        for part in text.split(","):
-            m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
-            if not m:
-                out = []
-                break
-            lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-            out.extend(range(lo, hi + 1))
-        if out:
-            return sorted(set(out))
-    return []
 
 
 def parse_exit(env: Mapping[str, str]) -> tuple[int, int, int]:

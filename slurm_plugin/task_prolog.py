@@ -3,8 +3,10 @@
 Slurm runs the TaskProlog as the job's user before each task and applies the
 ``export NAME=value`` lines it prints to the task's environment. Only jobs with shards
 (``SLURM_SHARDS_ON_NODE`` set and > 0) get lines; whole-GPU jobs get none. The job's cap is
-``shards * gpu.memory_bytes / gpu.shards_per_gpu`` (at most one GPU), the same arithmetic the
-policy used to size the request. The config file must be readable by job users.
+``shards * gpu.shard_bytes`` (a shard is the same memory on every GPU), at most the memory of the
+job's GPU as the node's NVML reports it, the same arithmetic the policy used to size the request;
+fractions (``SWAPAWARE_GPU_MEM_FRACTION``, XLA's) are of that GPU. The config file must be readable by
+job users.
 
 What each mechanism does, and does not, guarantee:
 
@@ -53,6 +55,7 @@ the user controls) is not consulted for ``SWAPAWARE_*`` overrides or ``SWAPAWARE
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -63,8 +66,13 @@ from typing import Callable, Mapping
 from policy_service.config import Config, ConfigError, Enforcement, load_config
 from slurm_plugin.enforce import Backend, JobCap
 from slurm_plugin.enforce.choose import choose
+from slurm_plugin.job_env import parse_gpu_indices
+from slurm_plugin.nvml import TelemetryError, open_telemetry
 
 MIB = 1024 * 1024
+_QUIET = logging.getLogger("swapaware.task_prolog")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
 
 
 def _shards(env: Mapping[str, str]) -> int:
@@ -84,9 +92,29 @@ def _floor_fraction(numerator: int, denominator: int) -> float:
     return (numerator * 1000 // denominator) / 1000
 
 
-def job_cap_bytes(shards: int, cfg: Config) -> int:
-    """Bytes the job's shards stand for: ``shards * shard_bytes``, at most one GPU."""
-    return min(shards * cfg.gpu.shard_bytes, cfg.gpu.memory_bytes)
+def job_cap_bytes(shards: int, cfg: Config, device_bytes: int | None = None) -> int:
+    """Bytes the job's shards stand for: ``shards * shard_bytes`` (a shard is the same memory on
+    every GPU), at most its GPU (``device_bytes``; gpu.memory_bytes where not known)."""
+    return min(shards * cfg.gpu.shard_bytes, device_bytes or cfg.gpu.memory_bytes)
+
+
+def job_gpu_bytes(env: Mapping[str, str], cfg: Config) -> int | None:
+    """Memory of the GPU the job's shards are on, from the node's NVML (or its fake); None where
+    not known. Its NVML index: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES (an index within the job's
+    devices where cgroups constrain them; then the first device NVML shows the job)."""
+    indices = parse_gpu_indices(env)
+    if _shards(env) <= 0 or not indices:
+        return None
+    try:
+        telemetry = open_telemetry(cfg.agent, _QUIET)
+        if telemetry is None:
+            return None
+        try:
+            return telemetry.memory(indices[0]).total_bytes
+        finally:
+            telemetry.close()
+    except (TelemetryError, OSError):
+        return None
 
 
 def _framework_lines(env: Mapping[str, str], cap_bytes: int, fraction: float) -> list[str]:
@@ -112,39 +140,41 @@ def _mps_lines(env: Mapping[str, str], cap_bytes: int, cfg: Config, pipe_dir_exi
     ]
 
 
-def job_cap(env: Mapping[str, str], cfg: Config) -> JobCap | None:
-    """The task's job share (None: not a shard job)."""
+def job_cap(env: Mapping[str, str], cfg: Config, device_bytes: int | None = None) -> JobCap | None:
+    """The task's job share (None: not a shard job); ``device_bytes``: its GPU's memory (job_gpu_bytes)."""
     shards = _shards(env)
     if shards <= 0:
         return None
     raw_id = env.get("SLURM_JOB_ID", "")
-    return JobCap(int(raw_id) if raw_id.isdigit() else 0, job_cap_bytes(shards, cfg), cfg.gpu.memory_bytes,
-                  _visible_gpu_count(env), user_env=dict(env))
+    return JobCap(int(raw_id) if raw_id.isdigit() else 0, job_cap_bytes(shards, cfg, device_bytes),
+                  device_bytes or cfg.gpu.memory_bytes, _visible_gpu_count(env), user_env=dict(env))
 
 
 def task_prolog_lines(env: Mapping[str, str], cfg: Config, mps_pipe_dir_exists: bool,
-                      backend: Backend | None = None) -> list[str]:
+                      backend: Backend | None = None, device_bytes: int | None = None) -> list[str]:
     """The ``export`` lines for one task, from its environment and the config (no I/O but the
-    backend's own look at the node, for hami / nvml-cgroup / auto, whose backend the caller chose)."""
+    backend's own look at the node, for hami / nvml-cgroup / auto, whose backend the caller chose).
+    ``device_bytes``: the memory of the job's GPU (job_gpu_bytes; gpu.memory_bytes where None)."""
     shards = _shards(env)
     mode = cfg.agent.enforcement
     if shards <= 0 or mode is Enforcement.NONE:
         return []
     if mode not in (Enforcement.FRAMEWORK_ENV, Enforcement.MPS):
-        job = job_cap(env, cfg)
+        job = job_cap(env, cfg, device_bytes)
         applied = (backend or choose(cfg)[0]).apply(job)
         return [f"export {k}={v}" for k, v in applied.env.items()]
-    cap_bytes = job_cap_bytes(shards, cfg)
-    fraction = _floor_fraction(cap_bytes, cfg.gpu.memory_bytes)
+    cap_bytes = job_cap_bytes(shards, cfg, device_bytes)
+    fraction = _floor_fraction(cap_bytes, device_bytes or cfg.gpu.memory_bytes)
     lines = _framework_lines(env, cap_bytes, fraction)
     if mode is Enforcement.MPS:
         lines += _mps_lines(env, cap_bytes, cfg, mps_pipe_dir_exists)
     return lines
 
 
-def enforcement_message(env: Mapping[str, str], cfg: Config, lines: list[str], backend: Backend | None) -> str:
-    """The line the job's output gets: the cap that is enforced, or that its share is advisory."""
-    job = job_cap(env, cfg)
+def enforcement_message(env: Mapping[str, str], cfg: Config, lines: list[str], backend: Backend | None,
+                        device_bytes: int | None = None) -> str:
+    """The line the node's log gets: the cap that is enforced, or that its share is advisory."""
+    job = job_cap(env, cfg, device_bytes)
     if job is None or cfg.agent.enforcement is Enforcement.NONE:
         return ""
     if cfg.agent.enforcement in (Enforcement.FRAMEWORK_ENV, Enforcement.MPS):
@@ -203,11 +233,12 @@ def main(log: Callable[[str], None] = syslog_line) -> int:
     pipe_dir_exists = Path(cfg.agent.mps_pipe_dir).is_dir()
     backend = None if cfg.agent.enforcement in (Enforcement.FRAMEWORK_ENV, Enforcement.MPS,
                                                 Enforcement.NONE) else choose(cfg)[0]
-    lines = task_prolog_lines(os.environ, cfg, pipe_dir_exists, backend)
+    device_bytes = job_gpu_bytes(os.environ, cfg)
+    lines = task_prolog_lines(os.environ, cfg, pipe_dir_exists, backend, device_bytes)
     for line in lines + inherited_gpu_lines(os.environ):
         sys.stdout.write(line + "\n")
     if says_enforcement(os.environ):
-        message = enforcement_message(os.environ, cfg, lines, backend)
+        message = enforcement_message(os.environ, cfg, lines, backend, device_bytes)
         if message:
             log(f"job {os.environ.get('SLURM_JOB_ID', '?')}: {message}")
     return 0

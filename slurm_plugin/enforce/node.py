@@ -34,8 +34,8 @@ def write_files(applied: Applied) -> list[Path]:
 def apply_root(env: Mapping[str, str], cfg: Config) -> list[Path]:
     """Write the chosen backend's root-owned files for a shard job (prolog, as root). Only where
     the prolog's environment names the job's shards (SLURM_SHARDS_ON_NODE); otherwise nothing."""
-    from slurm_plugin.task_prolog import job_cap  # the TaskProlog's arithmetic, one place
-    job = job_cap(env, cfg)
+    from slurm_plugin.task_prolog import job_cap, job_gpu_bytes  # the TaskProlog's arithmetic, one place
+    job = job_cap(env, cfg, job_gpu_bytes(env, cfg))
     if job is None:
         return []
     backend, _, _ = choose(cfg)

@@ -4,11 +4,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from policy_service.config import DEFAULT_CONFIG_PATH, GIB, AgentConfig, Config, Enforcement, GpuConfig
+from policy_service.config import DEFAULT_CONFIG_PATH, GIB, AgentConfig, Config, Enforcement, GpuConfig, NvmlBackend
+from slurm_plugin.nvml import create_fake_gpus
 from slurm_plugin import task_prolog
 from slurm_plugin.task_prolog import inherited_gpu_lines, task_prolog_lines
 
@@ -76,6 +78,24 @@ def test_caps_round_down(shards, shards_per_gpu, memory_bytes, cap_bytes, fracti
     assert lines[0] == f"export SWAPAWARE_GPU_MEM_LIMIT_BYTES={cap_bytes}"
     assert lines[1] == f"export SWAPAWARE_GPU_MEM_FRACTION={fraction}"
     assert lines[-1] == f"export CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mps_mib}M"
+
+
+def test_on_a_mixed_fleet_the_cap_is_the_charge_and_fractions_are_of_the_jobs_own_gpu(tmp_path: Path) -> None:
+    """10 GiB shards on 40, 48 and 80 GiB GPUs: 2 shards are 20 GiB everywhere, half of a 40 GiB GPU."""
+    create_fake_gpus(tmp_path / "gpus", 4, [40 * GIB, 48 * GIB, 80 * GIB, 80 * GIB])
+    cfg = replace(_cfg(FW), agent=AgentConfig(enforcement=FW, nvml_backend=NvmlBackend.FAKE,
+                                              fake_nvml_dir=tmp_path / "gpus"))
+    on = {"SLURM_SHARDS_ON_NODE": "2", "CUDA_VISIBLE_DEVICES": "0"}
+    assert task_prolog.job_gpu_bytes(on, cfg) == 40 * GIB
+    assert task_prolog.job_gpu_bytes({**on, "SLURM_JOB_GPUS": "2"}, cfg) == 80 * GIB  # the node's index first
+    assert task_prolog.job_gpu_bytes({"CUDA_VISIBLE_DEVICES": "0"}, cfg) is None  # not a shard job
+    assert task_prolog.job_gpu_bytes({**on, "CUDA_VISIBLE_DEVICES": "9"}, cfg) is None  # no such device
+    assert task_prolog_lines(on, cfg, False, device_bytes=40 * GIB) == _framework(20 * GIB, 0.5)
+    assert task_prolog_lines({**on, "CUDA_VISIBLE_DEVICES": "1"}, cfg, False, device_bytes=48 * GIB) == \
+        _framework(20 * GIB, 0.416)
+    assert task_prolog_lines(on, cfg, False, device_bytes=80 * GIB) == _framework(20 * GIB, 0.25)
+    assert task_prolog_lines({**on, "SLURM_SHARDS_ON_NODE": "5"}, cfg, False, device_bytes=40 * GIB) == \
+        _framework(40 * GIB, 1.0)  # never more than the GPU
 
 
 @pytest.mark.skipif(DEFAULT_CONFIG_PATH.exists(), reason="a site config exists on this machine")
