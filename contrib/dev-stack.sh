@@ -20,8 +20,11 @@ STATE=${STATE%/}
 export SWAPAWARE_DEV_DIR=$STATE
 VENV=${SWAPAWARE_VENV:-$ROOT/.venv}
 GRPC_PORT=${SWAPAWARE_GRPC_PORT:-50551}
-GPU_BYTES=${SWAPAWARE_DEV_GPU_BYTES:-85899345920}   # 80 GiB per fake GPU
 CONF=$STATE/etc/swapaware.toml
+# The fake GPUs as cluster.sh makes them (gres.conf and the agents' fake NVML agree): GiB per GPU,
+# GiB per shard.
+read -r GPU_GIB SHARD_GIB _ < <("$CLUSTER" gpus | sed 's/[a-z_]*=//g')
+GPU_GIB_MAX=$(tr ',' '\n' <<<"$GPU_GIB" | sort -n | tail -n1)
 RUN=$STATE/run
 LOGDIR=$STATE/log
 SOCK=$RUN/swapaware.sock
@@ -62,8 +65,9 @@ write_config() {
     cat >"$CONF" <<EOF
 # written by contrib/dev-stack.sh
 [gpu]
-memory_bytes = $GPU_BYTES
-shards_per_gpu = 8
+# The largest fake GPU and its shards: one shard is $SHARD_GIB GiB on every GPU (cluster.sh gpus).
+memory_bytes = $((GPU_GIB_MAX * 1073741824))
+shards_per_gpu = $((GPU_GIB_MAX / SHARD_GIB))
 
 [policy]
 # A one-node demo cluster with 4 GPUs rarely has a queue: share as soon as a job's memory is
@@ -182,7 +186,7 @@ start_agents() {
         "$VENV/bin/python" -c "
 from pathlib import Path
 from slurm_plugin.nvml import create_fake_gpus
-create_fake_gpus(Path('$d/fake-nvml'), 4, $GPU_BYTES)"
+create_fake_gpus(Path('$d/fake-nvml'), 4, [g * 1024**3 for g in ($GPU_GIB,)])"
         start_daemon "agent-$n" "$d/agent.pid" "$CLUSTER" node-exec "$n" "$VENV/bin/swapaware-agent" \
             --config "$CONF" --foreground
     done

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -45,6 +46,15 @@ PORTS = {"SWAPAWARE_CTLD_PORT": "16817", "SWAPAWARE_SLURMD_PORT": "16818", "SWAP
 GIB = 1024**3
 
 
+@functools.lru_cache(maxsize=1)
+def dev_fleet() -> tuple[tuple[str, int, int], ...]:
+    """The dev cluster's GPUs as ``cluster.sh gpus`` makes them: (type, shards, GiB) per GPU."""
+    fields = dict(kv.split("=", 1) for kv in subprocess.run(["bash", str(CLUSTER), "gpus"], capture_output=True,
+                                                            text=True, check=True, timeout=60).stdout.split())
+    gib, shard_gib = [int(g) for g in fields["gpu_gib"].split(",")], int(fields["shard_gib"])
+    return tuple((t, g // shard_gib, g) for t, g in zip(fields["types"].split(","), gib))
+
+
 def skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "integration tests start Slurm's daemons and need root"
@@ -72,8 +82,24 @@ class Stack:
 
     @property
     def whole_gpu_as_shards(self) -> bool:
-        """Whether a whole-GPU decision is held as all shards of the GPU on this release."""
-        return self.dialect.gpu_beside_shard_bug
+        """Whether a whole-GPU decision of an untyped request is held as all shards of the GPU on
+        this release: only where every GPU has the same shard count (the dev fleet's do not)."""
+        return self.dialect.gpu_beside_shard_bug and len({n for _, n, _ in dev_fleet()}) == 1
+
+    @property
+    def whole_gpu_request(self) -> str:
+        """A one-GPU request that swapaware holds on a GPU of its own while it is kept whole: on
+        22.05 with GPUs of different shard counts an untyped one stays gpu:1, which Slurm 22.05 may
+        place beside shard jobs; a typed one is held as all shards of its type (the h100s)."""
+        return "--gres=gpu:1" if self.whole_gpu_as_shards or not self.dialect.gpu_beside_shard_bug \
+            else "--gres=gpu:h100:1"
+
+    def fill_gres(self, i: int) -> str:
+        """A request that takes a whole GPU as all its shards whatever the history says (a shard
+        request passes the plugin unchanged): the i-th of the dev fleet's GPUs, largest first, by type,
+        so that fillers 0..3 take the four GPUs whatever order Slurm picks them in."""
+        gpu_type, shards, _ = sorted(dev_fleet(), key=lambda g: -g[1])[i]
+        return f"--gres=shard:{gpu_type}:{shards}"
 
     def run(self, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         r = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)

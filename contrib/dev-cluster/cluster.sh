@@ -32,6 +32,11 @@ PLUGIN_TIMEOUT_MS=${SWAPAWARE_PLUGIN_TIMEOUT_MS:-200}
 TIMEOUT_S=${SWAPAWARE_DEV_TIMEOUT_S:-60}
 SLURMD_TIMEOUT=${SWAPAWARE_SLURMD_TIMEOUT:-60}  # seconds before an unresponsive node is DOWN
 GPU_TYPES=${SWAPAWARE_DEV_GPU_TYPES:-a100,a100,h100,h100}
+# A mixed fleet: the fake GPUs' memory in GiB (the node agents' fake NVML is made from this), and
+# the memory of one shard on every GPU; each GPU gets its memory in shards (40/48/80 GiB: 4/4/8),
+# as swapaware gres-conf writes it.
+GPU_GIB=${SWAPAWARE_DEV_GPU_GIB:-40,48,80,80}
+SHARD_GIB=${SWAPAWARE_DEV_SHARD_GIB:-10}
 
 SLURM_CONF_PATH=$ETC/slurm.conf
 MUNGE_SOCKET=$STATE/node/munge/munge.socket.2  # per node: see nodes.sh
@@ -318,10 +323,14 @@ render_all() {
         export R_CLI_FILTER_LINE="#CliFilterPlugins=lua (no cli_filter.lua beside slurm.conf)"
     fi
 
-    # Typed GPUs (two types), so that typed requests (--gres=gpu:h100:1) can be tried.
-    local lines="" i types
+    # Typed GPUs (two types), so that typed requests (--gres=gpu:h100:1) can be tried, of
+    # different memory (GPU_GIB), each with its own shard count.
+    local lines="" i types gibs shards=()
     read -r -a types <<<"${GPU_TYPES//,/ }"
     ((${#types[@]} == 4)) || die "SWAPAWARE_DEV_GPU_TYPES needs 4 types, got '$GPU_TYPES'"
+    read -r -a gibs <<<"${GPU_GIB//,/ }"
+    ((${#gibs[@]} == 4)) || die "SWAPAWARE_DEV_GPU_GIB needs 4 sizes, got '$GPU_GIB'"
+    for i in 0 1 2 3; do shards+=($((gibs[i] / SHARD_GIB))); done
     declare -A per_type=()
     for i in 0 1 2 3; do
         lines+="Name=gpu Type=${types[$i]} File=$DEV/nvidia$i"$'\n'
@@ -329,11 +338,11 @@ render_all() {
     done
     local node_gres="" t
     for t in $(printf '%s\n' "${!per_type[@]}" | sort); do node_gres+="gpu:$t:${per_type[$t]},"; done
-    export R_NODE_GRES="${node_gres}shard:32"
+    export R_NODE_GRES="${node_gres}shard:$((shards[0] + shards[1] + shards[2] + shards[3]))"
     R_NODE_LINES=$(node_conf_lines "$R_NODE_HW" "$R_NODE_GRES")
     export R_NODE_LINES
     for i in 0 1 2 3; do
-        lines+="Name=shard Count=8 File=$DEV/nvidia$i"$'\n'
+        lines+="Name=shard Count=${shards[i]} File=$DEV/nvidia$i"$'\n'
     done
     export R_GRES_LINES=${lines%$'\n'}
 
@@ -733,6 +742,7 @@ main() {
         restart-ctld) take_lock; cmd_restart_ctld ;;
         plugin) take_lock; cmd_plugin "$@" ;;
         nodes) compute_nodes ;;
+        gpus) echo "gpu_gib=$GPU_GIB shard_gib=$SHARD_GIB types=$GPU_TYPES" ;;
         node-exec) exec_in_node "${1:?node-exec NODE COMMAND...}" "${@:2}" ;;
         -h | --help | help) usage ;;
         *) usage >&2; exit 2 ;;

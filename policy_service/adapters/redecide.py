@@ -2,9 +2,9 @@
 
 A job submitted before its class was ever observed, or while nothing waited, was kept on a
 whole GPU; while it still waits the model may have learned its class, or a queue may have built.
-After each poll the service takes the pending jobs held as a whole GPU (``gres:shard:<all>``, or
-``gres/gpu:1`` where ``policy.whole_gpu_as_shards`` does not apply; compared parsed, in any
-release's spelling), waiting for resources, oldest first. It reads each one's decision record once (AdminComment,
+After each poll the service takes the pending jobs held as a whole GPU (``gres/gpu:1``, or
+``gres:shard:<all of a GPU's>`` where ``policy.whole_gpu_as_shards`` applies; compared parsed, in
+any release's spelling), waiting for resources, oldest first. It reads each one's decision record once (AdminComment,
 ``scontrol show job``: squeue does not show it); it decides again, from the facts recorded with
 that decision, only when something was learned under the job's history keys or the queue crossed
 ``policy.share_min_queue`` since the last time; at most ``policy.redecide_max_per_poll`` reads
@@ -15,7 +15,7 @@ replaces). A job that starts in between is left alone (Slurm refuses the update)
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import Collection, Iterable
 
 from policy_service.adapters.queue import WAITING_REASONS
 from policy_service.adapters.slurm import PendingJob, SlurmAccess, SlurmError
@@ -28,24 +28,26 @@ from policy_service.handler import HandlerError
 log = logging.getLogger("swapaware.decisions")
 
 
-def holds_whole_gpu(tres_per_node: str, shards_per_gpu: int, held_as_shards: bool = True) -> bool:
-    """Whether a pending job's tres_per_node is how swapaware holds a whole-GPU decision: all
-    shards of one GPU (``gres:shard:8``, ``gres/shard:8``), or one untyped GPU (``gres/gpu:1``)
-    where whole GPUs are not held as shards. Parsed, so any release's spelling matches."""
+def holds_whole_gpu(tres_per_node: str, whole_shards: Collection[int] = ()) -> bool:
+    """Whether a pending job's tres_per_node is how swapaware holds a whole-GPU decision: one GPU
+    (``gres/gpu:1``, ``gres/gpu:h100:1``), or all shards of one GPU (``gres:shard:8``,
+    ``gres:shard:h100:8``: a count in ``whole_shards``, the GPUs' shard counts where whole GPUs are
+    held as shards, else empty). Parsed, so any release's spelling matches."""
     try:
         entries = parse_gres_entries(tres_per_node)
     except RequestError:
         return False
-    want = ("shard", shards_per_gpu) if held_as_shards else ("gpu", 1)
-    return len(entries) == 1 and entries[0].gres and (entries[0].name, entries[0].count) == want \
-        and not entries[0].gres_type
+    if len(entries) != 1 or not entries[0].gres:
+        return False
+    name, count = entries[0].name, entries[0].count
+    return (name, count) == ("gpu", 1) or (name == "shard" and count in whole_shards)
 
 
-def candidates(pending: Iterable[PendingJob], shards_per_gpu: int, held_as_shards: bool = True) -> list[PendingJob]:
+def candidates(pending: Iterable[PendingJob], whole_shards: Collection[int] = ()) -> list[PendingJob]:
     """Pending jobs held as one whole GPU (how swapaware holds a whole-GPU decision) that wait
     for resources, oldest first."""
     return sorted((j for j in pending if j.reason in WAITING_REASONS
-                   and holds_whole_gpu(j.tres_per_node, shards_per_gpu, held_as_shards)
+                   and holds_whole_gpu(j.tres_per_node, whole_shards)
                    and not j.tres_per_job and not j.tres_per_task and j.nodes == 1),
                   key=lambda j: j.job_id)
 
@@ -61,8 +63,15 @@ class PendingRedecider:
         self.rewritten = 0
         self.held_as_shards = whole_gpu_as_shards(cfg, handler.dialect)
 
+    def _whole_shards(self) -> set[int]:
+        """The shard counts a whole GPU held as shards can have: the fleet's (gres.conf), else
+        gpu.shards_per_gpu."""
+        parts = self.handler.partitions() if self.handler.partitions else None
+        counts = {int(g.shards) for gpus in parts.gpus.values() for g in gpus} if parts else set()
+        return counts or {self.cfg.gpu.shards_per_gpu}
+
     def __call__(self, pending: list[PendingJob], state: QueueState) -> None:
-        todo = candidates(pending, self.cfg.gpu.shards_per_gpu, self.held_as_shards)
+        todo = candidates(pending, self._whole_shards() if self.held_as_shards else ())
         live = {j.job_id for j in todo}
         self._records = {k: v for k, v in self._records.items() if k in live}
         self._checked = {k: v for k, v in self._checked.items() if k in live}

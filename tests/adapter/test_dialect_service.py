@@ -84,14 +84,16 @@ def pending(job_id, tres, **kw):
     return PendingJob(job_id, tres, kw.get("job", ""), "", kw.get("nodes", 1), 1, kw.get("reason", "Priority"), "")
 
 
-@pytest.mark.parametrize("held_as_shards,tres,chosen", [
-    (True, "gres:shard:8", True), (True, "gres/shard:8", True), (True, "gres/shard:2", False),
-    (True, "gres/gpu:1", False), (True, "gres/shard:8,gres/nvme:1", False), (True, "gres/shard:a:b:c", False),
-    (False, "gres/gpu:1", True), (False, "gres:gpu:1", True), (False, "gres/gpu:a100:1", False),
-    (False, "gres/gpu:2", False), (False, "gres/shard:8", False),
+@pytest.mark.parametrize("whole_shards,tres,chosen", [
+    ({8}, "gres:shard:8", True), ({8}, "gres/shard:8", True), ({8}, "gres/shard:2", False),
+    ({4, 8}, "gres/shard:4", True),  # a fleet of 4 and 8 shard GPUs: either is a whole GPU
+    ({8}, "gres/gpu:1", True),  # 22.05 on a mixed fleet keeps a whole GPU as gpu:1
+    ({8}, "gres/shard:8,gres/nvme:1", False), ({8}, "gres/shard:a:b:c", False),
+    ((), "gres/gpu:1", True), ((), "gres:gpu:1", True), ((), "gres/gpu:a100:1", True), ({8}, "gres:shard:a100:8", True),
+    ((), "gres/gpu:2", False), ((), "gres/shard:8", False),
 ])
-def test_candidates_compare_parsed_entries(held_as_shards, tres, chosen):
-    assert bool(candidates([pending(1, tres)], 8, held_as_shards)) is chosen
+def test_candidates_compare_parsed_entries(whole_shards, tres, chosen):
+    assert bool(candidates([pending(1, tres)], whole_shards)) is chosen
 
 
 @pytest.mark.parametrize("as_shards,held", [("auto", "gres/gpu:1"), ("true", "gres/shard:8")])

@@ -28,7 +28,7 @@ def test_candidates_are_whole_gpu_holds_waiting_for_resources_oldest_first():
     jobs = [pending(9), pending(3, reason="Resources"), pending(4, reason="JobHeldUser"),
             pending(5, tres="gres:shard:2"), pending(6, tres="gres:gpu:1"), pending(7, job="gres:gpu:1"),
             pending(8, nodes=2), pending(2, reason="None")]
-    assert [j.job_id for j in candidates(jobs, 8)] == [2, 3, 9]
+    assert [j.job_id for j in candidates(jobs, {8})] == [2, 3, 6, 9]  # gres:gpu:1: a whole GPU on every release
 
 
 @pytest.fixture

@@ -14,13 +14,10 @@ from .test_end_to_end import wait_running
 pytestmark = pytest.mark.integration
 
 SLEEP = "#!/bin/sh\nsleep 60\n"
-# A whole GPU whatever the history says (jobs of an account with history get wide-key estimates):
-# a shard request passes the plugin unchanged, and all shards of a GPU are the whole GPU.
-WHOLE = "--gres=shard:8"
 
 
 def _fill_all_gpus(stack, tag: str) -> list[int]:
-    fillers = [stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{tag}") for _ in range(4)]
+    fillers = [stack.sbatch(SLEEP, stack.fill_gres(i), f"--job-name=fill-{tag}") for i in range(4)]
     for j in fillers:
         wait_running(stack, j)
     return fillers
@@ -62,7 +59,7 @@ def test_learned_job_stays_whole_while_nothing_waits_and_shares_once_gpu_work_qu
             assert d["action"] == "whole_gpu" and "queue_short" in d["why"], d
 
             fillers = _fill_all_gpus(stack, name)
-            fillers.append(stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}"))  # waits: 1 of 4 GPUs
+            fillers.append(stack.sbatch(SLEEP, stack.fill_gres(0), f"--job-name=fill-{name}"))  # waits: 1 of 4 GPUs
             log = stack.state / "log" / "swapaware.log"
 
             def shared() -> tuple | None:
@@ -96,14 +93,15 @@ def test_pending_job_kept_whole_is_rewritten_to_shards_once_its_class_is_learned
     with stack.service_with(SWAPAWARE_POLICY__REDECIDE_PENDING="true", SWAPAWARE_POLICY__QUEUE_POLL_S="0.5",
                             SWAPAWARE_ESTIMATOR__WIDE_KEY_MIN_SAMPLES="1000000"):
         try:
-            jobs += [stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}") for _ in range(3)]
+            # every GPU but an h100 (fill_gres: h100, h100, a100, a100): A gets that one
+            jobs += [stack.sbatch(SLEEP, stack.fill_gres(i), f"--job-name=fill-{name}") for i in (1, 2, 3)]
             for j in jobs:
                 wait_running(stack, j)
-            a = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
+            a = stack.sbatch(script, stack.whole_gpu_request, f"--job-name={name}")
             jobs.append(a)
             wait_running(stack, a)
-            jobs.append(stack.sbatch(SLEEP, WHOLE, f"--job-name=fill-{name}"))  # takes A's GPU when A ends
-            b = stack.sbatch(script, "--gres=gpu:1", f"--job-name={name}")
+            jobs.append(stack.sbatch(SLEEP, stack.fill_gres(0), f"--job-name=fill-{name}"))  # takes A's GPU when A ends
+            b = stack.sbatch(script, stack.whole_gpu_request, f"--job-name={name}")
             jobs.append(b)
             first = decision_of(job_field(stack.show_job(b), "AdminComment"))
             assert first["action"] == "whole_gpu" and "no_history" in first["why"], first
@@ -116,7 +114,9 @@ def test_pending_job_kept_whole_is_rewritten_to_shards_once_its_class_is_learned
 
             d, info = wait_for(rewritten, 30, lambda: f"job {b} to be re-decided: {stack.show_job(b)}\n"
                                + (stack.state / "log" / "swapaware.log").read_text()[-2000:], 0.5)
-            assert job_field(info, "JobState") == "PENDING" and job_field(info, "TresPerNode") == stack.gres("shard", 1)
+            typed = "h100" if "h100" in stack.whole_gpu_request else ""
+            assert job_field(info, "JobState") == "PENDING"
+            assert job_field(info, "TresPerNode") == stack.gres("shard", 1, typed)
             assert d["why"].startswith("redecided,") and d["id"] != first["id"]
             explained = stack.swapaware("explain", "--decision", d["id"]).stdout
             assert f"replaces decision {first['id']}" in explained, explained
