@@ -5,7 +5,6 @@ gets its own code (3, INVALID_ARGUMENT) and never fails the others."""
 from __future__ import annotations
 
 import collections
-import math
 import json
 import logging
 from typing import Callable, Sequence
@@ -19,7 +18,7 @@ from policy_service.core import estimator
 from policy_service.core.request import node_count
 from policy_service.core.types import Action, JobObservation
 from policy_service.correlation import Correlator, EventRef, Resolution
-from policy_service.limits import oversize
+from policy_service.event_bounds import MAX_JOB_ID, Refusal, check_event, runtime_refusal  # noqa: F401  (API)
 
 log = logging.getLogger("swapaware.decisions")
 
@@ -30,8 +29,6 @@ INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 # A run with no finish whose decision's facts give a time limit stops counting as a co-runner this
 # long after that limit (Slurm's OverTimeLimit and a slow epilog fit in it).
 OPEN_RUN_LIMIT_GRACE_S = 3600.0
-MAX_JOB_ID = 0xFFFFFFFF  # Slurm job ids are 32-bit
-MAX_TIME_S = 4102444800.0  # 2100-01-01: later "times" are garbage
 
 
 def gpu_utilisation(req: pb.JobFinishedRequest) -> float | None:
@@ -41,26 +38,6 @@ def gpu_utilisation(req: pb.JobFinishedRequest) -> float | None:
     if not measured or req.telemetry_source in ("", "none"):
         return None
     return min(1.0, max(0.0, sum(measured) / len(measured) / 100.0))
-
-
-def invalid(kind: str | None, req) -> str:
-    """Why an event cannot be applied ("" when it can)."""
-    if kind is None:
-        return "the event is neither started nor finished"
-    too_big = oversize(req)
-    if too_big:
-        return f"a field is too large: {'; '.join(too_big[:3])}"
-    if req.job_id == 0:
-        return "job_id is required"
-    if req.job_id > MAX_JOB_ID:
-        return f"job_id {req.job_id} is not a Slurm job id (at most {MAX_JOB_ID})"
-    for name in ("started_at", "finished_at"):
-        t = getattr(req, name, 0.0)
-        if not (math.isfinite(t) and 0.0 <= t <= MAX_TIME_S):
-            return f"{name} {t} is not a time (Unix seconds, 0 for unknown)"
-    if kind == "finished" and not req.event_id:
-        return "event_id is required (replays must be idempotent)"
-    return ""
 
 
 def event_ref(kind: str, req, now: float) -> EventRef:
@@ -92,10 +69,9 @@ class EventApplier:
         for i, ev in enumerate(events):
             kind = ev.WhichOneof("event")
             req = getattr(ev, kind) if kind else None
-            problem = invalid(kind, req)
-            if problem:
-                results[i] = pb.EventResult(event_id=req.event_id if req is not None else "", code=INVALID,
-                                            message=problem)
+            refusal = check_event(kind, req, now=now, gpu_memory_bytes=self.cfg.gpu.memory_bytes)
+            if refusal is not None:
+                results[i] = self._refuse(kind, req, refusal)
             else:
                 valid.append((i, kind, req))
         seen = self.store.events_seen(req.event_id for _, _, req in valid)
@@ -116,6 +92,15 @@ class EventApplier:
                 results[i] = pb.EventResult(event_id=req.event_id, code=INTERNAL,
                                             message="the event could not be applied; see the service's log")
         return results  # type: ignore[return-value]
+
+    def _refuse(self, kind: str | None, req, refusal: Refusal) -> pb.EventResult:
+        """An event that never reaches the model: logged, counted, answered INVALID_ARGUMENT."""
+        event_id = req.event_id if req is not None else ""
+        log.warning("job %s: %s event %s refused (%s): %s", req.job_id if req is not None else "?", kind or "unknown",
+                    event_id or "(no id)", refusal.why.value, refusal.message)
+        if self.metrics is not None:
+            self.metrics.events_refused.labels(why=refusal.why.value).inc()
+        return pb.EventResult(event_id=event_id, code=INVALID, message=refusal.message)
 
     # ------------------------------------------------------------------ JobStarted
     def _started(self, req: pb.JobStartedRequest, res: Resolution) -> pb.EventResult:
@@ -148,6 +133,9 @@ class EventApplier:
         finished = req.finished_at or now
         run = self.store.run_of(res.instance, req.node) or self.store.run_of(res.instance)
         started = req.started_at or (run.started_at if run else None)
+        refusal = runtime_refusal(started, finished, "recorded start") if started and not req.started_at else None
+        if refusal is not None:
+            return self._refuse("finished", req, refusal)
         gpus = tuple(req.gpu_indices) or (run.gpu_indices if run else ())
         # The run is this instance's (never another job of the same id): its decision may stand in.
         d_id = res.decision_id or (run.decision_id if run else "")

@@ -34,6 +34,7 @@ from policy_service.correlation import Correlator
 from policy_service.events import MAX_JOB_ID, EventApplier, gpu_utilisation  # noqa: F401  (gpu_utilisation: API)
 from policy_service.limits import oversize
 from policy_service.metrics import ServiceMetrics
+from policy_service.proto_bounds import i32, observation_to_proto, u32, u64
 
 log = logging.getLogger("swapaware.decisions")
 
@@ -71,13 +72,13 @@ def is_batch(job: pb.JobFacts) -> bool:
 
 def decision_to_proto(d: Decision) -> pb.Decision:
     est = d.estimate
-    msg = pb.Decision(
-        decision_id=d.decision_id, model_version=d.model_version, action=_ACTION[d.action], shards=d.shards,
-        site_factor=d.site_factor, job_class=d.job_class, decided_at=d.decided_at, mode=d.mode.value,
-        estimate=pb.DemandEstimate(peak_bytes=est.peak_bytes, margin_bytes=est.margin_bytes,
+    msg = pb.Decision(  # figures saturated: whatever the history held, the reply can be built
+        decision_id=d.decision_id, model_version=d.model_version, action=_ACTION[d.action], shards=u32(d.shards),
+        site_factor=i32(d.site_factor), job_class=d.job_class, decided_at=d.decided_at, mode=d.mode.value,
+        estimate=pb.DemandEstimate(peak_bytes=u64(est.peak_bytes), margin_bytes=u64(est.margin_bytes),
                                    source=_SOURCE[est.source],
-                                   samples=est.samples, observed_max_bytes=est.observed_max_bytes),
-        swap_cost=pb.SwapCostEstimate(slowdown=d.swap_slowdown, offloaded_bytes=d.offloaded_bytes, risk=d.risk),
+                                   samples=u32(est.samples), observed_max_bytes=u64(est.observed_max_bytes)),
+        swap_cost=pb.SwapCostEstimate(slowdown=d.swap_slowdown, offloaded_bytes=u64(d.offloaded_bytes), risk=d.risk),
         reasons=[pb.Reason(code=r.code.value, message=r.message) for r in d.reasons],
     )
     msg.rewrite.CopyFrom(rewrite_to_proto(d.rewrite))
@@ -335,13 +336,7 @@ class PolicyHandler:
             out.decision.reasons.add(code="never_held", message="no job in Slurm ever held this decision (the job "
                                      "was refused after the plugin ran, or slurmctld stopped waiting for the answer)")
         out.job.CopyFrom(row.facts)
-        for o in self.store.observations(decision_id=d_id):
-            ob = out.observations.add(job_id=o.job_id, decision_id=o.decision_id, node=o.node,
-                                      started_at=o.started_at or 0.0, finished_at=o.finished_at,
-                                      runtime_s=o.runtime_s or 0.0, exit_code=o.exit_code, oom_detected=o.oom,
-                                      co_runners=o.co_runners, gpu_indices=list(o.gpu_indices))
-            if o.peak_bytes is not None:
-                ob.peak_gpu_bytes = o.peak_bytes
+        out.observations.extend(observation_to_proto(o) for o in self.store.observations(decision_id=d_id))
         return out
 
     def _may_explain(self, caller, facts: pb.JobFacts | None) -> None:

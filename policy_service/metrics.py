@@ -10,6 +10,9 @@ Every series has bounded labels (actions, reason codes, modes and transports are
   swapaware_peak_error_ratio                      (predicted - observed) / observed peak, per finished run
   swapaware_charge_overruns_total                 shared runs whose observed peak exceeded their charge
   swapaware_ooms_total{shared}                    runs judged out of GPU memory
+  swapaware_events_refused_total{why}             hook events refused, never applied: a value out of
+                                                  range (policy_service/event_bounds.py) or a field
+                                                  missing or too large
   swapaware_queue_snapshot_age_seconds            age of the pending-queue snapshot (-1: none yet)
   swapaware_history_bytes                         size of the history (database + WAL + journal)
   swapaware_decisions_waiting                     decisions journaled, not yet in the history
@@ -49,6 +52,8 @@ class ServiceMetrics:
         self.overruns = Counter("swapaware_charge_overruns", "Shared runs whose observed peak exceeded their "
                                 "charged shards", registry=r)
         self.ooms = Counter("swapaware_ooms", "Runs judged out of GPU memory", ("shared",), registry=r)
+        self.events_refused = Counter("swapaware_events_refused", "Hook events refused (never applied), by what "
+                                      "was wrong with them", ("why",), registry=r)
         self.queue_age = Gauge("swapaware_queue_snapshot_age_seconds", "Age of the pending-queue snapshot "
                                "(-1: none)", registry=r)
         self.history_bytes = Gauge("swapaware_history_bytes", "Size of the history: database, WAL and journal",

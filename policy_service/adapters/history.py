@@ -28,6 +28,7 @@ from policy_service.adapters.history_schema import (  # noqa: F401  (the rows ar
     DecisionRow,
     ObservationRow,
     RunRow,
+    checked_stats,
     decision_row,
     migrate,
     observation_row,
@@ -232,8 +233,14 @@ class HistoryStore:
             return {}
         where = " OR ".join("(level=? AND key=?)" for _ in keys)
         args = [x for level, key in keys.items() for x in (level.value, key)]
-        rows = self._read(f"SELECT level, stats_json FROM class_stats WHERE {where}", args)
-        return {KeyLevel(level): stats_from_json(text) for level, text in rows}
+        rows = self._read(f"SELECT level, key, stats_json FROM class_stats WHERE {where}", args)
+        out = {}
+        for level, key, text in rows:
+            out[KeyLevel(level)], bad = checked_stats(text)
+            if bad:  # written by other means than the service: bounded, never believed as stored
+                log.warning("history %s: statistics of %s key %s out of range (%s): brought within bounds",
+                            self.path, level, key, ", ".join(bad))
+        return out
 
     # --- runs and events -----------------------------------------------------------------
     # A run is one job instance on one node (a multi-node job has one per node); its key is the

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.core.bounds import sane_stats
 from policy_service.core.types import ClassStats, KeyLevel
 
 SCHEMA_VERSION = 3  # 2: decisions keep facts and decision as serialized protobuf; 3: runs by job instance
@@ -217,9 +218,20 @@ def stats_to_json(s: ClassStats) -> str:
 
 
 def stats_from_json(text: str) -> ClassStats:
-    data = json.loads(text)
-    known = {f.name for f in dataclasses.fields(ClassStats)}
-    return ClassStats(**{k: v for k, v in data.items() if k in known})
+    return checked_stats(text)[0]
+
+
+def checked_stats(text: str) -> tuple[ClassStats, tuple[str, ...]]:
+    """A key's statistics as stored, every figure brought within the model's bounds
+    (``core.bounds.sane_stats``), and the fields that were out of them (text that is not a JSON
+    object: every field, and the key's statistics start again)."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError):
+        data = None
+    if not isinstance(data, dict):
+        return ClassStats(), ("stats_json",)
+    return sane_stats(data)
 
 
 DECISION_COLS = "decision_id, decided_at, job_class, user, action, shards, keys_json, facts_pb, decision_pb"

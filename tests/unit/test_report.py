@@ -159,6 +159,9 @@ class World:
     handler: PolicyHandler
     slurm: FakeSlurm
     decisions: dict[int, pb.Decision] = field(default_factory=dict)
+    # The service's clock: it has seen every event the world sent (the service refuses events
+    # from its future).
+    now: float = float(T0)
 
     def flush(self) -> None:
         """The handler records decisions on a writer thread: wait until they are in the file."""
@@ -185,6 +188,7 @@ class World:
         end = start + run_s if state not in ("PENDING", "RUNNING") else 0
         self.slurm.live[job_id] = JobInstance(job_id, "swapaware-dev", submit, start, 0, comment or "", "RUNNING",
                                               source="squeue")
+        self.now = max(self.now, float(start), float(end))
         if start:
             self.handler.job_started(pb.JobStartedRequest(job_id=job_id, node="vm", gpu_indices=[0],
                                                           started_at=start, event_id=f"s{job_id}"))
@@ -210,7 +214,7 @@ def world(tmp_path):
     store = HistoryStore(cfg.service.db_path)
     slurm = FakeSlurm()
     ids = iter(f"d{i:015d}" for i in range(1, 1000))
-    handler = PolicyHandler(cfg, store, slurm, clock=lambda: float(T0), new_id=lambda: next(ids))
+    handler = PolicyHandler(cfg, store, slurm, clock=lambda: w.now, new_id=lambda: next(ids))
     w = World(db=cfg.service.db_path, store=store, handler=handler, slurm=slurm)
     yield w
     w.flush()
@@ -716,6 +720,7 @@ def test_report_joins_a_reused_job_id_by_instance(world):
     h = world.handler
     runs = {}
     for tag, submit, peak in (("old", T0, 2 * GIB), ("new", T0 + 1000, 5 * GIB)):
+        world.now = float(submit)
         d = h.admit(pb.AdmitRequest(job=pb.JobFacts(user="alice", job_name=tag, tres_per_node="gres:gpu:1"))).decision
         world.slurm.live[1] = JobInstance(1, "swapaware-dev", submit, submit + 10, 0, d.rewrite.admin_comment,
                                           "RUNNING", source="squeue")
@@ -726,6 +731,7 @@ def test_report_joins_a_reused_job_id_by_instance(world):
                                                        event_id=f"f-{tag}", peak_gpu_bytes=peak,
                                                        telemetry_source="fake-nvml"))]))
         runs[tag] = (d, submit, peak)
+        world.now = submit + 100.0  # the service's clock moves on (it refuses events from its future)
     world.flush()
     for tag in ("old", "new"):
         d, submit, peak = runs[tag]
