@@ -116,7 +116,9 @@ EOF
         chmod 0755 "$STATE/bin/$hook"
     done
     # TaskProlog: runs as the job's user; prints the memory cap of shard jobs ("export" lines).
-    printf '#!/bin/sh\nexec %s/bin/python -I -m slurm_plugin.task_prolog\n' "$VENV" >"$STATE/bin/task-prolog"
+    # --config: this cluster's file (its fake GPUs: the cap's fractions are of the job's own GPU).
+    printf '#!/bin/sh\nexec %s/bin/python -I -m slurm_plugin.task_prolog --config %s\n' "$VENV" "$CONF" \
+        >"$STATE/bin/task-prolog"
     chmod 0755 "$STATE/bin/task-prolog"
 }
 

@@ -221,12 +221,15 @@ def syslog_line(message: str) -> None:
     syslog.closelog()
 
 
-def main(log: Callable[[str], None] = syslog_line) -> int:
+def main(log: Callable[[str], None] = syslog_line, argv: list[str] | None = None) -> int:
     """Print the export/unset lines for this task (stdout: Slurm applies them to the task's
     environment, and shows nothing of them) and, for the batch step only, log the cap; always exit
-    0 (a failing TaskProlog must not fail the task)."""
+    0 (a failing TaskProlog must not fail the task). ``--config PATH`` (from the TaskProlog wrapper
+    the admin writes, never from the job's environment) replaces /etc/swapaware/swapaware.toml."""
+    args = sys.argv[1:] if argv is None else argv
+    path = Path(args[1]) if len(args) == 2 and args[0] == "--config" else None
     try:
-        cfg = load_config(env={})
+        cfg = load_config(path, env={})
     except ConfigError as exc:
         log(f"job {os.environ.get('SLURM_JOB_ID', '?')}: {exc}; no memory fencing")
         return 0

@@ -117,9 +117,10 @@ def test_the_job_gets_and_prints_what_it_would_without_swapaware(side_by_side, c
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_billing_is_what_the_job_holds(side_by_side, case):
-    """The dev cluster bills CPU=1, GRES/gpu=8, GRES/shard=1 (8 shards a GPU): a job kept whole bills
-    exactly what it bills without swapaware, a shared job its CPUs and the fraction of the GPU it
-    holds."""
+    """The dev cluster bills CPU=1, GRES/gpu=8, GRES/shard=1 (a 10 GiB shard, 1/8 of the largest GPU):
+    a job kept whole bills exactly what it bills without swapaware, a shared job its CPUs and its
+    shards' memory as a fraction of the largest GPU. (Slurm 24.11 records no typed gres/shard:<type>
+    in AllocTRES, measured: typed shard weights bill nothing.)"""
     on, off = side_by_side["on"][case.name], side_by_side["off"][case.name]
     cpus, gpus = int(off.alloc["cpu"]), int(off.alloc["gres/gpu"])  # --exclusive: all of the node's
     assert off.alloc["billing"] == str(cpus + 8 * gpus), off.alloc

@@ -139,3 +139,17 @@ def test_only_the_batch_step_logs_what_cap_the_job_has(step, localid, says, monk
 ])
 def test_a_shard_job_does_not_hand_slurms_own_gpu_binding_to_its_steps(env, unset) -> None:
     assert inherited_gpu_lines(env) == (["unset SLURM_TRES_BIND"] if unset else [])
+
+
+def test_the_wrappers_config_names_the_nodes_gpus(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``--config`` from the admin's wrapper (the dev stack's): fractions of the job's own 40 GiB GPU."""
+    create_fake_gpus(tmp_path / "gpus", 2, [40 * GIB, 80 * GIB])
+    conf = tmp_path / "swapaware.toml"
+    conf.write_text(f'[agent]\nenforcement = "framework_env"\nnvml_backend = "fake"\n'
+                    f'fake_nvml_dir = "{tmp_path / "gpus"}"\n')
+    for k in [k for k in os.environ if k.startswith(("SWAPAWARE_", "SLURM_", "CUDA_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SLURM_SHARDS_ON_NODE", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert task_prolog.main(log=lambda _: None, argv=["--config", str(conf)]) == 0
+    assert capsys.readouterr().out.splitlines() == _framework(20 * GIB, 0.5)
