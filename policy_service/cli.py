@@ -35,16 +35,20 @@ def main() -> None:
 
 @main.command()
 @click.option("--config", type=click.Path(dir_okay=False), help="TOML config (default: $SWAPAWARE_CONFIG).")
-def serve(config: str | None) -> None:
+@click.option("--accept-empty-history", is_flag=True,
+              help="Start on a new, empty history even where files beside service.db_path show that a history "
+                   "existed (it was removed or moved away); without it the service refuses to start there.")
+def serve(config: str | None, accept_empty_history: bool) -> None:
     """Run the policy service (gRPC + controller-local socket)."""
+    from policy_service.adapters.history_guard import HistoryMissing
     from policy_service.server import serve_forever
 
     cfg = _load(config)
     logging.basicConfig(level=cfg.service.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("swapaware.service").info("starting\n%s", cfg.summary())
     try:
-        serve_forever(cfg, reload=lambda: _load(config))
-    except (OSError, ConfigError) as exc:
+        serve_forever(cfg, reload=lambda: _load(config), accept_empty_history=accept_empty_history)
+    except (OSError, ConfigError, HistoryMissing) as exc:
         raise click.ClickException(f"cannot start: {exc}") from None
 
 

@@ -102,12 +102,15 @@ def log_release(release: ClusterRelease) -> None:
         log.info("slurm dialect: %s, from %s", release.dialect.describe(), release.source)
 
 
-def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool = True) -> RunningService:
+def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool = True,
+                  accept_empty_history: bool = False) -> RunningService:
+    """``accept_empty_history``: start on a new, empty history even where files show that one
+    existed (``swapaware serve --accept-empty-history``; adapters/history_guard.py)."""
     token = read_token(cfg.service.token_file)
     tls = server_credentials(cfg.tls) if server_enabled(cfg.tls) else None  # files checked before anything starts
     release = cluster_release(cfg.service.slurm_release, cfg.service.slurm_timeout_s)
     log_release(release)
-    store = HistoryStore(cfg.service.db_path)
+    store = HistoryStore(cfg.service.db_path, accept_empty=accept_empty_history)
     if slurm is None and use_slurm:
         slurm = open_slurm(cfg.service.slurm_backend, cfg.service.slurm_timeout_s, release)
     monitor = QueueMonitor(slurm, cfg) if slurm is not None and reads_queue(cfg) else None
@@ -171,14 +174,15 @@ def reload_mode(svc: RunningService, running: Config, reload: Callable[[], Confi
     return applied
 
 
-def serve_forever(cfg: Config, reload: Callable[[], Config] | None = None, use_slurm: bool = True) -> None:
+def serve_forever(cfg: Config, reload: Callable[[], Config] | None = None, use_slurm: bool = True,
+                  accept_empty_history: bool = False) -> None:
     """Serve until SIGTERM/SIGINT; SIGHUP re-reads policy.mode with ``reload``."""
     # An Admit thread that gives up the GIL (socket read, journal write, SQLite read) waits to get
     # it back for up to the switch interval whenever another thread of the service runs Python
     # (the queue poll parsing squeue, the writer committing decisions): 5 ms by default, while
     # slurmctld waits holding its job lock. bench/gil_switch.py measures it.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    svc = start_service(cfg, use_slurm=use_slurm)
+    svc = start_service(cfg, use_slurm=use_slurm, accept_empty_history=accept_empty_history)
     wake, stop, hup = threading.Event(), threading.Event(), threading.Event()
 
     def _stop(signum, _frame):

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
+from policy_service.adapters.history_guard import (HistoryMissing, HistoryOwnerError, before_new_history,  # noqa: F401
+                                                   note_history, private_history_file)
 from policy_service.adapters.history_read import HistoryUnreadable, ReadOnlyHistory  # noqa: F401  (API)
 from policy_service.adapters.history_schema import (  # noqa: F401  (the rows are part of this module's API)
     DECISION_COLS,
@@ -43,46 +45,32 @@ from policy_service.core.types import ClassStats, KeyLevel
 log = logging.getLogger(__name__)
 
 
-class HistoryOwnerError(RuntimeError):
-    """The history file belongs to another user: the service refuses to use it."""
-
-
-def private_history_file(path: Path) -> None:
-    """Make ``path`` the service's own: a new history is created 0600 in a 0700 directory (SQLite
-    gives its -wal/-shm files the database's mode); an existing one must belong to this user
-    (else ``HistoryOwnerError``), and a group- or world-readable one is narrowed to 0600."""
-    if not path.parent.exists():
-        path.parent.mkdir(parents=True, mode=0o700)
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        os.close(fd)
-        return
-    except FileExistsError:
-        pass
-    st = os.stat(path)
-    if st.st_uid != os.geteuid():
-        raise HistoryOwnerError(f"{path} belongs to uid {st.st_uid}, not to this service (uid {os.geteuid()}): "
-                                "refusing to use a history another user can change; chown it or start the "
-                                "service as its owner")
-    if st.st_mode & 0o077:
-        log.warning("history %s was mode %o: now 0600 (only the service reads the job facts it holds)",
-                    path, st.st_mode & 0o777)
-        os.chmod(path, 0o600)
-
-
 class HistoryStore:
     """SQLite-backed history. ``path`` may be ':memory:' for tests of callers."""
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, accept_empty: bool = False):
+        """``accept_empty``: start a new history even where files show one existed
+        (``history_guard``; otherwise ``HistoryMissing``)."""
         self.path = str(path)
-        if self.path != ":memory:":
-            private_history_file(Path(self.path))
+        db = Path(self.path)
+        on_disk = self.path != ":memory:"
+        blank = on_disk and (not db.exists() or db.stat().st_size == 0)
+        if blank:
+            before_new_history(db, accept_empty, "is missing" if not db.exists() else "is an empty file")
+        if on_disk:
+            private_history_file(db)
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
         self._lock = threading.Lock()
         with self._lock:
+            before = stored_version(self._conn)
+            if on_disk and before is None and not blank:
+                try:
+                    before_new_history(db, accept_empty, "holds no swapaware tables")
+                except HistoryMissing:
+                    self._conn.close()
+                    raise
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
-            before = stored_version(self._conn)
             if before is not None and before < SCHEMA_VERSION:
                 self._backup(before)
                 migrate(self._conn)
@@ -93,6 +81,8 @@ class HistoryStore:
             found = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
         if int(found) != SCHEMA_VERSION:
             raise RuntimeError(f"{self.path}: history schema {found}, this build reads {SCHEMA_VERSION}")
+        if on_disk:
+            note_history(db, created=before is None)
         self._rconn, self._rlock = self._conn, self._lock
         self._ident: tuple[int, int] | None = None
         if self.path != ":memory:":  # (an in-memory database is one connection's own)
@@ -140,6 +130,7 @@ class HistoryStore:
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._rconn = self._reader()
             self._ident = _identity(self.path)
+        note_history(Path(self.path), created=False)  # its marker may have gone with it
         message = f"history {self.path} {what} while the service ran: restored from the open database " \
                   f"({decisions} decisions)"
         log.error("%s", message)
