@@ -104,12 +104,15 @@ replay_interval_s = 1.0
 replay_max_backoff_s = 4.0
 EOF
     local hook
+    open_log "$LOGDIR/hooks.log"
     for hook in prolog epilog; do
         cat >"$STATE/bin/$hook" <<EOF
 #!/bin/sh
 # slurmd runs this as root. swapaware-$hook always exits 0; so does this wrapper, even when
-# the hook cannot start at all (a non-zero exit would drain the node).
+# the hook cannot start at all (a non-zero exit would drain the node). Its log is 0640 whatever
+# slurmd's umask.
 export SWAPAWARE_CONFIG=$CONF
+umask 027
 $VENV/bin/swapaware-$hook >>$LOGDIR/hooks.log 2>&1
 exit 0
 EOF
@@ -124,6 +127,14 @@ EOF
 
 pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# The logs hold users' job names and decisions: each 0640 in a 0750 directory (an older one narrowed).
+open_log() {
+    mkdir -p "$LOGDIR"
+    chmod 0750 "$LOGDIR"
+    (umask 027 && : >>"$1")
+    chmod 0640 "$1"
+}
+
 start_daemon() {  # name pidfile command...
     local name=$1 pidfile=$2
     shift 2
@@ -131,6 +142,8 @@ start_daemon() {  # name pidfile command...
         log "$name already running (pid $(cat "$pidfile"))"
         return 0
     fi
+    mkdir -p "$(dirname "$pidfile")"
+    open_log "$LOGDIR/$name.log"
     SWAPAWARE_CONFIG=$CONF setsid "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
     echo $! >"$pidfile"
     log "started $name (pid $!), log $LOGDIR/$name.log"

@@ -14,7 +14,8 @@ implies (``Standing``; looked up by ``policy_service.access``) and return a ``Ve
   slurmctld); anyone else's Admit is answered as a dry run, recorded nowhere;
 * Explain of a recorded job: its own user, root, SlurmUser, the service's user, Slurm operators
   and administrators, members of auth.admin_group, token holders; Explain of job facts (what
-  would be decided) is open to all.
+  would be decided) is open to all, in full to those who may explain a recorded job of the user
+  the facts name, to anyone else only its action and shard count (handler.PolicyHandler._shown).
 
 With no identity mechanism at all (MUNGE off or unavailable, no token), gRPC callers cannot be
 told apart and are trusted as before (the service warns at start; bind gRPC to loopback).

@@ -188,9 +188,22 @@ class PolicyHandler:
                                                           shards=d.shards, rewrite=rewrite_to_proto(d.rewrite)))
         else:
             reply = pb.AdmitResponse(decision=decision_to_proto(d))
+        if req.dry_run or dry_run_why is not None:
+            reply.decision.CopyFrom(self._shown(reply.decision, job, caller))
         if dry_run_why is not None:
             reply.decision.reasons.add(code=ReasonCode.DRY_RUN_NOT_SLURMCTLD.value, message=dry_run_why)
         return reply
+
+    def _shown(self, decision: pb.Decision, job: pb.JobFacts, caller) -> pb.Decision:
+        """A decision that is nobody's record (a dry run, a what-if) in full to the job's user and
+        admins; to anyone else only its action and shard count (and its id, never recorded): its
+        estimate, reasons and rewrite tell what the model learned from other users' jobs."""
+        if caller is None or self.authorizer is None:
+            return decision
+        if self.authorizer.explain(caller, Owner(job.uid, job.user)).allowed:
+            return decision
+        return pb.Decision(decision_id=decision.decision_id, action=decision.action, shards=decision.shards,
+                           mode=decision.mode)
 
     def _not_slurmctld(self, caller) -> str | None:
         """Why an Admit from ``caller`` is answered as a dry run (None: it is recorded)."""
@@ -302,11 +315,12 @@ class PolicyHandler:
 
     # ------------------------------------------------------------------ Explain
     def explain(self, req: pb.ExplainRequest, caller=None) -> pb.ExplainResponse:
-        """Job facts (a what-if) are explained to anyone; a recorded decision only to whom
-        ``self.authorizer`` lets see it (``caller``: None, from inside the service: all)."""
+        """Job facts (a what-if) are explained to anyone (in full to the job's user and admins, else
+        only the action and shard count); a recorded decision only to whom ``self.authorizer`` lets
+        see it (``caller``: None, from inside the service: all)."""
         which = req.WhichOneof("target")
         if which == "job":
-            return pb.ExplainResponse(decision=self.admit(pb.AdmitRequest(job=req.job, dry_run=True)).decision,
+            return pb.ExplainResponse(decision=self.admit(pb.AdmitRequest(job=req.job, dry_run=True), caller).decision,
                                       job=req.job)
         self._may_explain(caller, None)
         job_id = 0
