@@ -31,6 +31,21 @@ M.FP_LIMIT, M.FP_HEAD, M.FP_TAIL = 4096, 3072, 1024
 M.FP_MOD1, M.FP_MUL1 = 2147483647, 31
 M.FP_MOD2, M.FP_MUL2 = 2147483629, 131
 
+-- Field lengths slurmctld refuses a job for, checked AFTER job_submit (job_mgr.c,
+-- _test_job_desc_fields: "strlen(comment) too big (1025 > 1024)"), the same on 22.05, 24.11 and
+-- 26.05. A job over one is never created: deciding it would record a decision no job holds, and
+-- rewriting its GRES could make an over-long request one Slurm takes. So such a job passes as
+-- typed and the service is not asked. Every field of that check the Lua job_desc shows is listed,
+-- not only those the plugin reads (PATH_MAX: 4096). The script's own limit is max_script_bytes.
+M.SLURM_FIELD_LIMITS = {
+  account = 1024, alloc_node = 1024, array_inx = 4096, burst_buffer = 8192, comment = 1024,
+  cpus_per_tres = 1024, dependency = 131072, extra = 1024, features = 1024, licenses = 1024,
+  mail_user = 1024, mcs_label = 1024, mem_per_tres = 1024, name = 1024, network = 1024, partition = 1024,
+  prefer = 1024, qos = 1024, reservation = 1024, std_err = 4096, std_in = 4096, std_out = 4096,
+  tres_bind = 1024, tres_freq = 1024, tres_per_job = 1024, tres_per_node = 1024, tres_per_socket = 1024,
+  tres_per_task = 1024, wckey = 1024, work_dir = 4096,
+}
+
 M.settings = { socket = "/run/swapaware/policy.sock", timeout_ms = 200, breaker_s = 10, enabled = true,
                max_script_bytes = 4194304 }
 M.state = { open_until = 0, failures = 0, logged_open = false }
@@ -169,7 +184,8 @@ local function text(v, n)
 end
 
 -- cap(s, n): at most n bytes of s, never ending inside a UTF-8 character. The service refuses
--- longer fields (policy_service/limits.py); a long --comment must not leave a job undecided.
+-- longer fields (policy_service/limits.py); a field Slurm itself takes must not leave a job
+-- undecided (those over Slurm's own limits never get here: M.over_slurm_limit).
 function M.cap(s, n)
   if #s <= n then return s end
   s = string.sub(s, 1, n)
@@ -385,6 +401,15 @@ local function breaker_fail(why)
   log_error("job passes unchanged (fail-open): %s; not asking the service for %d s", why, wait)
 end
 
+-- over_slurm_limit(job_desc): the first field slurmctld will refuse the job for, and its size.
+function M.over_slurm_limit(job_desc)
+  for field, limit in pairs(M.SLURM_FIELD_LIMITS) do
+    local ok, v = pcall(function() return job_desc[field] end)
+    if ok and type(v) == "string" and #v > limit then return field, #v, limit end
+  end
+  return nil
+end
+
 local function decide(job_desc, submit_uid)
   if not M.settings.enabled then return end
   if not M.wants_gpu(job_desc) then return end
@@ -392,6 +417,12 @@ local function decide(job_desc, submit_uid)
   if script ~= nil and #script > M.settings.max_script_bytes then
     log_info("job passes unchanged: its batch script is %d bytes, over max_script_bytes=%d (Slurm's " ..
              "max_script_size refuses it)", #script, M.settings.max_script_bytes)
+    return
+  end
+  local field, size, limit = M.over_slurm_limit(job_desc)
+  if field then
+    log_info("job passes unchanged, nothing recorded: its %s is %d bytes, over Slurm's %d (slurmctld refuses " ..
+             "the job after job_submit)", field, size, limit)
     return
   end
   if not have_cjson then

@@ -252,14 +252,39 @@ def test_srun_salloc_allocations_and_het_jobs_keep_their_request(service, tmp_pa
         assert f"why={code}" in res["job"]["admin_comment"] and res["job"]["site_factor"] == 0
 
 
-def test_long_comment_and_name_are_capped_not_refused(service, tmp_path):
-    """The service refuses fields over their limits; the plugin sends at most that much (cut on a
-    UTF-8 character boundary), so a user's long --comment still gets a decision and its hint."""
-    job = gpu_job(comment="swapaware:mem=2G " + "x" * 10_000, name="\u00e9" * 2000)
+def test_a_comment_or_name_at_slurms_limit_gets_a_decision(service, tmp_path):
+    """slurmctld takes a --comment and a --job-name of up to 1,024 bytes: such a job is decided,
+    its hint read, its UTF-8 kept whole."""
+    job = gpu_job(comment="swapaware:mem=2G " + "x" * (1024 - 17), name="\u00e9" * 512)
+    assert len(job["comment"].encode()) == 1024 and len(job["name"].encode()) == 1024
     out = run_lua(tmp_path, [job], service.socket_path)
     res = out["results"][0]
     assert res["rc"] == 0 and "swapaware: job passes unchanged" not in " ".join(out["logs"]), out["logs"]
     assert "hint_used" in res["job"]["admin_comment"], res["job"]["admin_comment"]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("comment", "swapaware:mem=2G " + "x" * (1025 - 17)),  # 1,025 bytes: the measured case
+    ("comment", "y" * 4096),
+    ("name", "\u00e9" * 513),  # 1,026 bytes
+    ("account", "a" * 1025),
+    ("work_dir", "/" + "d" * 4096),
+    ("mail_user", "m" * 1025),  # not read by the plugin: Slurm refuses the job all the same
+    ("tres_per_node", "gres:gpu:1," + "x" * 1024),  # a rewrite would have made it one Slurm takes
+])
+def test_a_field_over_slurms_limit_leaves_no_decision(service, tmp_path, field, value):
+    """Before: a job with a 1,025-4,096-byte --comment was decided and recorded, then slurmctld
+    refused it (it checks its field limits after job_submit): 300 refused submissions left 300
+    decisions and no job. Now the plugin leaves it as typed and asks the service nothing."""
+    out = run_lua(tmp_path, [gpu_job(**{field: value}), gpu_job()], service.socket_path)
+    over, normal = out["results"]
+    assert over["rc"] == 0 and "admin_comment" not in over["job"]
+    assert over["job"]["tres_per_node"] == gpu_job(**{field: value})["tres_per_node"]  # as typed
+    assert normal["job"]["admin_comment"].startswith("swapaware:v1")
+    size = len(value.encode())
+    assert any(f"{field} is {size} bytes" in line and "slurmctld refuses" in line for line in out["logs"]), out["logs"]
+    service.handler.flush()
+    assert len(list(service.store.decisions())) == 1  # the normal job's alone
 
 
 # ----------------------------------------------------------------------------- bounded, clean facts
