@@ -52,7 +52,8 @@ def dev_fleet() -> tuple[tuple[str, int, int], ...]:
     fields = dict(kv.split("=", 1) for kv in subprocess.run(["bash", str(CLUSTER), "gpus"], capture_output=True,
                                                             text=True, check=True, timeout=60).stdout.split())
     gib, shard_gib = [int(g) for g in fields["gpu_gib"].split(",")], int(fields["shard_gib"])
-    return tuple((t, g // shard_gib, g) for t, g in zip(fields["types"].split(","), gib))
+    shards = [int(n) for n in fields["shards"].split(",")] if fields.get("shards") else [g // shard_gib for g in gib]
+    return tuple(zip(fields["types"].split(","), shards, gib))
 
 
 def skip_reason() -> str | None:
@@ -128,7 +129,15 @@ class Stack:
             words = r.stdout.split()
             return words[0] if words and words[0] in final else None
 
-        return wait_for(state, timeout_s, lambda: f"job {job_id} to finish: {self.show_job(job_id)}", 0.5)
+        return wait_for(state, timeout_s, lambda: f"job {job_id} to finish: {self.show_job(job_id)}\n"
+                        f"{self.queue_and_gres()}", 0.5)
+
+    def queue_and_gres(self) -> str:
+        """The queue and what each node's GRES are used by: why a job waits (timeout messages)."""
+        queue = self.run("squeue", "-o", "%i %j %T %r %b", check=False).stdout
+        used = [ln.strip() for ln in self.run("scontrol", "show", "node", "-d", check=False).stdout.splitlines()
+                if ln.strip().startswith(("NodeName", "Gres", "State"))]
+        return f"squeue:\n{queue}nodes:\n" + "\n".join(used)
 
     def sacct_admin_comment(self, job_id: int) -> str:
         r = self.run("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "admincomment")

@@ -63,8 +63,8 @@ source "$HERE/nodes.sh"
 # version_ge A B: A >= B for dotted versions.
 
 # gpu_gib: the fake GPUs' GiB, comma-separated. Mixed by default; on 22.05 all 80 GiB: there, with
-# per-GPU counts of 4/4/8/8, a gpu:1 job of the side-by-side test pended (Reason=Resources) for 180 s
-# on an otherwise finished queue, not yet understood (docs/slurm-releases.md).
+# per-GPU counts of 4/4/8/8, the idle node was seen with every GPU allocated to no job after gpu and
+# shard jobs ran side by side (docs/slurm-releases.md; swapaware doctor's shard_counts).
 gpu_gib() {
     local rel
     rel=$(slurm_release)
@@ -342,7 +342,12 @@ render_all() {
     sizes=$(gpu_gib)
     read -r -a gibs <<<"${sizes//,/ }"
     ((${#gibs[@]} == 4)) || die "SWAPAWARE_DEV_GPU_GIB needs 4 sizes, got '$sizes'"
-    for i in 0 1 2 3; do shards+=($((gibs[i] / SHARD_GIB))); done
+    if [[ -n ${SWAPAWARE_DEV_GPU_SHARDS:-} ]]; then  # counts as given (bench/fleet_sizing.py: equal slots)
+        read -r -a shards <<<"${SWAPAWARE_DEV_GPU_SHARDS//,/ }"
+        ((${#shards[@]} == 4)) || die "SWAPAWARE_DEV_GPU_SHARDS needs 4 counts, got '$SWAPAWARE_DEV_GPU_SHARDS'"
+    else
+        for i in 0 1 2 3; do shards+=($((gibs[i] / SHARD_GIB))); done
+    fi
     declare -A per_type=()
     for i in 0 1 2 3; do
         lines+="Name=gpu Type=${types[$i]} File=$DEV/nvidia$i"$'\n'
@@ -754,7 +759,7 @@ main() {
         restart-ctld) take_lock; cmd_restart_ctld ;;
         plugin) take_lock; cmd_plugin "$@" ;;
         nodes) compute_nodes ;;
-        gpus) echo "gpu_gib=$(gpu_gib) shard_gib=$SHARD_GIB types=$GPU_TYPES" ;;
+        gpus) echo "gpu_gib=$(gpu_gib) shard_gib=$SHARD_GIB types=$GPU_TYPES shards=${SWAPAWARE_DEV_GPU_SHARDS:-}" ;;
         node-exec) exec_in_node "${1:?node-exec NODE COMMAND...}" "${@:2}" ;;
         -h | --help | help) usage ;;
         *) usage >&2; exit 2 ;;

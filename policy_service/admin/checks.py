@@ -17,7 +17,9 @@ from policy_service.adapters.slurm_files import (
     parse_gres_conf,
     parse_slurm_conf,
 )
+from policy_service.adapters.fleet import node_gpus, shard_counts
 from policy_service.config import Config, Enforcement, Oversubscription
+from policy_service.core.dialect import SlurmDialect
 from slurm_plugin.enforce.choose import choose
 from slurm_plugin.nvml import GpuTelemetry, TelemetryError
 
@@ -192,12 +194,30 @@ def _telemetry_checks(telemetry: GpuTelemetry | None, cfg: Config, gres: GresCon
     return checks
 
 
+def shard_counts_check(conf: SlurmConf, gres: GresConf, dialect: SlurmDialect) -> Check | None:
+    """On a release with the gpu-beside-shard bug (22.05), GPUs of one node with different shard
+    counts: measured there, such a node ended up with every GPU held by no job (``GresUsed`` all
+    GPUs on an idle node) after gpu and shard jobs ran side by side, and later GPU jobs pended with
+    ``Reason=Resources``. None where the check does not apply."""
+    if not dialect.gpu_beside_shard_bug:
+        return None
+    mixed = [node.expr for node in conf.nodes if len(shard_counts(node_gpus(conf, gres, node.names[0]))) > 1]
+    return _check("shard_counts", not mixed,
+                  f"Slurm {dialect.name}: GPUs with different shard counts on " + (", ".join(mixed) or "no node"),
+                  f"on Slurm {dialect.name} give every GPU of a node the same count (e.g. size shards for the node's "
+                  "smallest GPU: --shard-bytes), or upgrade: with different counts 22.05 was seen to leave a node's "
+                  "GPUs allocated to no job (scontrol show node -d: GresUsed on an idle node)")
+
+
 def doctor_checks(slurm_conf_text: str, gres_conf_text: str, cfg: Config, telemetry: GpuTelemetry | None,
                   service_reachable: bool | None, *, agent_reachable: bool | None = None,
-                  hostname: str | None = None) -> list[Check]:
-    """Everything ``swapaware doctor`` verifies, as a list of checks (None probes are skipped)."""
+                  hostname: str | None = None, dialect: SlurmDialect | None = None) -> list[Check]:
+    """Everything ``swapaware doctor`` verifies, as a list of checks (None probes are skipped;
+    ``dialect``: the running Slurm's, None when not known)."""
     conf, gres = parse_slurm_conf(slurm_conf_text), parse_gres_conf(gres_conf_text)
     checks = _slurm_param_checks(conf, cfg) + _node_checks(conf, gres, cfg.gpu.shards_per_gpu)
+    counts = shard_counts_check(conf, gres, dialect) if dialect is not None else None
+    checks += [counts] if counts is not None else []
     checks += billing_checks(conf, gres, cfg.gpu.shards_per_gpu)
     checks += _telemetry_checks(telemetry, cfg, gres, hostname)
     if service_reachable is not None:

@@ -77,8 +77,12 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
         from slurm_plugin.agent_client import status
 
         agent = status(cfg.hooks) is not None
+    from policy_service.adapters.slurm import cluster_release
+
+    release = cluster_release(cfg.service.slurm_release, cfg.service.slurm_timeout_s)
     checks = missing + opened + doctor_checks(slurm_text or "", gres_text or "", cfg, telemetry, service,
-                                     agent_reachable=agent, hostname=socket.gethostname().split(".")[0])
+                                              agent_reachable=agent, hostname=socket.gethostname().split(".")[0],
+                                              dialect=release.dialect if release.version is not None else None)
     checks += enforcement_checks(cfg)  # which GPU memory enforcement this node has, what it enforces
     from policy_service.adapters.queue import reads_queue
 

@@ -81,6 +81,15 @@ def test_report_joins_slurmdbd_accounting_with_the_history(stack, tmp_path):
     jobs = {j["job_id"]: j for j in doc["jobs"]}
     assert {first, shared, edited, unseen} <= set(jobs), sorted(jobs)
 
+    # GPU-hours as sacct bills them: the dev cluster's GRES/gpu=8, GRES/shard=1 bill 8 per GPU-hour
+    for job in (first, shared, unseen):
+        tres = stack.run("sacct", "-X", "-n", "-P", "-j", str(job), "-o", "alloctres").stdout.strip()
+        alloc = dict(kv.split("=", 1) for kv in tres.split(",") if "=" in kv)
+        if jobs[job]["elapsed_s"]:
+            per_hour = jobs[job]["gpu_hours_used"] * 3600 / jobs[job]["elapsed_s"]
+            # (the report rounds GPU-hours to 1e-6 h: a few seconds' job is known to about 0.01 GPU)
+            assert per_hour * 8 == pytest.approx(int(alloc["billing"]) - int(alloc["cpu"]), abs=0.1), (alloc, jobs[job])
+
     j = jobs[shared]
     assert j["shared"] and j["shards"] == 1 and j["gpus"] == 0 and j["status"] == "as_decided"
     assert j["decision_id"] == d_shared["id"] and j["in_history"]

@@ -417,3 +417,18 @@ def test_parsers_keep_partitions_and_gres_types() -> None:
     assert "partitionname" not in conf.params and "tresbillingweights" not in conf.params
     gres = parse_gres_conf("Name=gpu Type=a100 File=/dev/nvidia0\nName=shard Count=8 File=/dev/nvidia0\n")
     assert [g.type for g in gres.lines] == ["a100", None]
+
+
+def test_22_05_with_different_shard_counts_on_a_node_fails() -> None:
+    """Measured on 22.05 with 4/4/8/8 shards: an idle node kept every GPU allocated to no job."""
+    from policy_service.core.dialect import DIALECTS, SLURM_22_05
+
+    gres = GOOD_GRES_CONF.replace("Name=shard Count=8 File=/dev/nvidia0", "Name=shard Count=4 File=/dev/nvidia0")
+    slurm = _sub(GOOD_SLURM_CONF, "Gres=gpu:4,shard:32", "Gres=gpu:4,shard:28")
+    on_22 = {c.name: c for c in doctor_checks(slurm, gres, CFG, None, None, hostname="gpu01", dialect=SLURM_22_05)}
+    assert not on_22["shard_counts"].ok and "gpu[01-02]" in on_22["shard_counts"].detail
+    assert on_22["shard_counts"].fix.startswith("on Slurm 22.05 give every GPU of a node the same count")
+    same = {c.name: c for c in doctor_checks(GOOD_SLURM_CONF, GOOD_GRES_CONF, CFG, None, None, dialect=SLURM_22_05)}
+    assert same["shard_counts"].ok
+    newer = doctor_checks(slurm, gres, CFG, None, None, hostname="gpu01", dialect=DIALECTS[(24, 11)])
+    assert "shard_counts" not in {c.name for c in newer}
