@@ -8,6 +8,8 @@ service's key need not exist on a compute node that reads the same file.
 from __future__ import annotations
 
 import enum
+import ipaddress
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,3 +108,57 @@ def tls_errors(tls: TlsConfig) -> list[str]:
     if tls.client_cert and not tls.ca:
         errors.append("tls.client_cert needs tls.ca (the CA of the service's certificate)")
     return errors
+
+
+# The hooks' token (service.token_file, hooks.token_file) is a bearer secret: whoever holds a copy
+# is the nodes' hooks. It is kept where only its owner reads it, and sent only where nobody else
+# can read it on the way (docs/admin-guide.md, "Identity and access").
+
+LOCAL_SCHEMES = ("unix:", "unix-abstract:", "unix-abstract%3A")
+
+
+def token_mode_error(path: str, mode: int) -> str | None:
+    """Why a token file of this st_mode must not be used (None: it may)."""
+    if not stat.S_ISREG(mode):
+        return f"token file {path} is not a regular file"
+    if mode & 0o077:
+        return (f"token file {path} is readable or writable by group or others (mode "
+                f"{stat.S_IMODE(mode):04o}): anyone who reads it can send events as the nodes' hooks; "
+                f"run chmod 600 {path}")
+    return None
+
+
+def address_host(address: str) -> str | None:
+    """The host of a gRPC target ('10.0.0.1:50551', '[::1]:50551', 'dns:///node:50551');
+    None for a Unix socket ('unix:/run/x.sock')."""
+    if address.startswith(LOCAL_SCHEMES):
+        return None
+    target = address.split("///", 1)[1] if "///" in address else address.removeprefix("dns:")
+    if target.startswith("["):
+        return target[1:target.find("]")] if "]" in target else target
+    host, sep, _ = target.rpartition(":")
+    return host if sep else target
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a gRPC target stays on this host: a Unix socket, 127.0.0.0/8, ::1 (or
+    ::ffff:127.x) or the name localhost. Other names are not looked up: a resolver can lie."""
+    host = address_host(address)
+    if host is None or host.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def plaintext_token_error(address: str, tls: bool) -> str | None:
+    """Why the token must not be sent to ``address`` (None: it may): without TLS only to this host."""
+    if tls or is_loopback(address):
+        return None
+    return (f"refusing to send the hooks' token in plaintext to {address} (not this host): anyone on "
+            f"the path, or a process that holds the port, would get it; set tls.ca (the CA of the "
+            f"service's certificate, with tls.cert/tls.key on the service) or use MUNGE "
+            f"(auth.munge) without a token")

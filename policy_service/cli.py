@@ -14,7 +14,7 @@ from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.client import configured_client
-from policy_service.config import Config, ConfigError, LinkKind, load_config, read_token
+from policy_service.config import Config, ConfigError, LinkKind, UnsafeTokenFile, load_config, read_token
 from policy_service.core.request import script_fingerprint
 
 _SBATCH_RE = re.compile(r"^#SBATCH\s+(--?[\w-]+)(?:[= ]\s*(\S.*?))?\s*$")
@@ -143,9 +143,12 @@ def explain(job_id, decision_id, script, gres, job_name, user, comment, as_json,
 
 def _readable_token(path: str) -> str | None:
     """The hooks' token where this user may read it (root on a node: it may explain every job);
-    anyone else is identified by MUNGE."""
+    anyone else is identified by MUNGE. A token file others may read is never used: said on stderr."""
     try:
         return read_token(path)
+    except UnsafeTokenFile as exc:
+        click.echo(f"warning: {exc}; going without the token", err=True)
+        return None
     except ConfigError:
         return None
 

@@ -8,6 +8,8 @@ import logging
 import grpc
 
 from policy_service import munge
+from policy_service.auth_config import plaintext_token_error
+from policy_service.config import ConfigError
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service._generated.swapaware.v1 import policy_pb2_grpc
@@ -24,7 +26,11 @@ class PolicyClient:
     def __init__(self, address: str, deadline_s: float, token: str | None = None,
                  munge_socket: str | None = None, tls: grpc.ChannelCredentials | None = None):
         """``munge_socket``: attach a MUNGE credential made through this munged to every call
-        (None: none); ``tls``: channel credentials (``policy_service.tls.channel_credentials``)."""
+        (None: none); ``tls``: channel credentials (``policy_service.tls.channel_credentials``).
+        A token goes in plaintext only to this host: ConfigError for any other address without TLS."""
+        refused = plaintext_token_error(address, tls is not None) if token else None
+        if refused:
+            raise ConfigError(refused)
         self.address, self.deadline_s = address, deadline_s
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._munge_socket = munge_socket
@@ -72,6 +78,13 @@ def configured_client(cfg, address: str, deadline_s: float, token: str | None = 
 
     return PolicyClient(address, deadline_s, token, munge_socket=munge_socket_for(cfg.auth),
                         tls=channel_credentials(cfg.tls))
+
+
+def token_refusal(cfg, address: str) -> str | None:
+    """Why a client configured by ``cfg`` must not send the token to ``address`` (None: it may)."""
+    from policy_service.tls import client_enabled
+
+    return plaintext_token_error(address, client_enabled(cfg.tls))
 
 
 def munge_socket_for(auth) -> str | None:

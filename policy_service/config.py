@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from policy_service.auth_config import (AuthConfig, MungeMode, TlsConfig, auth_errors, bool_spelling,  # noqa: F401
-                                       tls_errors)
+                                       tls_errors, token_mode_error)
 from policy_service.core.dialect import is_release
 
 GIB = 1024**3
@@ -30,6 +30,10 @@ DEFAULT_CONFIG_PATH = Path("/etc/swapaware/swapaware.toml")
 
 class ConfigError(ValueError):
     """Raised for a configuration that cannot be used; the message says which key and why."""
+
+
+class UnsafeTokenFile(ConfigError):
+    """A token file that others may read (or that is not a file): never used."""
 
 
 class LinkKind(enum.Enum):
@@ -453,12 +457,17 @@ def _validate(cfg: Config) -> None:
 
 
 def read_token(path: str) -> str | None:
-    """The shared secret in ``path`` (stripped), None when no file is configured."""
+    """The shared secret in ``path`` (stripped), None when no file is configured. A file that
+    group or others may read raises UnsafeTokenFile (the mode is that of the file opened)."""
     if not path:
         return None
     try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
+        with open(path, "rb") as f:
+            unsafe = token_mode_error(path, os.fstat(f.fileno()).st_mode)
+            if unsafe:
+                raise UnsafeTokenFile(unsafe)
+            token = f.read().decode().strip()
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"token file {path}: {exc}") from None
     if not token:
         raise ConfigError(f"token file {path} is empty")

@@ -21,7 +21,7 @@ from typing import Mapping
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import PolicyClient, configured_client, munge_socket_for
+from policy_service.client import PolicyClient, configured_client, munge_socket_for, token_refusal
 from policy_service.config import AuthConfig, Config, ConfigError, HookConfig, TlsConfig, load_config, read_token
 from slurm_plugin import agent_client, spool
 from slurm_plugin.job_env import parse_gpu_indices  # noqa: F401  (hooks.parse_gpu_indices: API)
@@ -108,14 +108,18 @@ def apply_telemetry(req: pb.JobFinishedRequest, t: dict) -> None:
 def hook_client(hooks: HookConfig, auth: AuthConfig | None = None, tls: TlsConfig | None = None) -> PolicyClient:
     """A client carrying the hooks' token when one is configured and a MUNGE credential per call
     where ``auth`` says (default: where munged runs), over TLS where ``tls.ca`` is set. An
-    unreadable token file or TLS file is logged and the call goes out without it: the service
-    refuses it and the event is spooled."""
+    unreadable token file or TLS file, a token file others may read, or a token that would go in
+    plaintext to another host is logged and the call goes out without it: the service refuses it
+    (unless MUNGE identifies the node) and the event is spooled."""
+    cfg = Config(auth=auth or AuthConfig(), tls=tls or TlsConfig())
     try:
         token = read_token(hooks.token_file)
+        refused = token_refusal(cfg, hooks.service_address) if token else None
+        if refused:
+            raise ConfigError(refused)
     except ConfigError as exc:
-        log.error("%s: events will be spooled until it is readable", exc)
+        log.error("%s; events go without the token (spooled if the service needs it)", exc)
         token = None
-    cfg = Config(auth=auth or AuthConfig(), tls=tls or TlsConfig())
     try:
         return configured_client(cfg, hooks.service_address, hooks.deadline_s, token)
     except ConfigError as exc:

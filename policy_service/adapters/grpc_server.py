@@ -1,8 +1,10 @@
 """gRPC transport: a thin servicer over ``PolicyHandler`` plus the standard health service."""
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
+import socket
 import time
 from concurrent import futures
 
@@ -13,6 +15,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2_grpc
 from policy_service.access import AccessUnavailable, Authorizer
 from policy_service.authz import credential_verdict
 from policy_service.handler import HandlerError, Method, PolicyHandler
+from policy_service.config import split_host_port
 from policy_service.limits import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
@@ -86,21 +89,68 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         return self._call(Method.REPORT_EVENTS, request, context)
 
 
+# max_receive_message_length: the same bound as the local socket's; no request of this API comes
+# near it, and a larger one is refused (RESOURCE_EXHAUSTED) before it is parsed (fields within it
+# have their own limits). so_reuseport: gRPC's C core sets SO_REUSEPORT on Linux by default, so
+# another process of the same user could bind the port while the service runs and take part of
+# its traffic (the hooks' events, their token); off, the port is the service's alone.
+SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_REQUEST_BYTES), ("grpc.so_reuseport", 0)]
+
+
+def port_holder(address: str) -> OSError | None:
+    """Why a plain listening socket cannot bind ``address`` (host:port) now, None where it can
+    (or the address is not host:port). SO_REUSEADDR as gRPC sets it: a TIME_WAIT socket is no holder."""
+    try:
+        host, port = split_host_port(address)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (ValueError, OSError):
+        return None
+    for family, kind, proto, _, sockaddr in infos[:1]:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                return exc
+    return None
+
+
+def bind_failure(address: str, grpc_said: str) -> OSError:
+    """The error for a gRPC address the service could not bind: EADDRINUSE naming the address and
+    the fix where another process holds the port, else what the bind said."""
+    held = port_holder(address)
+    if held is not None and held.errno == errno.EADDRINUSE:
+        port = address.rpartition(":")[2]
+        return OSError(errno.EADDRINUSE, f"gRPC address {address} is in use by another process (ss -ltnp "
+                       f"'sport = :{port}' shows which): the service does not share its port; stop that "
+                       f"process or change service.grpc_address")
+    code = held.errno if held is not None and held.errno else errno.EADDRNOTAVAIL
+    detail = held.strerror if held is not None and held.strerror else grpc_said
+    return OSError(code, f"cannot bind gRPC address {address}: {detail}")
+
+
 def start_grpc(handler: PolicyHandler, address: str, max_workers: int, token: str | None = None,
                authorizer: Authorizer | None = None, credentials: grpc.ServerCredentials | None = None,
                ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Start serving on ``address`` ('host:0' picks a free port), over TLS with ``credentials``.
-    Returns (server, port, health)."""
-    # The same bound as the local socket's: no request of this API comes near it, and a larger one
-    # is refused (RESOURCE_EXHAUSTED) before it is parsed; fields within it have their own limits.
+    Returns (server, port, health); OSError naming the address where it cannot be bound (another
+    process holds the port: EADDRINUSE)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                         options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
+                         options=SERVER_OPTIONS)
     policy_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(handler, token, authorizer), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_secure_port(address, credentials) if credentials is not None else server.add_insecure_port(address)
+    try:
+        port = (server.add_secure_port(address, credentials) if credentials is not None
+                else server.add_insecure_port(address))
+    except RuntimeError as exc:  # what grpcio raises now; older releases returned 0
+        port, failure = 0, str(exc)
+    else:
+        failure = "no address bound"
     if port == 0:
-        raise OSError(f"cannot bind gRPC address {address}")
+        error = bind_failure(address, failure)
+        log.error("%s", error.strerror)
+        raise error
     server.start()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -17,6 +17,7 @@ from .conftest import socket_call
 def secured(service_env, slurm_jobs, tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
+    token.chmod(0o600)  # a token file group or others may read is refused
     env = {**service_env, "SWAPAWARE_SERVICE__TOKEN_FILE": str(token)}
     svc = start_service(load_config(env=env), slurm=slurm_jobs)
     yield svc, env, token
@@ -65,6 +66,7 @@ def test_hooks_with_a_bad_token_spool_and_deliver_once_it_is_fixed(secured, tmp_
     spool_dir = Path(env["SWAPAWARE_HOOKS__SPOOL_DIR"])
     bad = tmp_path / "bad-token"
     bad.write_text("nope")
+    bad.chmod(0o600)
     base = {**env, "SWAPAWARE_HOOKS__SERVICE_ADDRESS": f"127.0.0.1:{svc.grpc_port}"}
     cfg_bad = load_config(env={**base, "SWAPAWARE_HOOKS__TOKEN_FILE": str(bad)}).hooks
     req = pb.JobFinishedRequest(job_id=2, event_id="f2", finished_at=5.0)
