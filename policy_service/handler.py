@@ -28,7 +28,7 @@ from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.enforcement import NodeEnforcementRegistry, NodeReport
 from policy_service.core.mode import apply_mode
 from policy_service.adapters.partitions import PartitionDefaults
-from policy_service.core.request import PER_GPU_OPTIONS, RequestError, gpu_request, history_keys, job_request
+from policy_service.core.request import PER_GPU_OPTIONS, RequestError, history_keys, job_request
 from policy_service.core.types import Action, Decision, EstimateSource, JobRequest, KeyLevel, ReasonCode, Rewrite
 from policy_service.correlation import Correlator
 from policy_service.events import MAX_JOB_ID, EventApplier, gpu_utilisation  # noqa: F401  (gpu_utilisation: API)
@@ -227,10 +227,11 @@ class PolicyHandler:
                 env_mem_hint=job.env_mem_hint, qos=job.qos, is_batch=is_batch(job),
                 het_job=job.het_job, per_gpu={f: getattr(job, f) for f, _ in PER_GPU_OPTIONS},
                 exclusive=job.exclusive,
-                partition_gpu_defaults=parts.for_job(job.partition) if parts else (),
-                gpu_shard_counts=parts.shard_counts(job.partition, gpu_request(fields).gpu_type) if parts else None)
+                partition_gpu_defaults=parts.for_job(job.partition) if parts else ())
         except RequestError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        if parts:  # the GPUs its partitions hold, of the type it asks for
+            jr = dataclasses.replace(jr, gpu_shard_counts=parts.shard_counts(job.partition, jr.gpu.gpu_type))
         keys = history_keys(jr)
         stats = self.store.stats(keys)
         d = policy.decide(jr, stats, self.cfg, decision_id=self.new_id(), now=self.clock(),

@@ -45,10 +45,13 @@ def partition_gpus(conf: SlurmConf, part: PartitionLine, gres: GresConf) -> list
     return [g for name in part.nodes for g in node_gpus(conf, gres, name)]
 
 
-def of_type(gpus: Iterable[GpuShards], gpu_type: str) -> list[GpuShards]:
-    """The GPUs a request for ``gpu_type`` ("" any) can get: that type, or a type not known."""
-    want = gpu_type.lower()
-    return [g for g in gpus if not want or g.type is None or g.type.lower() == want]
+def counts_by_type(gpus: Iterable[GpuShards]) -> dict[str, frozenset[int]]:
+    """Whole shards per GPU by lower-case type ("": type not known), GPUs with none left out."""
+    out: dict[str, set[int]] = {}
+    for g in gpus:
+        if int(g.shards) > 0:
+            out.setdefault((g.type or "").lower(), set()).add(int(g.shards))
+    return {t: frozenset(c) for t, c in out.items()}
 
 
 def shard_counts(gpus: Sequence[GpuShards]) -> tuple[int, ...]:

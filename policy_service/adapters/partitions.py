@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from policy_service.adapters.fleet import GpuShards, of_type, partition_gpus, shard_counts
+from policy_service.adapters.fleet import counts_by_type, partition_gpus
 from policy_service.adapters.slurm_files import GresConf, SlurmConf, parse_gres_conf, parse_slurm_conf
 
 log = logging.getLogger("swapaware.service")
@@ -36,7 +36,8 @@ PER_GPU_DEFAULTS = ("DefCpuPerGPU", "DefMemPerGPU")
 class PartitionDefaults:
     by_partition: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> ("DefCpuPerGPU=2", ...)
     default_partition: str = ""  # the Default=YES partition: where a job that names none goes
-    gpus: Mapping[str, tuple[GpuShards, ...]] = field(default_factory=dict)  # every partition -> its GPUs
+    # every partition -> lower-case GPU type ("": not known) -> the shard counts of its GPUs of that type
+    shards: Mapping[str, Mapping[str, frozenset[int]]] = field(default_factory=dict)
 
     def _names(self, partition: str) -> list[str]:
         return [p.strip() for p in (partition or "").split(",") if p.strip()] or [self.default_partition]
@@ -48,10 +49,15 @@ class PartitionDefaults:
     def shard_counts(self, partition: str, gpu_type: str = "") -> tuple[int, ...] | None:
         """Shard counts of the GPUs (of ``gpu_type``, "" any) a job in ``partition`` can land on;
         None where a partition is not known (the policy then takes gpu.shards_per_gpu)."""
-        names = self._names(partition)
-        if not all(n in self.gpus for n in names):
+        names, want = self._names(partition), gpu_type.lower()
+        if not all(n in self.shards for n in names):
             return None
-        return shard_counts(of_type([g for n in names for g in self.gpus[n]], gpu_type))
+        return tuple(sorted({c for n in names for t, counts in self.shards[n].items()
+                             if not want or not t or t == want for c in counts}))
+
+    def all_shard_counts(self) -> set[int]:
+        """Every shard count a GPU of a known partition has."""
+        return {c for by_type in self.shards.values() for counts in by_type.values() for c in counts}
 
 
 NONE = PartitionDefaults()
@@ -76,8 +82,8 @@ def partition_defaults(conf: SlurmConf, gres: GresConf | None = None) -> Partiti
         if part.get("Default").strip().upper() == "YES":
             default = part.name
     gres = gres or GresConf({}, ())
-    gpus = {part.name: tuple(partition_gpus(conf, part, gres)) for part in conf.partitions}
-    return PartitionDefaults(by, default, gpus)
+    shards = {part.name: counts_by_type(partition_gpus(conf, part, gres)) for part in conf.partitions}
+    return PartitionDefaults(by, default, shards)
 
 
 class SlurmConfWatch:
@@ -117,7 +123,7 @@ class SlurmConfWatch:
                      "shards per GPU (%s): %s", self.path,
                      ", ".join(f"{p} ({' '.join(v)})" for p, v in self._current.by_partition.items()) or "none",
                      self.gres_path if seen[1] else "no gres.conf: from slurm.conf's Gres=",
-                     "; ".join(f"{p} {_fmt_counts(g)}" for p, g in self._current.gpus.items()) or "no partitions")
+                     "; ".join(f"{p} {_fmt_counts(c)}" for p, c in self._current.shards.items()) or "no partitions")
         except (OSError, ValueError) as exc:
             why = f"{type(exc).__name__}: {exc}"
             if why != self._failed:
@@ -131,11 +137,8 @@ def _stamp(path: Path) -> tuple[float, int]:
     return st.st_mtime, st.st_size
 
 
-def _fmt_counts(gpus: tuple[GpuShards, ...]) -> str:
-    by_type: dict[str, set[int]] = {}
-    for g in gpus:
-        by_type.setdefault(g.type or "untyped", set()).add(int(g.shards))
-    return ",".join(f"{t}:{'/'.join(map(str, sorted(c)))}" for t, c in sorted(by_type.items())) or "none"
+def _fmt_counts(by_type: Mapping[str, frozenset[int]]) -> str:
+    return ",".join(f"{t or 'untyped'}:{'/'.join(map(str, sorted(c)))}" for t, c in sorted(by_type.items())) or "none"
 
 
 def slurm_conf_path(configured: str) -> Path:

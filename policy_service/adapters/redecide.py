@@ -67,8 +67,7 @@ class PendingRedecider:
         """The shard counts a whole GPU held as shards can have: the fleet's (gres.conf), else
         gpu.shards_per_gpu."""
         parts = self.handler.partitions() if self.handler.partitions else None
-        counts = {int(g.shards) for gpus in parts.gpus.values() for g in gpus} if parts else set()
-        return counts or {self.cfg.gpu.shards_per_gpu}
+        return (parts.all_shard_counts() if parts else set()) or {self.cfg.gpu.shards_per_gpu}
 
     def __call__(self, pending: list[PendingJob], state: QueueState) -> None:
         todo = candidates(pending, self._whole_shards() if self.held_as_shards else ())

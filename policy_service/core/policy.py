@@ -120,11 +120,11 @@ def _of_gpus(counts: tuple[int, ...], shard: int) -> str:
 
 
 def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config,
-                 util: tuple[float, KeyLevel] | None = None, enforcement: EnforcementView | None = None,
-                 counts: tuple[int, ...] = ()) -> tuple[Action, int, float, int, list[Reason]]:
+                 util: tuple[float, KeyLevel] | None, enforcement: EnforcementView | None,
+                 counts: tuple[int, ...]) -> tuple[Action, int, float, int, list[Reason]]:
     """(action, shards, slowdown, offloaded bytes, reasons) for a single-GPU job with an estimate.
-    ``counts``: the shard counts of the GPUs it can land on (default: gpu.shards_per_gpu). The job
-    is sized against the largest of them; Slurm places k shards only on a GPU that has k free."""
+    ``counts``: the shard counts of the GPUs it can land on (shard_counts, not empty). The job is
+    sized against the largest of them; Slurm places k shards only on a GPU that has k free."""
     reasons = []
     may_oversubscribe, not_enforced = oversubscription_gate(cfg, enforcement)
     need = est.sized_bytes
@@ -132,7 +132,6 @@ def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config,
         reasons.append(Reason(ReasonCode.RAISED_TO_OBSERVED_MAX,
                               f"raised to the largest observed peak {estimator.fmt_bytes(est.observed_max_bytes)}"))
         need = est.observed_max_bytes
-    counts = counts or (cfg.gpu.shards_per_gpu,)
     spg, shard = max(counts), cfg.gpu.shard_bytes
     if need > spg * shard:
         where = "the device's" if len(counts) == 1 else "the largest GPU it can land on,"
