@@ -38,6 +38,7 @@ from policy_service.sim.memtrace import hindsight_charge_floor
 from policy_service.sim.workload import build_workload, synthetic_trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import operating_curve as operating_curve_bench  # noqa: E402  (bench/operating_curve.py)
 import real_trace  # noqa: E402  (bench/real_trace.py, beside this file)
 
 TARGET_MAPE = 0.10
@@ -87,14 +88,21 @@ def real_rows(data_dir: Path, variants: list[tuple[str, Config]]) -> None:
 
 
 def operating_curve(classes, cfg: Config, window: int) -> None:
-    """What the defaults trade: the margin floor and the runs a class needs before it shares."""
-    print(f"{window // 60:4d}min operating curve (after; only the named settings changed):")
-    for min_samples in (1, 4, 8):
+    """What the defaults trade: the margin floor and the runs a class needs before it shares, in
+    over-runs of the charge and in GPU-hours at the shards' cap (bench/operating_curve.py)."""
+    print(f"{window // 60:4d}min operating curve (after; only the named settings changed; requeued: shared runs over "
+          f"their {cfg.gpu.shard_bytes >> 30} GiB shards' cap, saved/lost GPU-h with requeue_wait_h "
+          f"{operating_curve_bench.REQUEUE_WAIT_H:g}):")
+    for min_samples in (1, 3, 8):
         cells = []
-        for floor in (0.2, 0.35, 0.5):
-            est = dataclasses.replace(cfg.estimator, quantile_floor_frac=floor, min_samples=min_samples)
-            r = real_trace.score(classes, est, cfg.gpu)
-            cells.append(f"floor {floor:.2f}: shared {r.shared:4d} over {r.over_frac:5.2%} chg/pk {r.charge_ratio:.2f}")
+        for floor in (0.2, 0.35, 0.55):
+            setting = operating_curve_bench.Setting(floor, min_samples, cfg.gpu.shard_bytes >> 30)
+            est, gpu = operating_curve_bench.configs(setting, cfg)
+            r = real_trace.score(classes, est, gpu)
+            p = operating_curve_bench.summarise(setting, window, operating_curve_bench.replay(classes, setting, cfg),
+                                                operating_curve_bench.REQUEUE_WAIT_H)
+            cells.append(f"floor {floor:.2f}: shared {r.shared:4d} over {r.over_frac:5.2%} chg/pk {r.charge_ratio:.2f}"
+                         f" requeued {p.requeued_frac:5.2%} saved {p.saved_h:5.1f} lost {p.lost_h:4.1f}")
         print(f"        min_samples {min_samples}: " + " | ".join(cells))
 
 

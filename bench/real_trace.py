@@ -25,6 +25,7 @@ mean charge / peak over shared runs.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,30 +60,72 @@ def _req():
     return r
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """One scored run as the replay saw it."""
+
+    shared: bool
+    ape: float  # |point estimate - peak| / peak
+    charge_bytes: int  # max(peak + margin, observed max), before rounding up to shards
+    peak_bytes: int
+    shards: int  # shards the run holds: ceil(charge / shard), at least 1; 0 when on a whole GPU
+    shards_per_gpu: int
+    shard_bytes: int
+    limit_bytes: int  # where it dies: the charge, or the shards' bytes (cap) with at_cap
+    over_at_s: float | None  # first sample above limit_bytes (s from the window start); None: fits
+    runtime_s: float  # the window's last sample (s from the window start)
+
+    @property
+    def cap_bytes(self) -> int:
+        """The bytes of the shards it holds (what a hard cap enforces); 0 on a whole GPU."""
+        return self.shards * self.shard_bytes
+
+    @property
+    def over(self) -> bool:
+        return self.shared and self.over_at_s is not None
+
+
+def first_above(run: Run, limit_bytes: int) -> float | None:
+    """When in the run its memory first went above ``limit_bytes`` (s from the window start)."""
+    return next((t for t, v in zip(run.t, run.v) if v > limit_bytes), None)
+
+
+def replay_outcomes(runs: list[Run], cfg: EstimatorConfig, gpu: GpuConfig, at_cap: bool = False) -> list[Replayed]:
+    """One class's runs in order, each scored run's outcome. ``at_cap``: a shared run dies when it
+    goes above the bytes of the shards it holds (ceil(charge / shard) x shard, what a hard cap
+    enforces) and is fed back as an OOM at that cap; else (the estimator's own score) when it goes
+    above its charge, fed back as an OOM at the charge."""
+    req, s, out = _req(), ClassStats(), []
+    shard, spg = gpu.shard_bytes, gpu.shards_per_gpu
+    for run in runs:
+        peak, rec = run.peak_bytes, None
+        if s.samples >= 1:
+            est = estimator.estimate(req, {KeyLevel.CLASS: s}, cfg, gpu)
+            charge = max(est.sized_bytes, est.observed_max_bytes)
+            shared = est.known and s.whole_gpu_runs_left == 0 and charge <= spg * shard
+            k = max(1, math.ceil(charge / shard)) if shared else 0
+            limit = k * shard if at_cap else charge
+            rec = Replayed(shared, abs(est.peak_bytes - peak) / peak, charge, peak, k, spg, shard, limit,
+                           first_above(run, limit) if shared else None, run.t[-1])
+            out.append(rec)
+        if rec is not None and rec.over:
+            oom, _ = estimator.infer_oom(reported=False, failed=True, peak_bytes=rec.limit_bytes,
+                                         charged_bytes=rec.limit_bytes, charge_frac=cfg.oom_charge_frac)
+            o = JobObservation(runtime_s=run.t[-1], exit_code=1, peak_bytes=rec.limit_bytes, oom=oom, shared=True,
+                               co_runners=0)
+        else:
+            o = JobObservation(runtime_s=run.t[-1], exit_code=0, peak_bytes=peak, oom=False,
+                               shared=bool(rec and rec.shared), co_runners=0)
+        s = estimator.observe(s, o, cfg)
+    return out
+
+
 def replay_class(runs: list[Run], cfg: EstimatorConfig, gpu: GpuConfig
                  ) -> list[tuple[str, float, float, int, int, int]]:
     """One class's runs in order: (kind, APE, charge/peak, over, charge bytes, peak bytes) per
     scored run; kind is 'shared' or 'whole'."""
-    req, s, out = _req(), ClassStats(), []
-    for run in runs:
-        peak = run.peak_bytes
-        shared, charge = False, 0
-        if s.samples >= 1:
-            est = estimator.estimate(req, {KeyLevel.CLASS: s}, cfg, gpu)
-            charge = max(est.sized_bytes, est.observed_max_bytes)
-            ape = abs(est.peak_bytes - peak) / peak
-            shared = est.known and s.whole_gpu_runs_left == 0 and charge <= gpu.memory_bytes
-            over = int(shared and peak > charge)
-            out.append(("shared" if shared else "whole", ape, charge / peak, over, charge, peak))
-        if shared and peak > charge:
-            oom, _ = estimator.infer_oom(reported=False, failed=True, peak_bytes=charge, charged_bytes=charge,
-                                         charge_frac=cfg.oom_charge_frac)
-            o = JobObservation(runtime_s=run.t[-1], exit_code=1, peak_bytes=charge, oom=oom, shared=True, co_runners=0)
-        else:
-            o = JobObservation(runtime_s=run.t[-1], exit_code=0, peak_bytes=peak, oom=False, shared=shared,
-                               co_runners=0)
-        s = estimator.observe(s, o, cfg)
-    return out
+    return [("shared" if r.shared else "whole", r.ape, r.charge_bytes / r.peak_bytes, int(r.over), r.charge_bytes,
+             r.peak_bytes) for r in replay_outcomes(runs, cfg, gpu)]
 
 
 def score(classes: list[list[Run]], cfg: EstimatorConfig, gpu: GpuConfig) -> Score:
