@@ -129,23 +129,34 @@ class SchedulerConfig:
     timeline_points: int = 400
 
 
+# Named fits of the UTIL model's (knee_base, knee_slope) to measured co-located pairs
+# (bench/interference_sources.py prints them; docs/model.md, "Interference: two sources"):
+# gavel: loaders' fit_knee to Gavel's 636 V100 pairs (no utilisations recorded; assumption: solo
+#   utilisations ~ U[0, 1]); quantile rms 0.097. On Lucid's pairs: MAE 0.558, mean 1.64 vs 1.09.
+# lucid: interference_fit.fit_pairs to Lucid's 1,388 pairs (2,776 jobs, measured solo
+#   utilisations): MAE 0.086, Spearman 0.57. On Gavel's pairs: quantile MAE 0.81, mean 1.10 vs 1.91.
+INTERFERENCE_FITS: dict[str, tuple[float, float]] = {"gavel": (0.58, 2.9), "lucid": (0.025, 0.515)}
+
+
 @dataclass(frozen=True)
 class InterferenceConfig:
-    """Compute interference of co-located jobs, calibrated from Gavel's measured pairs."""
+    """Compute interference of co-located jobs, fitted to measured pairs (INTERFERENCE_FITS)."""
 
     model: InterferenceModel = InterferenceModel.UTIL
+    # Which fit knee_base / knee_slope hold: a name in INTERFERENCE_FITS (a sim config that names
+    # one and leaves knee_* out gets its values) or "custom" (knee_* as given).
+    fit: str = "gavel"
     # Which Gavel worker type to calibrate from; "" or a missing file -> per_corunner below.
     gavel_worker: str = "v100"
     # Used when no Gavel data is given (the core's default).
     per_corunner: float = 0.15
     # UTIL model: slowdown = 1 + knee_base x (co-runners' summed solo utilisation)
     #   + knee_slope x max(0, the GPU's summed solo utilisation - 1).
-    # Fitted by policy_service.sim.loaders.fit_knee(gavel_pair_slowdowns(shared/data/gavel, "v100"))
-    # (636 pairs; assumption: Gavel job types' solo utilisation ~ U[0, 1], fitted util_lo = 0):
-    # base 0.58, slope 2.9, rms error of the p10..p90 quantiles 0.097. The runner refits it and
-    # records the fit in the results.
-    knee_base: float = 0.58
-    knee_slope: float = 2.9
+    # Default: the "gavel" fit, interference_fit.fit_knee(gavel_pair_slowdowns(shared/data/gavel,
+    # "v100")) (636 pairs; assumption: Gavel job types' solo utilisation ~ U[0, 1], fitted
+    # util_lo = 0); the runner refits it and records the fit in the results.
+    knee_base: float = INTERFERENCE_FITS["gavel"][0]
+    knee_slope: float = INTERFERENCE_FITS["gavel"][1]
     # Where a job class's solo utilisation comes from: "duty" draws it from util_quantiles;
     # "declared" takes the declared GPU share (gpu_milli / 1000).
     util_source: str = "duty"
@@ -224,6 +235,28 @@ def _coerce(where: str, typ: Any, raw: Any) -> Any:
     raise ConfigError(f"{where}: unsupported type {typ}")
 
 
+def _with_named_fit(values: dict[str, Any]) -> dict[str, Any]:
+    """[interference] naming a fit takes its knee_base / knee_slope where they are not given."""
+    if "fit" not in values and ("knee_base" in values or "knee_slope" in values):
+        return {"fit": "custom", **values}  # a config written before the named fits
+    fit = str(values.get("fit", InterferenceConfig.fit))
+    if fit in INTERFERENCE_FITS:
+        base, slope = INTERFERENCE_FITS[fit]
+        return {"knee_base": base, "knee_slope": slope, **values}
+    return values
+
+
+def with_interference_fit(cfg: SimConfig, fit: str) -> SimConfig:
+    """``cfg`` with the UTIL model's parameters of a named fit (INTERFERENCE_FITS)."""
+    if fit not in INTERFERENCE_FITS:
+        raise ConfigError(f"unknown interference fit {fit!r}; one of: {', '.join(INTERFERENCE_FITS)}")
+    base, slope = INTERFERENCE_FITS[fit]
+    out = dataclasses.replace(cfg, interference=dataclasses.replace(cfg.interference, fit=fit, knee_base=base,
+                                                                    knee_slope=slope))
+    validate_sim_config(out)
+    return out
+
+
 def sim_config_from_mapping(data: Mapping[str, Any]) -> SimConfig:
     """Build a SimConfig from a mapping ``{section: {key: value}}`` (e.g. parsed TOML)."""
     hints = typing.get_type_hints(SimConfig)
@@ -233,6 +266,8 @@ def sim_config_from_mapping(data: Mapping[str, Any]) -> SimConfig:
     built = {}
     for name, cls in hints.items():
         values = dict(data.get(name, {}))
+        if name == "interference":
+            values = _with_named_fit(values)
         sec_hints = typing.get_type_hints(cls)
         bad = sorted(set(values) - set(sec_hints))
         if bad:
@@ -278,6 +313,10 @@ def validate_sim_config(cfg: SimConfig) -> None:
         (s.max_age_s > 0, "scheduler.max_age_s must be > 0"),
         (cfg.interference.per_corunner >= 0, "interference.per_corunner must be >= 0"),
         (cfg.interference.knee_base >= 0 and cfg.interference.knee_slope >= 0, "interference.knee_* must be >= 0"),
+        (cfg.interference.fit == "custom" or INTERFERENCE_FITS.get(cfg.interference.fit) == (
+            cfg.interference.knee_base, cfg.interference.knee_slope),
+         f"interference.fit must be custom or one of {', '.join(INTERFERENCE_FITS)} with its knee_base/knee_slope "
+         f"{INTERFERENCE_FITS.get(cfg.interference.fit)} (other values: fit = \"custom\")"),
         (cfg.interference.util_source in ("duty", "declared"), "interference.util_source must be duty or declared"),
         (len(cfg.interference.util_quantiles) >= 2 and all(0 <= p <= 1 and 0 <= u <= 1 for p, u in
                                                            cfg.interference.util_quantiles),

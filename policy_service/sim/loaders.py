@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+# The knee's distribution fit lives with the other interference fits; also named here (docs cite it so).
+from policy_service.sim.interference_fit import KneeFit, fit_knee, knee_slowdown  # noqa: F401
+
 GB = 1024**3  # PAI reports GPU memory in GB; taken as GiB (the trace does not say which)
 
 
@@ -446,65 +449,6 @@ def calibrate_interference(path: Path, worker: str = "v100") -> InterferenceCali
         source={"path": str(real), "sha256": sha256_file(real),
                 "citation": "Narayanan et al., Heterogeneity-Aware Cluster Scheduling Policies for Deep Learning "
                             "Workloads (Gavel), USENIX OSDI'20 (github.com/stanford-futuredata/gavel)"})
-
-
-@dataclass(frozen=True)
-class KneeFit:
-    """Interference of a job with its GPU's co-runners, from solo utilisations (0..1 each):
-    slowdown_i = 1 + base x (U - u_i) + slope x max(0, U - 1), U = the sum over the GPU's jobs.
-    Little slowdown (base per unit of co-runner utilisation) while U stays below one GPU's worth,
-    a steep rise above it.
-
-    Gavel does not record utilisation. Assumption: the solo utilisation of a Gavel job type is
-    uniform on [util_lo, 1] (its single-GPU types range from small-batch to saturating);
-    util_lo, base and slope are fitted so that the model's quantiles (p10..p90) of the pair
-    slowdown match Gavel's measured ones (least squares over a grid)."""
-
-    base: float
-    slope: float
-    util_lo: float
-    rms_error: float  # of the fitted quantiles
-    quantiles_measured: dict[str, float]
-    quantiles_model: dict[str, float]
-
-
-_KNEE_PS = tuple(round(0.1 * k, 1) for k in range(1, 10))
-
-
-def knee_slowdown(u_self: float, u_others: float, base: float, slope: float) -> float:
-    """The model's slowdown of a job with solo utilisation u_self next to co-runners summing u_others."""
-    return 1.0 + base * u_others + slope * max(0.0, u_self + u_others - 1.0)
-
-
-def _pairs(lo: float, n: int = 24) -> list[tuple[float, float]]:
-    us = [lo + (1.0 - lo) * (i + 0.5) / n for i in range(n)]
-    return [(a, b) for a in us for b in us]
-
-
-def fit_knee(slowdowns: list[float]) -> KneeFit:
-    """Fit (base, slope, util_lo) of the knee model to measured pair slowdowns (solo/paired - 1)."""
-    if len(slowdowns) < 10:
-        raise ValueError("need at least 10 measured pairs")
-    s = sorted(slowdowns)
-    meas = [s[min(len(s) - 1, int(p * len(s)))] for p in _KNEE_PS]
-    best = None
-    for k in range(10):
-        lo = 0.1 * k
-        pairs = _pairs(lo)
-        m = len(pairs)
-        idx = [min(m - 1, int(p * m)) for p in _KNEE_PS]
-        for ia in range(31):
-            a = 0.02 * ia
-            for ib in range(41):
-                b = 0.1 * ib
-                v = sorted(a * uo + b * max(0.0, us + uo - 1.0) for us, uo in pairs)
-                err = sum((v[i] - y) ** 2 for i, y in zip(idx, meas))
-                if best is None or err < best[0] - 1e-12:
-                    best = (err, a, b, lo, [v[i] for i in idx])
-    err, base, slope, lo, model = best
-    return KneeFit(base=base, slope=slope, util_lo=lo, rms_error=math.sqrt(err / len(meas)),
-                   quantiles_measured={f"p{int(p * 100)}": v for p, v in zip(_KNEE_PS, meas)},
-                   quantiles_model={f"p{int(p * 100)}": v for p, v in zip(_KNEE_PS, model)})
 
 
 def gavel_pair_slowdowns(path: Path, worker: str = "v100") -> list[float]:

@@ -140,6 +140,7 @@ class SwapAware(SimPolicy):
         self._keys: dict[tuple, tuple] = {}
         self._learned: dict[str, int] = {}  # history key -> runs folded
         self.decisions: dict[str, int] = {}
+        self.reasons: dict[str, int] = {}  # reason code -> decisions that carried it
 
     def _request(self, job: SimJob, hint: str = ""):
         fields = {"tres_per_node": f"gres:gpu:{job.num_gpu}"}
@@ -168,6 +169,8 @@ class SwapAware(SimPolicy):
         d = policy.decide(req, stats, cfg, decision_id=f"sim-{job.idx}-{attempt}", now=now,
                           job_class=keys[0][1], gres_fields=fields, access=access, queue=queue)
         self.decisions[d.action.value] = self.decisions.get(d.action.value, 0) + 1
+        for code in {r.code.value for r in d.reasons}:
+            self.reasons[code] = self.reasons.get(code, 0) + 1
         return _admission(d, job)
 
     def admit(self, job: SimJob, attempt: int, now: float, queue: QueueState | None = None) -> Admission:

@@ -76,10 +76,11 @@ def _interference_text(meta: dict) -> str:
     i = meta["interference"]
     knee = i.get("knee_used")
     if i.get("model") == "util" and knee:
-        text = (f"interference=util knee base {knee['base']:.3f} slope {knee['slope']:.2f} "
+        named = f"fit {knee['fit']}, " if knee.get("fit") else ""
+        text = (f"interference=util knee {named}base {knee['base']:.3f} slope {knee['slope']:.2f} "
                 f"(utilisation: {knee['util_source']}; Gavel refit {i['knee_fit']['base']:.2f}/"
                 f"{i['knee_fit']['slope']:.2f})" if "knee_fit" in i else
-                f"interference=util knee base {knee['base']:.3f} slope {knee['slope']:.2f} "
+                f"interference=util knee {named}base {knee['base']:.3f} slope {knee['slope']:.2f} "
                 f"(utilisation: {knee['util_source']})")
     else:
         text = (f"interference/co-runner={i.get('per_corunner', 0):.3f} ({i.get('method', '')})")

@@ -17,11 +17,11 @@ from policy_service.config import Config
 from policy_service.core import policy as core_policy
 from policy_service.sim.config import SimConfig, _jsonable
 from policy_service.sim.engine import Engine
+from policy_service.sim.interference_fit import fit_knee
 from policy_service.sim.loaders import (
     DataNotFound,
     TraceJob,
     calibrate_interference,
-    fit_knee,
     gavel_pair_slowdowns,
     load_alibaba_v2023,
     load_pai_2020,
@@ -107,7 +107,7 @@ def calibrate(spec: RunSpec, sim: SimConfig) -> tuple[float, dict[str, Any]]:
         else:
             info = {"method": f"Gavel measured pairs ({cal.worker})", **dataclasses.asdict(cal)}
             knee = fit_knee(gavel_pair_slowdowns(path, icfg.gavel_worker))
-            info["knee_fit"] = {"fit": "policy_service.sim.loaders.fit_knee (Gavel pairs; assumption: job types' "
+            info["knee_fit"] = {"fit": "policy_service.sim.interference_fit.fit_knee (Gavel pairs; assumption: job types' "
                                        "solo utilisation ~ U[util_lo, 1])", **dataclasses.asdict(knee)}
             return cal.per_corunner, {**info, **_knee_used(sim)}
     return icfg.per_corunner, {"method": "config (no Gavel data given)", "per_corunner": icfg.per_corunner,
@@ -116,7 +116,7 @@ def calibrate(spec: RunSpec, sim: SimConfig) -> tuple[float, dict[str, Any]]:
 
 def _knee_used(sim: SimConfig) -> dict[str, Any]:
     i = sim.interference
-    return {"model": i.model.value, "knee_used": {"base": i.knee_base, "slope": i.knee_slope,
+    return {"model": i.model.value, "knee_used": {"fit": i.fit, "base": i.knee_base, "slope": i.knee_slope,
                                                   "util_source": i.util_source}}
 
 
@@ -180,6 +180,8 @@ def _run_one(task: tuple[str, float, float | None, str]) -> tuple[dict, dict]:
     summary = summarize(result, w, victim_budget=cfg.policy.max_victim_slowdown)
     if hasattr(pol, "decisions"):
         summary["decisions"] = dict(pol.decisions)
+    if hasattr(pol, "reasons"):
+        summary["decision_reasons"] = dict(pol.reasons)
     row = {"block": block, "policy": name, "label": pol.label, "load": load, "noise": w.noise,
            "wall_s": round(wall, 3), **summary, "workload_model": w.description}
     jct = sorted(r.end_s - r.submit_s for r in result.records if r.completed)

@@ -13,7 +13,7 @@ from policy_service.core.types import GresKind
 from policy_service.sim import memfit
 from policy_service.sim.config import SimConfig
 from policy_service.sim.engine import Engine
-from policy_service.sim.loaders import fit_knee, knee_slowdown
+from policy_service.sim.interference_fit import fit_knee, knee_slowdown
 from policy_service.sim.memtrace import Run, Series, cut_runs
 from policy_service.sim.policies import Admission, SimPolicy, SwapAware
 from policy_service.sim.workload import MemoryModel, SimJob, Workload, draw_util
