@@ -88,17 +88,36 @@ def variants() -> list[tuple[str, Config]]:
                 base.policy, overcommit_compute_min_queue=0.5)))]
 
 
-def headline(spec: RunSpec, sim: SimConfig, workers: int) -> list[str]:
+def mean_cells(per_seed: list[dict[tuple[str, float], dict]]) -> dict[tuple[str, float], dict]:
+    """Per cell, the mean over seeds of the numbers the table shows (reason counts included)."""
+    out = {}
+    for key in per_seed[0]:
+        rows = [cells[key] for cells in per_seed]
+        codes = {c for r in rows for c in r.get("decision_reasons", {})}
+        out[key] = {**{k: sum(r[k] for r in rows) / len(rows) for k in _SHOWN},
+                    "decision_reasons": {c: sum(r.get("decision_reasons", {}).get(c, 0) for r in rows) / len(rows)
+                                         for c in codes}}
+    return out
+
+
+_SHOWN = ("jct_mean_s", "slowdown_mean", "high_prio_slowdown_p95", "shared_jobs")
+
+
+def headline(spec: RunSpec, sim: SimConfig, workers: int, seeds: int = 1) -> list[str]:
     by_fit: dict[str, dict[tuple[str, float], dict]] = {}
     for fit in INTERFERENCE_FITS:
         truth = with_interference_fit(sim, fit)
-        cells: dict[tuple[str, float], dict] = {}
-        for vname, cfg in variants():
-            pols = spec.policies if vname == "defaults" else ("swapaware",)
-            for r in run_matrix(dataclasses.replace(spec, policies=pols), cfg, truth, workers=workers).rows:
-                if r["block"] == "load":
-                    cells[("b0" if r["policy"] == "b0" else vname, r["load"])] = r
-        by_fit[fit] = cells
+        per_seed = []
+        for seed in range(spec.seed, spec.seed + seeds):
+            cells: dict[tuple[str, float], dict] = {}
+            for vname, cfg in variants():
+                pols = spec.policies if vname == "defaults" else ("swapaware",)
+                run = dataclasses.replace(spec, policies=pols, seed=seed)
+                for r in run_matrix(run, cfg, truth, workers=workers).rows:
+                    if r["block"] == "load":
+                        cells[("b0" if r["policy"] == "b0" else vname, r["load"])] = r
+            per_seed.append(cells)
+        by_fit[fit] = mean_cells(per_seed)
     fits = list(INTERFERENCE_FITS)
     lines = ["  ".join([f"{'load':>4s} {'metric':30s}"] + [f"{f:>12s}" for f in fits])]
     for load in spec.loads:
@@ -109,7 +128,7 @@ def headline(spec: RunSpec, sim: SimConfig, workers: int) -> list[str]:
             return c[(v, load)]["jct_mean_s"]
 
         def why(c, code: str) -> str:
-            return str(c[("defaults", load)]["decision_reasons"].get(code, 0))
+            return f"{c[('defaults', load)]['decision_reasons'].get(code, 0):.0f}"
 
         lines += [
             row("B0 JCT mean s", lambda c: f"{jct(c, 'b0'):.0f}"),
@@ -117,7 +136,7 @@ def headline(spec: RunSpec, sim: SimConfig, workers: int) -> list[str]:
             row("swapaware / B0 JCT", lambda c: f"{jct(c, 'defaults') / jct(c, 'b0'):.3f}"),
             row("swapaware slowdown mean", lambda c: f"{c[('defaults', load)]['slowdown_mean']:.3f}"),
             row("hi-prio slowdown p95", lambda c: f"{c[('defaults', load)]['high_prio_slowdown_p95']:.3f}"),
-            row("shared jobs", lambda c: f"{c[('defaults', load)]['shared_jobs']}"),
+            row("shared jobs", lambda c: f"{c[('defaults', load)]['shared_jobs']:.0f}"),
             row("compute_bound (kept whole)", lambda c: why(c, "compute_bound")),
             row("compute_shards (charged up)", lambda c: why(c, "compute_shards")),
             row("JCT compute_aware off / dflt", lambda c: f"{jct(c, 'compute_aware=false') / jct(c, 'defaults'):.3f}"),
@@ -136,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int)
     ap.add_argument("--gpus", type=int)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", type=int, default=1, help="mean over this many seeds from --seed")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--sim-config", type=Path)
     ap.add_argument("--no-sim", action="store_true", help="fits only")
@@ -156,10 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = RunSpec(workload=args.workload, data_dir=args.data_dir if args.data_dir.is_dir() else None,
                    loads=(0.5, 0.7, 0.9), noises=(), jobs=args.jobs, gpus=args.gpus, seed=args.seed,
                    policies=("b0", "swapaware"))
-    print(f"\nheadline: {args.workload} jobs={args.jobs or 'all'} gpus={args.gpus or 'default'} seed={args.seed}; "
+    print(f"\nheadline: {args.workload} jobs={args.jobs or 'all'} gpus={args.gpus or 'default'} "
+          f"seeds {args.seed}..{args.seed + args.seeds - 1} (mean); "
           f"sim config {args.sim_config or 'defaults'} (utilisation: {sim.interference.util_source}); the defaults "
           f"assume fit {SimConfig().interference.fit!r}; policy: the service's defaults")
-    print("\n".join(headline(spec, sim, args.workers)))
+    print("\n".join(headline(spec, sim, args.workers, args.seeds)))
     return 0
 
 

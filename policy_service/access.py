@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import grpc
 
-from policy_service import munge
+from policy_service import cred_binding, munge
 from policy_service.auth_config import AuthConfig, MungeMode
 from policy_service.authz import (
     Addresses,
@@ -110,9 +110,11 @@ class Authorizer:
         return cls(trust, auth, slurm, token)
 
     # ------------------------------------------------------------------ who is calling
-    def identify(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Caller:
-        """The caller of a gRPC request, from its metadata. Raises ``AccessUnavailable`` when a
-        credential came and munged cannot be asked."""
+    def identify(self, metadata: Sequence[tuple[str, str | bytes]] | None, method: str, raw: bytes) -> Caller:
+        """The caller of a gRPC request of ``method`` (full gRPC name) whose bytes were ``raw``,
+        from its metadata. A MUNGE credential counts only with the payload that binds it to this
+        method and these bytes (policy_service/cred_binding.py), whatever its uid. Raises
+        ``AccessUnavailable`` when a credential came and munged cannot be asked."""
         cred = bearer = None
         for key, value in metadata or ():
             text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
@@ -124,7 +126,7 @@ class Authorizer:
         if bearer is not None and self._token is not None:
             token_ok = hmac.compare_digest(bearer.encode(), f"Bearer {self._token}".encode())
             token_problem = None if token_ok else "the bearer token is not the hooks' token"
-        munge_problem = ""
+        munge_problem = refused = ""
         if cred is not None and self.trust.munge:
             try:
                 c = munge.decode(cred, socket=str(self.auth.munge_socket))
@@ -132,17 +134,23 @@ class Authorizer:
                 if exc.code in (munge.MungeCode.SOCKET, munge.MungeCode.LIBRARY_MISSING):
                     raise AccessUnavailable(f"cannot check MUNGE credentials now: {exc.message}") from None
                 munge_problem = f"MUNGE credential refused: {exc.message} ({exc.code.name})"
+                refused = exc.code.name.lower()
             else:
+                # Each check says its own piece, so the log shows every reason (Slurm's step
+                # credential: a foreign payload and a TTL of 300 s); the payload's is counted first.
+                unbound = cred_binding.check(c.payload, method, raw)
+                whys = [unbound.explain(method)] if unbound is not None else []
                 if c.ttl > self.auth.max_ttl_s:
-                    munge_problem = (f"MUNGE credential refused: made to live {c.ttl} s, more than "
-                                     f"auth.max_ttl_s = {self.auth.max_ttl_s}")
-                else:
+                    whys.append(f"made to live {c.ttl} s, more than auth.max_ttl_s = {self.auth.max_ttl_s}")
+                if not whys:
                     return Caller(Via.MUNGE, c.uid, c.gid, c.addr, token=bool(token_ok))
+                munge_problem = f"MUNGE credential of uid {c.uid} from {c.addr} refused: {'; '.join(whys)}"
+                refused = unbound.value if unbound is not None else "over_ttl"
         if token_ok:
             if munge_problem:
                 log.info("%s; accepted on the hooks' token", munge_problem)
-            return Caller(Via.TOKEN, token=True)
-        return Caller(Via.ANONYMOUS, problem=munge_problem or token_problem or "")
+            return Caller(Via.TOKEN, token=True, refused=refused)
+        return Caller(Via.ANONYMOUS, problem=munge_problem or token_problem or "", refused=refused)
 
     # ------------------------------------------------------------------ the cluster's hosts
     def addresses(self, addr: str = "") -> Addresses:

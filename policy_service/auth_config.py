@@ -13,6 +13,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from policy_service.cred_binding import CLIENT_TTL_S
 from policy_service.munge import DEFAULT_SOCKET
 
 
@@ -56,8 +57,10 @@ class AuthConfig:
     # With service.token_file set, a caller holding that token may send events (the fallback
     # for nodes without MUNGE). Has no effect without a token file.
     accept_token: bool = True
-    # Refuse credentials made to live longer than this (munged enforces each one's own TTL).
-    max_ttl_s: int = 300
+    # Refuse credentials made to live longer than this (munged enforces each one's own TTL). At
+    # most the TTL the clients give theirs (cred_binding.CLIENT_TTL_S, 60 s): a longer-lived
+    # credential is none of theirs (Slurm's own live 300 s).
+    max_ttl_s: int = CLIENT_TTL_S
     # The cluster's node and controller addresses (a credential's origin must be one) are
     # re-read from Slurm after this long, and on an unknown origin at most every
     # address_refresh_min_s.
@@ -83,8 +86,9 @@ class TlsConfig:
 
 def auth_errors(auth: AuthConfig) -> list[str]:
     errors = []
-    if auth.max_ttl_s < 1:
-        errors.append("auth.max_ttl_s must be >= 1")
+    if not 1 <= auth.max_ttl_s <= CLIENT_TTL_S:
+        errors.append(f"auth.max_ttl_s must be between 1 and {CLIENT_TTL_S} (the TTL swapaware's clients give "
+                      f"their MUNGE credentials)")
     if auth.address_cache_s <= 0:
         errors.append("auth.address_cache_s must be > 0")
     if auth.address_refresh_min_s < 0:

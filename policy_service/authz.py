@@ -46,6 +46,7 @@ class Caller:
     addr: str = ""  # MUNGE: IPv4 address of the host whose munged encoded the credential
     token: bool = False  # presented the hooks' token, and it is accepted
     problem: str = ""  # a credential or token was presented and refused: why
+    refused: str = ""  # a MUNGE credential was refused: why, as a metric label (access.Authorizer.identify)
 
     @classmethod
     def peer(cls, uid: int | None, gid: int | None = None) -> "Caller":

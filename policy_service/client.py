@@ -1,22 +1,38 @@
 """gRPC client of the policy service, with a deadline on every call; optionally TLS, the hooks'
 token and a fresh MUNGE credential on every call (a credential decodes once: munged keeps a
-replay cache)."""
+replay cache), bound to that call's method and request (policy_service/cred_binding.py).
+
+Every gRPC client of the project (hooks, node agent, ``swapaware explain``, ``replay-spool``)
+calls through ``PolicyClient.call``: it serialises the request once, makes the credential for
+those bytes and sends those bytes."""
 from __future__ import annotations
 
 import logging
 
 import grpc
 
-from policy_service import munge
+from policy_service import cred_binding, munge
 from policy_service.auth_config import plaintext_token_error
 from policy_service.config import ConfigError
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service._generated.swapaware.v1 import policy_pb2_grpc
 
 log = logging.getLogger("swapaware.client")
 MUNGE_METADATA = "x-swapaware-munge"  # the service reads a credential here (policy_service.access)
-MUNGE_TTL_S = 60  # each credential is used at once, and once
+MUNGE_TTL_S = cred_binding.CLIENT_TTL_S  # each credential is used at once, and once
+SERVICE = "swapaware.v1.PolicyService"
+_METHODS = pb.DESCRIPTOR.services_by_name["PolicyService"].methods_by_name
+
+
+def method_path(method: str) -> str:
+    """The full gRPC name of an RPC of the policy service ('Admit' -> '/swapaware.v1.PolicyService/Admit')."""
+    return f"/{SERVICE}/{method}"
+
+
+def serialised(request) -> bytes:
+    """A request's bytes on the wire: deterministic, so a credential's digest is of what is sent."""
+    return request.SerializeToString(deterministic=True)
+
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
@@ -37,15 +53,21 @@ class PolicyClient:
         options = [("grpc.enable_retries", 0)]
         self._channel = (grpc.secure_channel(address, tls, options=options) if tls is not None
                          else grpc.insecure_channel(address, options=options))
-        self._stub = policy_pb2_grpc.PolicyServiceStub(self._channel)
+        # Requests go as bytes (serialised here, see call); replies are parsed by their type.
+        self._calls = {name: self._channel.unary_unary(method_path(name), request_serializer=None,
+                                                       response_deserializer=getattr(pb, m.output_type.name).FromString)
+                       for name, m in _METHODS.items()}
 
-    def metadata(self) -> tuple[tuple[str, str], ...] | None:
-        """The metadata of one call: the token, and a credential made now. A credential that cannot
-        be made (munged down) is left out and logged: the service then says what it needs."""
+    def metadata(self, method: str = "", raw: bytes = b"") -> tuple[tuple[str, str], ...] | None:
+        """The metadata of one call of ``method`` (full gRPC name) with the serialised request
+        ``raw``: the token, and a credential made now whose payload binds it to them (none without
+        a method). A credential that cannot be made (munged down) is left out and logged: the
+        service then says what it needs."""
         md = self._metadata
-        if self._munge_socket is not None:
+        if self._munge_socket is not None and method:
             try:
-                md = md + ((MUNGE_METADATA, munge.encode(socket=self._munge_socket, ttl=MUNGE_TTL_S)),)
+                cred = munge.encode(cred_binding.payload(method, raw), socket=self._munge_socket, ttl=MUNGE_TTL_S)
+                md = md + ((MUNGE_METADATA, cred),)
             except munge.MungeError as exc:
                 log.warning("no MUNGE credential for this call: %s", exc)
         return md or None
@@ -61,7 +83,8 @@ class PolicyClient:
 
     def call(self, method: str, request):
         """Call an RPC by its proto name ('Admit', 'JobFinished', ...)."""
-        return getattr(self._stub, method)(request, timeout=self.deadline_s, metadata=self.metadata())
+        raw = serialised(request)
+        return self._calls[method](raw, timeout=self.deadline_s, metadata=self.metadata(method_path(method), raw))
 
     def admit(self, job: pb.JobFacts, dry_run: bool = False) -> pb.AdmitResponse:
         return self.call("Admit", pb.AdmitRequest(job=job, dry_run=dry_run))

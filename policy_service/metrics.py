@@ -13,6 +13,11 @@ Every series has bounded labels (actions, reason codes, modes and transports are
   swapaware_events_refused_total{why}             hook events refused, never applied: a value out of
                                                   range (policy_service/event_bounds.py) or a field
                                                   missing or too large
+  swapaware_credentials_refused_total{why}        MUNGE credentials refused on gRPC: a payload that does
+                                                  not bind it to its request (empty_payload,
+                                                  foreign_payload, other_method, other_request), a TTL
+                                                  over auth.max_ttl_s (over_ttl), or munged's verdict
+                                                  (cred_replayed, cred_expired, cred_invalid, ...)
   swapaware_queue_snapshot_age_seconds            age of the pending-queue snapshot (-1: none yet)
   swapaware_history_bytes                         size of the history (database + WAL + journal)
   swapaware_decisions_waiting                     decisions journaled, not yet in the history
@@ -54,6 +59,8 @@ class ServiceMetrics:
         self.ooms = Counter("swapaware_ooms", "Runs judged out of GPU memory", ("shared",), registry=r)
         self.events_refused = Counter("swapaware_events_refused", "Hook events refused (never applied), by what "
                                       "was wrong with them", ("why",), registry=r)
+        self.credentials_refused = Counter("swapaware_credentials_refused", "MUNGE credentials refused on "
+                                           "gRPC, by why", ("why",), registry=r)
         self.queue_age = Gauge("swapaware_queue_snapshot_age_seconds", "Age of the pending-queue snapshot "
                                "(-1: none)", registry=r)
         self.history_bytes = Gauge("swapaware_history_bytes", "Size of the history: database, WAL and journal",

@@ -7,19 +7,21 @@ import logging
 import socket
 import time
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service._generated.swapaware.v1 import policy_pb2_grpc
 from policy_service.access import AccessUnavailable, Authorizer
 from policy_service.authz import credential_verdict
+from policy_service.client import SERVICE, method_path
 from policy_service.handler import HandlerError, Method, PolicyHandler
 from policy_service.config import split_host_port
 from policy_service.limits import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = "swapaware.v1.PolicyService"
 
 
 # Events feed the model. With an Authorizer (the service always has one) the caller is identified
@@ -34,13 +36,28 @@ def authorized(metadata, token: str | None) -> bool:
     return any(k == "authorization" and hmac.compare_digest(str(v).encode(), expected) for k, v in metadata or ())
 
 
+@dataclass(frozen=True)
+class Received:
+    """A request and its bytes as they arrived (a MUNGE credential is bound to those bytes:
+    policy_service/cred_binding.py)."""
+
+    message: object
+    raw: bytes
+
+
+def _keeping_bytes(message_type):
+    def parse(raw: bytes) -> Received:
+        return Received(message_type.FromString(raw), bytes(raw))
+    return parse
+
+
 class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
     def __init__(self, handler: PolicyHandler, token: str | None = None, authorizer: Authorizer | None = None):
         self._handler = handler
         self._token = token
         self._authorizer = authorizer
 
-    def _caller(self, method: Method, context: grpc.ServicerContext):
+    def _caller(self, method: Method, raw: bytes, context: grpc.ServicerContext):
         """Who calls, once the checks that come before the handler passed (else the call is aborted)."""
         name = method.value[0]
         if self._authorizer is None:
@@ -48,10 +65,12 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{name} needs the hooks' token")
             return None
         try:
-            caller = self._authorizer.identify(context.invocation_metadata())
+            caller = self._authorizer.identify(context.invocation_metadata(), method_path(name), raw)
         except AccessUnavailable as exc:
             log.error("%s from %s: %s", name, context.peer(), exc)
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        if caller.refused:
+            self._handler.metrics.credentials_refused.labels(why=caller.refused).inc()
         verdict = credential_verdict(caller)
         if verdict.allowed and method.is_event:
             verdict = self._authorizer.events(name, caller)
@@ -60,10 +79,10 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
             context.abort(verdict.code, verdict.reason)
         return caller
 
-    def _call(self, method: Method, request, context: grpc.ServicerContext):
-        caller = self._caller(method, context)
+    def _call(self, method: Method, received: Received, context: grpc.ServicerContext):
+        caller = self._caller(method, received.raw, context)
         try:
-            return method.call(self._handler, request, caller)
+            return method.call(self._handler, received.message, caller)
         except HandlerError as exc:
             context.abort(exc.code, exc.message)
         except Exception:
@@ -129,6 +148,17 @@ def bind_failure(address: str, grpc_said: str) -> OSError:
     return OSError(code, f"cannot bind gRPC address {address}: {detail}")
 
 
+def add_servicer(servicer: PolicyServicer, server: grpc.Server) -> None:
+    """``add_PolicyServiceServicer_to_server``, but each method's handler gets the request's bytes
+    as they arrived beside the parsed message (``Received``)."""
+    handlers = {}
+    for name, m in pb.DESCRIPTOR.services_by_name["PolicyService"].methods_by_name.items():
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name), request_deserializer=_keeping_bytes(getattr(pb, m.input_type.name)),
+            response_serializer=getattr(pb, m.output_type.name).SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+
 def start_grpc(handler: PolicyHandler, address: str, max_workers: int, token: str | None = None,
                authorizer: Authorizer | None = None, credentials: grpc.ServerCredentials | None = None,
                ) -> tuple[grpc.Server, int, health.HealthServicer]:
@@ -137,7 +167,7 @@ def start_grpc(handler: PolicyHandler, address: str, max_workers: int, token: st
     process holds the port: EADDRINUSE)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                          options=SERVER_OPTIONS)
-    policy_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(handler, token, authorizer), server)
+    add_servicer(PolicyServicer(handler, token, authorizer), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
@@ -152,6 +182,6 @@ def start_grpc(handler: PolicyHandler, address: str, max_workers: int, token: st
         log.error("%s", error.strerror)
         raise error
     server.start()
-    for name in ("", SERVICE_NAME):
+    for name in ("", SERVICE):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port, health_servicer

@@ -14,15 +14,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import grpc
 import pytest
 
-from policy_service import munge
+from policy_service import cred_binding, munge
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service._generated.swapaware.v1 import policy_pb2_grpc
-from policy_service.client import MUNGE_METADATA, PolicyClient
+from policy_service.client import MUNGE_METADATA, PolicyClient, method_path, serialised
 from policy_service.config import ConfigError, load_config
 from policy_service.server import start_service
 from slurm_plugin import hooks
@@ -181,13 +180,35 @@ def munge_service(munge_env, slurm_jobs):
     svc.stop(0)
 
 
-def call(svc, method: str, request, cred: str | None = None, timeout_s: float = 5.0):
+Maker = Callable[[str, object], str]  # (method, request) -> a credential for that call
+
+
+def made_by(sock: Path, uid: int = 0, gid: int = 0, ttl: int = 60) -> Maker:
+    """Credentials made as swapaware's clients make them (bound to their call), as ``uid``
+    through the munged at ``sock``."""
+    def make(method: str, request) -> str:
+        payload = cred_binding.payload(method_path(method), serialised(request))
+        encode = lambda: munge.encode(payload, socket=str(sock), ttl=ttl)  # noqa: E731
+        return run_as(uid, gid, encode) if uid else encode()
+    return make
+
+
+def call_raw(svc, method: str, raw: bytes, cred: str | None = None, timeout_s: float = 5.0):
+    """Call ``method`` with the request bytes ``raw`` as they are, and ``cred``."""
+    reply = getattr(pb, pb.DESCRIPTOR.services_by_name["PolicyService"].methods_by_name[method].output_type.name)
     with grpc.insecure_channel(f"127.0.0.1:{svc.grpc_port}") as channel:
-        stub = policy_pb2_grpc.PolicyServiceStub(channel)
-        return getattr(stub, method)(request, timeout=timeout_s, metadata=((MUNGE_METADATA, cred),) if cred else None)
+        rpc = channel.unary_unary(method_path(method), request_serializer=None, response_deserializer=reply.FromString)
+        return rpc(raw, timeout=timeout_s, metadata=((MUNGE_METADATA, cred),) if cred else None)
 
 
-def refused(svc, method: str, request, cred: str | None) -> grpc.RpcError:
+def call(svc, method: str, request, cred: str | Maker | None = None, timeout_s: float = 5.0):
+    """Call ``method``; ``cred``: a credential, or a maker of one for this call."""
+    if callable(cred):
+        cred = cred(method, request)
+    return call_raw(svc, method, serialised(request), cred, timeout_s)
+
+
+def refused(svc, method: str, request, cred: str | Maker | None) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as err:
         call(svc, method, request, cred)
     return err.value
@@ -209,12 +230,12 @@ def test_munge_on_needs_munged(munge_env, slurm_jobs, munge_dir):
 
 def test_events_from_root_and_slurmuser_on_a_node_once_each(munge_service, munged):
     svc = munge_service
-    cred = munge.encode(socket=str(munged.socket))
+    cred = made_by(munged.socket)("JobFinished", finish(1))
     assert call(svc, "JobFinished", finish(1), cred).applied
     err = refused(svc, "JobFinished", finish(2), cred)  # the same credential again: munged's replay cache
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "CRED_REPLAYED" in err.details()
-    assert call(svc, "JobFinished", finish(3), cred_as(SLURM_UID, SLURM_UID, munged.socket)).applied
+    assert call(svc, "JobFinished", finish(3), made_by(munged.socket, SLURM_UID, SLURM_UID)).applied
     # the client makes a fresh credential for every call
     with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0, munge_socket=str(munged.socket)) as c:
         assert c.call("JobFinished", finish(4)).applied
@@ -225,18 +246,18 @@ def test_events_from_root_and_slurmuser_on_a_node_once_each(munge_service, munge
 
 def test_events_from_a_user_or_without_a_good_credential_are_refused(munge_service, munged, other_munged):
     svc = munge_service
-    err = refused(svc, "JobFinished", finish(1), cred_as(NOBODY, NOBODY, munged.socket))
+    err = refused(svc, "JobFinished", finish(1), made_by(munged.socket, NOBODY, NOBODY))
     assert err.code() == grpc.StatusCode.PERMISSION_DENIED
     assert f"MUNGE uid {NOBODY}" in err.details() and "neither root nor SlurmUser (uid 64030)" in err.details()
     err = refused(svc, "ReportEvents", pb.ReportEventsRequest(), None)
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "needs a MUNGE credential" in err.details()
-    err = refused(svc, "JobFinished", finish(2), munge.encode(socket=str(other_munged.socket)))
+    err = refused(svc, "JobFinished", finish(2), made_by(other_munged.socket))
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "CRED_INVALID" in err.details()
-    err = refused(svc, "JobFinished", finish(3), munge.encode(socket=str(munged.socket), ttl=600))
-    assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "more than auth.max_ttl_s = 300" in err.details()
-    cred = munge.encode(socket=str(munged.socket), ttl=1)
-    made_by = time.time()
-    wait_for(lambda: expired(made_by, 1), 10, "the credential's TTL to pass")
+    err = refused(svc, "JobFinished", finish(3), made_by(munged.socket, ttl=120))
+    assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "made to live 120 s, more than auth.max_ttl_s = 60" in err.details()
+    cred = made_by(munged.socket, ttl=1)("JobFinished", finish(4))
+    made_at = time.time()
+    wait_for(lambda: expired(made_at, 1), 10, "the credential's TTL to pass")
     err = refused(svc, "JobFinished", finish(4), cred)
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "CRED_EXPIRED" in err.details()
     assert observed(svc) == []
@@ -246,13 +267,13 @@ def test_root_on_a_host_slurm_does_not_list_is_refused_until_it_does(munge_servi
     svc = munge_service
     slurm_jobs.nodes_text = "NodeName=gpu01 NodeAddr=10.255.0.7 NodeHostName=gpu01 State=IDLE\n"
     slurm_jobs.config_text = "SlurmctldHost[0] = ctl(10.255.0.1)\nSlurmUser = slurm(64030)\n"
-    err = refused(svc, "JobFinished", finish(1), munge.encode(socket=str(munged.socket)))
+    err = refused(svc, "JobFinished", finish(1), made_by(munged.socket))
     assert err.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "127.0.0.1 is not a node or controller of this cluster" in err.details()
     slurm_jobs.nodes_text += "NodeName=node1 NodeAddr=127.0.0.1 NodeHostName=localhost State=IDLE\n"  # node added
-    assert call(svc, "JobFinished", finish(2), munge.encode(socket=str(munged.socket))).applied
+    assert call(svc, "JobFinished", finish(2), made_by(munged.socket)).applied
     slurm_jobs.hosts_failure = "scontrol: error: Unable to contact slurm controller"  # what is known stays known
-    assert call(svc, "JobFinished", finish(3), munge.encode(socket=str(munged.socket))).applied
+    assert call(svc, "JobFinished", finish(3), made_by(munged.socket)).applied
     assert observed(svc) == [2, 3]
 
 
@@ -262,7 +283,7 @@ def test_events_are_unavailable_while_munged_is_down(service_env, slurm_jobs, mu
         env = {**service_env, "SWAPAWARE_AUTH__MUNGE": "on", "SWAPAWARE_AUTH__MUNGE_SOCKET": str(own.socket)}
         svc = start_service(load_config(env=env), slurm=slurm_jobs)
         try:
-            cred = munge.encode(socket=str(own.socket))
+            cred = made_by(own.socket)("JobFinished", finish(1))
             own.stop()
             err = refused(svc, "JobFinished", finish(1), cred)
             assert err.code() == grpc.StatusCode.UNAVAILABLE
@@ -289,15 +310,15 @@ def reason_codes(decision) -> list[str]:
 def test_admit_is_recorded_only_from_root_or_slurmuser_on_the_controller(munge_service, munged, slurm_jobs):
     svc = munge_service
     admit = pb.AdmitRequest(job=FACTS)
-    recorded = call(svc, "Admit", admit, munge.encode(socket=str(munged.socket))).decision
-    by_slurm = call(svc, "Admit", admit, cred_as(SLURM_UID, SLURM_UID, munged.socket)).decision
-    by_user = call(svc, "Admit", admit, cred_as(NOBODY, NOBODY, munged.socket)).decision
+    recorded = call(svc, "Admit", admit, made_by(munged.socket)).decision
+    by_slurm = call(svc, "Admit", admit, made_by(munged.socket, SLURM_UID, SLURM_UID)).decision
+    by_user = call(svc, "Admit", admit, made_by(munged.socket, NOBODY, NOBODY)).decision
     anonymous = call(svc, "Admit", admit).decision
     assert "dry_run_not_slurmctld" not in reason_codes(recorded) + reason_codes(by_slurm)
     for d in (by_user, anonymous):
         assert "dry_run_not_slurmctld" in reason_codes(d)
     assert "neither root nor SlurmUser" in [r.message for r in by_user.reasons if r.code == "dry_run_not_slurmctld"][0]
-    replayed = munge.encode(socket=str(munged.socket))
+    replayed = made_by(munged.socket)("Admit", admit)
     munge.decode(replayed, socket=str(munged.socket))
     err = refused(svc, "Admit", admit, replayed)
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED  # a refused credential is refused, not a dry run
@@ -311,10 +332,10 @@ def test_admit_is_recorded_only_from_root_or_slurmuser_on_the_controller(munge_s
 def test_admit_from_root_on_a_node_that_is_not_the_controller_is_a_dry_run(munge_service, munged, slurm_jobs):
     svc = munge_service
     slurm_jobs.config_text = "SlurmctldHost[0] = ctl(10.255.0.1)\nSlurmUser = slurm(64030)\n"  # read at first use
-    d = call(svc, "Admit", pb.AdmitRequest(job=FACTS), munge.encode(socket=str(munged.socket))).decision
+    d = call(svc, "Admit", pb.AdmitRequest(job=FACTS), made_by(munged.socket)).decision
     assert "127.0.0.1 is not a controller (SlurmctldHost) of this cluster" in " ".join(r.message for r in d.reasons)
     assert "dry_run_not_slurmctld" in reason_codes(d)
-    assert call(svc, "JobFinished", finish(1), munge.encode(socket=str(munged.socket))).applied  # a node's events
+    assert call(svc, "JobFinished", finish(1), made_by(munged.socket)).applied  # a node's events
     svc.handler.flush()
     assert svc.store.decision(d.decision_id) is None
 
@@ -329,21 +350,21 @@ def test_explain_own_job_not_anothers_unless_operator_or_admin_group(munge_env, 
             return d["decisionId"]
 
         mine, theirs = record("nobody", NOBODY), record("alice", 4321)
-        nobody = lambda: cred_as(NOBODY, NOBODY, munged.socket)  # noqa: E731
-        got = call(svc, "Explain", pb.ExplainRequest(decision_id=mine), nobody())
+        nobody = made_by(munged.socket, NOBODY, NOBODY)
+        got = call(svc, "Explain", pb.ExplainRequest(decision_id=mine), nobody)
         assert got.decision.decision_id == mine and got.job.user == "nobody"
-        err = refused(svc, "Explain", pb.ExplainRequest(decision_id=theirs), nobody())
+        err = refused(svc, "Explain", pb.ExplainRequest(decision_id=theirs), nobody)
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED
         assert f"this job belongs to another user; you are uid {NOBODY} (nobody)" in err.details()
         err = refused(svc, "Explain", pb.ExplainRequest(decision_id=theirs), None)
         assert err.code() == grpc.StatusCode.UNAUTHENTICATED
         # a what-if is open to all
-        assert call(svc, "Explain", pb.ExplainRequest(job=FACTS), nobody()).decision.action
+        assert call(svc, "Explain", pb.ExplainRequest(job=FACTS), nobody).decision.action
         # root, SlurmUser and a Slurm operator see every job
-        for cred in (munge.encode(socket=str(munged.socket)), cred_as(SLURM_UID, SLURM_UID, munged.socket)):
+        for cred in (made_by(munged.socket), made_by(munged.socket, SLURM_UID, SLURM_UID)):
             assert call(svc, "Explain", pb.ExplainRequest(decision_id=theirs), cred).decision.decision_id == theirs
         slurm_jobs.admin_levels["nobody"] = "Operator"
-        assert call(svc, "Explain", pb.ExplainRequest(decision_id=theirs), nobody()).decision.decision_id == theirs
+        assert call(svc, "Explain", pb.ExplainRequest(decision_id=theirs), nobody).decision.decision_id == theirs
     finally:
         svc.stop(0)
 
@@ -356,9 +377,9 @@ def test_explain_by_the_admin_group(munge_env, slurm_jobs, munged):
     try:
         theirs = socket_call(svc.socket_path, {"method": "Admit", "request": {"job": {
             "user": "alice", "uid": 4321, "tresPerNode": "gres:gpu:1"}}})["response"]["decision"]["decisionId"]
-        got = call(svc, "Explain", pb.ExplainRequest(decision_id=theirs), cred_as(NOBODY, NOBODY, munged.socket))
+        got = call(svc, "Explain", pb.ExplainRequest(decision_id=theirs), made_by(munged.socket, NOBODY, NOBODY))
         assert got.decision.decision_id == theirs
-        err = refused(svc, "Explain", pb.ExplainRequest(decision_id=theirs), cred_as(4322, 4322, munged.socket))
+        err = refused(svc, "Explain", pb.ExplainRequest(decision_id=theirs), made_by(munged.socket, 4322, 4322))
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED
     finally:
         svc.stop(0)
