@@ -147,8 +147,10 @@ class EstimatorConfig:
     oom_charge_frac: float = 0.95
     # Wider keys (account, partition) are only used with at least this many samples.
     wide_key_min_samples: int = 5
-    # Minimum samples for the exact class / user+name keys.
-    min_samples: int = 1
+    # Minimum samples for the exact class / user+name keys. 3 and quantile_floor_frac 0.55: the
+    # point of the measured operating curve with the most GPU-hours saved less lost to requeues
+    # among those with <= 1 % of shared runs requeued (bench/operating_curve.py, docs/model.md).
+    min_samples: int = 3
     # Quantile margin (docs/model.md, estimator): a class keeps its last recent_runs runs' ratios
     # peak / point estimate; with at least quantile_min_runs of them the charge is the point
     # estimate times the conformal margin_quantile of those ratios (the ceil((n+1)q)-th smallest,
@@ -157,7 +159,7 @@ class EstimatorConfig:
     recent_runs: int = 24
     quantile_min_runs: int = 4
     margin_quantile: float = 0.95
-    quantile_floor_frac: float = 0.35
+    quantile_floor_frac: float = 0.55
     # Each run that did not over-run its charge divides the OOM margin multiplier by this
     # (never below 1): the penalty fades after the class is sized right again. 1: never fades.
     margin_multiplier_decay: float = 1.25

@@ -150,6 +150,8 @@ def service_env(tmp_path: Path) -> dict[str, str]:
         "SWAPAWARE_POLICY__SHARE_MIN_QUEUE": "0",
         "SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE": "0",
         "SWAPAWARE_POLICY__REDECIDE_PENDING": "false",
+        # A class shares from its second run (the default, 3, has its own test in test_estimator.py).
+        "SWAPAWARE_ESTIMATOR__MIN_SAMPLES": "1",
         # The dev stack's release (the tests spell GRES as 22.05 does); never ask this host's scontrol.
         "SWAPAWARE_SERVICE__SLURM_RELEASE": "22.05",
         # No MUNGE unless a test starts its own munged (test_munge.py): "auto" would turn it on

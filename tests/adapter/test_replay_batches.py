@@ -10,7 +10,7 @@ import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service._generated.swapaware.v1 import policy_pb2_grpc
-from policy_service.adapters.grpc_server import PolicyServicer
+from policy_service.adapters.grpc_server import PolicyServicer, add_servicer
 from policy_service.client import PolicyClient
 from policy_service.limits import MAX_REQUEST_BYTES
 from slurm_plugin import spool
@@ -25,7 +25,7 @@ class OlderServicer(PolicyServicer):
 @pytest.fixture
 def older_client(service):
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    policy_pb2_grpc.add_PolicyServiceServicer_to_server(OlderServicer(service.handler), server)
+    add_servicer(OlderServicer(service.handler), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:

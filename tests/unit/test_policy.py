@@ -5,13 +5,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy_service.config import AccessClass, Config, GpuConfig, PolicyConfig, WholeGpuAsShards
+from policy_service.config import AccessClass, Config, EstimatorConfig, GpuConfig, PolicyConfig, WholeGpuAsShards
 from policy_service.core import estimator, policy
 from policy_service.core.request import history_keys, job_request
 from policy_service.core.types import Action, ClassStats, JobObservation, KeyLevel, ReasonCode
 
 GIB = 1024**3
-CFG = Config(gpu=GpuConfig(memory_bytes=80 * GIB, shards_per_gpu=8))  # 10 GiB shards
+CFG = Config(gpu=GpuConfig(memory_bytes=80 * GIB, shards_per_gpu=8),  # 10 GiB shards
+             estimator=EstimatorConfig(min_samples=1))  # decisions from one run on (the default waits for 3)
 
 
 def make(fields=None, nodes=1, comment="", tasks=1):

@@ -253,7 +253,8 @@ def test_offered_load_matches_the_request():
 def test_pending_job_kept_whole_is_redecided_once_its_class_is_learned(on):
     """7 long fillers keep 7 of the 8 GPUs; A, B, C (one class) queue for the eighth. When A ends
     B takes the GPU; C, still pending, is re-decided (policy.redecide_pending) to shards."""
-    cfg = replace(CFG, policy=replace(CFG.policy, redecide_pending=on))
+    # The class is learned from one run (estimator.min_samples 1; the default waits for 3).
+    cfg = replace(CFG, policy=replace(CFG.policy, redecide_pending=on), estimator=replace(CFG.estimator, min_samples=1))
     jobs = [job(i, 0.0, 1000.0, cls=100 + i) for i in range(7)]
     jobs += [job(7, 0.5, 100.0, cls=1, milli=250), job(8, 1.0, 100.0, cls=1, milli=250),
              job(9, 2.0, 100.0, cls=1, milli=250)]
