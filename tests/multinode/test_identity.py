@@ -1,6 +1,8 @@
 """Identity the Slurm way, attacked on the multi-node cluster as a local user or a node would:
-credentials are made by each host's real munged (``munge -n`` run as that user), sent to the
-service's gRPC port as any client could. Each attack fails cleanly and leaves no trace in the
+credentials are made by each host's real munged (``munge`` run as that user, with the payload
+that binds them to their call as swapaware's clients make it), sent to the service's gRPC port as
+any client could; credentials Slurm itself minted, captured as a user's ``srun`` receives them,
+are refused at every method. Each attack fails cleanly and leaves no trace in the
 history: a forged Admit is a dry run, another user's job cannot be explained, events need a fresh
 credential from root on a node, oversize fields are refused, a history the service does not own
 stops it from starting."""
@@ -9,12 +11,14 @@ from __future__ import annotations
 import os
 import tomllib
 import uuid
+from typing import Callable
 
 import grpc
 import pytest
 
+from policy_service import cred_binding
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service._generated.swapaware.v1 import policy_pb2_grpc
+from policy_service.client import method_path, serialised
 from tests.adapter.conftest import socket_call
 from tests.slurm_stack import decision_of, job_field
 from tests.waiting import wait_for
@@ -27,20 +31,33 @@ def config(cluster) -> dict:
     return tomllib.loads((cluster.state / "etc" / "swapaware.toml").read_text())
 
 
-def credential(cluster, user: str, node: str | None = None) -> str:
-    """A MUNGE credential made by ``user`` through the munged of ``node`` (None: the controller)."""
-    argv = ("runuser", "-u", user, "--", "munge", "-n", "-S", str(cluster.state / "node" / "munge" / "munge.socket.2"))
-    r = cluster.node(node, *argv) if node else cluster.run(*argv)
-    return r.stdout.strip()
+Maker = Callable[[str, object], str]  # (method, request) -> a credential for that call
 
 
-def call(cluster, method: str, request, cred: str | None = None):
+def credential(cluster, user: str, node: str | None = None) -> Maker:
+    """A maker of MUNGE credentials by ``user`` through the munged of ``node`` (None: the
+    controller), each bound to its call as swapaware's clients bind theirs."""
+    def make(method: str, request) -> str:
+        payload = cred_binding.payload(method_path(method), serialised(request)).decode()
+        argv = ("runuser", "-u", user, "--", "munge", "-s", payload, "-t", str(cred_binding.CLIENT_TTL_S),
+                "-S", str(cluster.state / "node" / "munge" / "munge.socket.2"))
+        r = cluster.node(node, *argv) if node else cluster.run(*argv)
+        return r.stdout.strip()
+    return make
+
+
+def call(cluster, method: str, request, cred: str | Maker | None = None):
+    """Call ``method``; ``cred``: a credential, or a maker of one for this call."""
+    if callable(cred):
+        cred = cred(method, request)
+    reply = getattr(pb, pb.DESCRIPTOR.services_by_name["PolicyService"].methods_by_name[method].output_type.name)
     with grpc.insecure_channel(config(cluster)["service"]["grpc_address"]) as channel:
-        stub = policy_pb2_grpc.PolicyServiceStub(channel)
-        return getattr(stub, method)(request, timeout=15, metadata=((MUNGE_METADATA, cred),) if cred else None)
+        rpc = channel.unary_unary(method_path(method), request_serializer=serialised,
+                                  response_deserializer=reply.FromString)
+        return rpc(request, timeout=15, metadata=((MUNGE_METADATA, cred),) if cred else None)
 
 
-def refused(cluster, method: str, request, cred: str | None) -> grpc.RpcError:
+def refused(cluster, method: str, request, cred: str | Maker | None) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as err:
         call(cluster, method, request, cred)
     return err.value
@@ -111,7 +128,7 @@ def test_events_need_a_fresh_credential_of_root_on_a_cluster_node(cluster):
     batch = pb.ReportEventsRequest(events=[pb.JobEvent(finished=finished("batch"))])
     assert refused(cluster, "ReportEvents", batch, credential(cluster, NOBODY, "node2")).code() == \
         grpc.StatusCode.PERMISSION_DENIED
-    cred = credential(cluster, "root", "node1")
+    cred = credential(cluster, "root", "node1")("JobFinished", finished("root"))
     assert call(cluster, "JobFinished", finished("root"), cred).applied
     err = refused(cluster, "JobFinished", finished("replayed"), cred)  # the same credential again
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "replay" in err.details().lower(), err.details()
