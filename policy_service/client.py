@@ -22,11 +22,18 @@ MUNGE_METADATA = "x-swapaware-munge"  # the service reads a credential here (pol
 MUNGE_TTL_S = cred_binding.CLIENT_TTL_S  # each credential is used at once, and once
 SERVICE = "swapaware.v1.PolicyService"
 _METHODS = pb.DESCRIPTOR.services_by_name["PolicyService"].methods_by_name
+METHODS = tuple(_METHODS)  # the RPCs' proto names: Admit, JobStarted, ...
 
 
 def method_path(method: str) -> str:
     """The full gRPC name of an RPC of the policy service ('Admit' -> '/swapaware.v1.PolicyService/Admit')."""
     return f"/{SERVICE}/{method}"
+
+
+def message_types(method: str) -> tuple[type, type]:
+    """(request, reply) message classes of an RPC of the policy service, by its proto name."""
+    m = _METHODS[method]
+    return getattr(pb, m.input_type.name), getattr(pb, m.output_type.name)
 
 
 def serialised(request) -> bytes:
@@ -55,8 +62,8 @@ class PolicyClient:
                          else grpc.insecure_channel(address, options=options))
         # Requests go as bytes (serialised here, see call); replies are parsed by their type.
         self._calls = {name: self._channel.unary_unary(method_path(name), request_serializer=None,
-                                                       response_deserializer=getattr(pb, m.output_type.name).FromString)
-                       for name, m in _METHODS.items()}
+                                                       response_deserializer=message_types(name)[1].FromString)
+                       for name in _METHODS}
 
     def metadata(self, method: str = "", raw: bytes = b"") -> tuple[tuple[str, str], ...] | None:
         """The metadata of one call of ``method`` (full gRPC name) with the serialised request

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service._generated.swapaware.v1 import policy_pb2_grpc
 from policy_service.access import AccessUnavailable, Authorizer
 from policy_service.authz import credential_verdict
-from policy_service.client import SERVICE, method_path
+from policy_service.client import METHODS, SERVICE, message_types, method_path
 from policy_service.handler import HandlerError, Method, PolicyHandler
 from policy_service.config import split_host_port
 from policy_service.limits import MAX_REQUEST_BYTES
@@ -152,10 +151,11 @@ def add_servicer(servicer: PolicyServicer, server: grpc.Server) -> None:
     """``add_PolicyServiceServicer_to_server``, but each method's handler gets the request's bytes
     as they arrived beside the parsed message (``Received``)."""
     handlers = {}
-    for name, m in pb.DESCRIPTOR.services_by_name["PolicyService"].methods_by_name.items():
+    for name in METHODS:
+        request, reply = message_types(name)
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, name), request_deserializer=_keeping_bytes(getattr(pb, m.input_type.name)),
-            response_serializer=getattr(pb, m.output_type.name).SerializeToString)
+            getattr(servicer, name), request_deserializer=_keeping_bytes(request),
+            response_serializer=reply.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 

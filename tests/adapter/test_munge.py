@@ -21,7 +21,7 @@ import pytest
 
 from policy_service import cred_binding, munge
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import MUNGE_METADATA, PolicyClient, method_path, serialised
+from policy_service.client import MUNGE_METADATA, PolicyClient, message_types, method_path, serialised
 from policy_service.config import ConfigError, load_config
 from policy_service.server import start_service
 from slurm_plugin import hooks
@@ -195,9 +195,9 @@ def made_by(sock: Path, uid: int = 0, gid: int = 0, ttl: int = 60) -> Maker:
 
 def call_raw(svc, method: str, raw: bytes, cred: str | None = None, timeout_s: float = 5.0):
     """Call ``method`` with the request bytes ``raw`` as they are, and ``cred``."""
-    reply = getattr(pb, pb.DESCRIPTOR.services_by_name["PolicyService"].methods_by_name[method].output_type.name)
     with grpc.insecure_channel(f"127.0.0.1:{svc.grpc_port}") as channel:
-        rpc = channel.unary_unary(method_path(method), request_serializer=None, response_deserializer=reply.FromString)
+        rpc = channel.unary_unary(method_path(method), request_serializer=None,
+                                  response_deserializer=message_types(method)[1].FromString)
         return rpc(raw, timeout=timeout_s, metadata=((MUNGE_METADATA, cred),) if cred else None)
 
 

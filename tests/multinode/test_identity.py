@@ -18,12 +18,11 @@ import pytest
 
 from policy_service import cred_binding
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import method_path, serialised
+from policy_service.client import MUNGE_METADATA, message_types, method_path, serialised
 from tests.adapter.conftest import socket_call
 from tests.slurm_stack import decision_of, job_field
 from tests.waiting import wait_for
 
-MUNGE_METADATA = "x-swapaware-munge"
 NOBODY = "nobody"
 
 
@@ -50,10 +49,9 @@ def call(cluster, method: str, request, cred: str | Maker | None = None):
     """Call ``method``; ``cred``: a credential, or a maker of one for this call."""
     if callable(cred):
         cred = cred(method, request)
-    reply = getattr(pb, pb.DESCRIPTOR.services_by_name["PolicyService"].methods_by_name[method].output_type.name)
     with grpc.insecure_channel(config(cluster)["service"]["grpc_address"]) as channel:
         rpc = channel.unary_unary(method_path(method), request_serializer=serialised,
-                                  response_deserializer=reply.FromString)
+                                  response_deserializer=message_types(method)[1].FromString)
         return rpc(request, timeout=15, metadata=((MUNGE_METADATA, cred),) if cred else None)
 
 
