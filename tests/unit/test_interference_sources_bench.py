@@ -1,26 +1,13 @@
 """bench/interference_sources.py's arithmetic: the mean over seeds, the halves and the fits table,
 on hand-computed cases."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from policy_service.sim.colocation import PairSource
 from policy_service.sim.interference_fit import KneeParams, PairObs, knee_slowdown
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from .bench_loader import load_bench
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load("interference_sources")
+bench = load_bench("interference_sources")
 
 
 def _row(jct, shared, reasons):

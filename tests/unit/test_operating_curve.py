@@ -1,27 +1,15 @@
 """bench/operating_curve.py's arithmetic (GPU-hours saved and lost, requeued fraction, the chosen
 point) and bench/real_trace.py's replay at the shards' cap, on hand-computed cases."""
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 from policy_service.config import Config, EstimatorConfig, GpuConfig
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from .bench_loader import load_bench
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-rt = _load("real_trace")
-oc = _load("operating_curve")
+rt = load_bench("real_trace")
+oc = load_bench("operating_curve")
 
 G = 1 << 30
 S10 = 10 * G
