@@ -243,6 +243,10 @@ class PolicyConfig:
     # redecide_max_per_poll jobs per queue poll (one scontrol show + update each).
     redecide_pending: bool = True
     redecide_max_per_poll: int = 20
+    # A shared job that ends out of GPU memory is requeued once on a whole GPU (Slurm's requeue:
+    # batch jobs that allow it; --no-requeue, JobRequeue=0 and interactive jobs fail as before,
+    # the reason in their AdminComment). Off: every such job fails as before.
+    requeue_after_oom: bool = True
     # QoS names whose jobs always keep whole GPUs (no co-runner can slow them down).
     whole_gpu_qos: tuple[str, ...] = ()
     # How often the service reads the pending GPU jobs from Slurm; a snapshot older than three

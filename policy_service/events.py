@@ -61,6 +61,9 @@ class EventApplier:
         self.cfg, self.store, self.correlation, self.clock = cfg, store, correlator, clock
         self.learned = learned  # history key -> observations folded (pending jobs may be re-decided)
         self.metrics = metrics  # policy_service.metrics.ServiceMetrics, or None
+        # (job id, decision row, OOM evidence, seconds since it ended) -> outcome: called once per
+        # applied finish of a shared run that ran out of GPU memory (adapters/requeue.py); None: none.
+        self.on_shared_oom: Callable[[int, object, str, float], str] | None = None
 
     def apply(self, events: Sequence[pb.JobEvent]) -> list[pb.EventResult]:
         now = self.clock()
@@ -163,11 +166,15 @@ class EventApplier:
             self.learned.update(keys.values())  # pending jobs of these keys may share now
         if applied and self.metrics is not None:
             self._count(row, obs, shared)
+        requeued = ""
+        if applied and obs.oom and shared and row is not None and self.on_shared_oom is not None:
+            requeued = self.on_shared_oom(req.job_id, row, req.oom_evidence or evidence, now - finished)
         log.info("observation %s", json.dumps({
             "job_id": req.job_id, "instance": res.instance, "decision_id": d_id, "applied": applied,
             "runtime_s": obs.runtime_s, "peak_bytes": peak, "oom": obs.oom,
             "oom_evidence": evidence or req.oom_evidence, "co_runners": obs.co_runners, "exit_code": obs.exit_code,
-            "learned_keys": len(keys) if applied else 0}, sort_keys=True))
+            "learned_keys": len(keys) if applied else 0, **({"oom_requeue": requeued} if requeued else {})},
+            sort_keys=True))
         if row is not None and not keys and applied:
             log.info("job %s: a %d-node job's per-node observation from %s is kept, not learned (the policy keeps "
                      "multi-node jobs whole, and one node's peak is not the job's)", req.job_id,

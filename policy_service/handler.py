@@ -20,6 +20,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.decision_log import DecisionLog, DecisionRecord, JournalError
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.queue import QueueMonitor
+from policy_service.adapters.requeue import OomRequeuer
 from policy_service.adapters.slurm import SlurmAccess
 from policy_service.authz import Owner
 from policy_service.config import Config, PolicyMode
@@ -29,7 +30,8 @@ from policy_service.core.enforcement import NodeEnforcementRegistry, NodeReport
 from policy_service.core.mode import apply_mode
 from policy_service.adapters.partitions import PartitionDefaults
 from policy_service.core.request import PER_GPU_OPTIONS, RequestError, history_keys, job_request
-from policy_service.core.types import Action, Decision, EstimateSource, JobRequest, KeyLevel, ReasonCode, Rewrite
+from policy_service.core.types import (Action, Decision, EstimateSource, JobRequest, KeyLevel, Reason, ReasonCode,
+                                      Rewrite)
 from policy_service.correlation import Correlator
 from policy_service.events import MAX_JOB_ID, EventApplier, gpu_utilisation  # noqa: F401  (gpu_utilisation: API)
 from policy_service.limits import oversize
@@ -125,6 +127,8 @@ class PolicyHandler:
         # Events: job instances and their decisions resolved in bulk from Slurm (correlation.py).
         self.correlation = Correlator(slurm, store, clock=clock, open_run_max_s=cfg.service.open_run_max_s)
         self.events = EventApplier(cfg, store, self.correlation, clock, self.learned, self.metrics)
+        if slurm is not None:  # a shared run that ran out of GPU memory is requeued whole (core/requeue.py)
+            self.events.on_shared_oom = OomRequeuer(self, slurm)
         # What each node's GPU memory enforcement is (reported with job starts): gates oversubscription.
         self.node_enforcement = NodeEnforcementRegistry()
         # Decisions are journaled before Admit answers and put into SQLite by a writer thread
@@ -216,7 +220,7 @@ class PolicyHandler:
             return None
         return f"dry run, nothing recorded: only slurmctld's Admit is recorded, and {v.reason}"
 
-    def _decide(self, job: pb.JobFacts, replaces: str = ""):
+    def _decide(self, job: pb.JobFacts, replaces: str = "", whole_because: Reason | None = None):
         fields = gres_fields(job)
         parts = self.partitions() if self.partitions else None
         try:
@@ -237,7 +241,7 @@ class PolicyHandler:
         d = policy.decide(jr, stats, self.cfg, decision_id=self.new_id(), now=self.clock(),
                           job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
                           queue=self.queue.snapshot() if self.queue is not None else None, replaces=replaces,
-                          dialect=self.dialect,
+                          dialect=self.dialect, whole_because=whole_because,
                           enforcement=self.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s))
         return d, jr, keys
 
@@ -277,6 +281,14 @@ class PolicyHandler:
     def adopt(self, r: PendingRedecision) -> None:
         """Record a re-decision once Slurm holds it."""
         self._record(r.decision, r.request, r.keys, r.facts)
+
+    def decide_facts(self, facts: pb.JobFacts, replaces: str, whole_because: Reason):
+        """A new whole-GPU decision for a job already decided (a requeue after an OOM, adapters/
+        requeue.py): (decision, request, history keys); recorded by ``record_decision``."""
+        return self._decide(facts, replaces=replaces, whole_because=whole_because)
+
+    def record_decision(self, d: Decision, jr, keys, facts: pb.JobFacts) -> None:
+        self._record(d, jr, keys, facts)
 
     # ------------------------------------------------------------------ correlation
     def _decision_id_for_job(self, job_id: int) -> str:

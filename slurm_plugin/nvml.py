@@ -20,7 +20,7 @@ Not modelled: the driver's reserved memory, CUDA contexts, pid reuse between two
 CLI for job scripts (``python -m slurm_plugin.nvml``)::
 
     fake-create --root R --count 4 --total-bytes 85899345920
-    fake-alloc  --root R --gpu N --bytes B [--pid P] [--hold-seconds S] [--busy-pct U]
+    fake-alloc  --root R --gpu N --bytes B [--pid P] [--hold-seconds S] [--busy-pct U] [--honour-limit]
     fake-free   --root R --gpu N [--pid P] [--bytes B]
 
 ``fake-alloc`` exits 2 with "CUDA out of memory (fake)" on stderr when refused. Without
@@ -270,11 +270,13 @@ def _read_float(path: Path) -> float | None:
 
 
 def fake_alloc(root: Path, gpu: int, pid: int, nbytes: int, proc_root: Path = PROC_ROOT,
-               busy_pct: float | None = None) -> int:
+               busy_pct: float | None = None, limit_bytes: int | None = None) -> int:
     """Add ``nbytes`` to what ``pid`` holds on fake ``gpu``; returns the pid's new total.
 
-    Raises ``FakeOutOfMemory`` (writing nothing) when used + nbytes > total, and
-    ``TelemetryError`` for a missing device or a dead pid.
+    Raises ``FakeOutOfMemory`` (writing nothing) when used + nbytes > total, or when the pid would
+    hold more than ``limit_bytes`` (a per-process cap, as a framework that honours the job's
+    handed-down share or MPS's pinned-memory limit refuses), and ``TelemetryError`` for a missing
+    device or a dead pid.
     """
     if nbytes < 0:
         raise ValueError("nbytes must be >= 0")
@@ -292,6 +294,11 @@ def fake_alloc(root: Path, gpu: int, pid: int, nbytes: int, proc_root: Path = PR
                 f"{used_bytes} of {total_bytes} bytes in use, {total_bytes - used_bytes} free"
             )
         held_bytes = next((p.used_bytes or 0 for p in live if p.pid == pid), 0) + nbytes
+        if limit_bytes is not None and held_bytes > limit_bytes:
+            raise FakeOutOfMemory(
+                f"CUDA out of memory (fake): tried to allocate {nbytes} bytes on GPU {gpu}; the process would "
+                f"hold {held_bytes} bytes, over its limit of {limit_bytes} bytes"
+            )
         (gpu_dir / "procs").mkdir(exist_ok=True)
         _write_atomic(gpu_dir / "procs" / str(pid), f"{held_bytes}\n")
         if busy_pct is not None:
@@ -367,6 +374,10 @@ def _sizes(raw: str) -> int | list[int]:
     return sizes[0] if len(sizes) == 1 else sizes
 
 
+# The job's share as the TaskProlog exports it (slurm_plugin/enforce/advisory.py).
+LIMIT_ENV = "SWAPAWARE_GPU_MEM_LIMIT_BYTES"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m slurm_plugin.nvml", description="fake NVML tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -382,6 +393,9 @@ def _parser() -> argparse.ArgumentParser:
     alloc.add_argument("--pid", type=int, default=None)
     alloc.add_argument("--hold-seconds", type=float, default=None)
     alloc.add_argument("--busy-pct", type=float, default=None, help="percent of the GPU this process keeps busy")
+    alloc.add_argument("--honour-limit", action="store_true",
+                       help=f"refuse beyond ${LIMIT_ENV} (the job's share the TaskProlog hands down), as a "
+                            "framework that honours it does")
     free = sub.add_parser("fake-free", help="free fake GPU memory")
     free.add_argument("--root", type=Path, required=True)
     free.add_argument("--gpu", type=int, required=True)
@@ -410,7 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "fake-alloc":
             holding = args.hold_seconds is not None
             pid = args.pid if args.pid is not None else (os.getpid() if holding else os.getppid())
-            fake_alloc(args.root, args.gpu, pid, args.nbytes, busy_pct=args.busy_pct)
+            limit = os.environ.get(LIMIT_ENV, "") if args.honour_limit else ""
+            fake_alloc(args.root, args.gpu, pid, args.nbytes, busy_pct=args.busy_pct,
+                       limit_bytes=int(limit) if limit.isdigit() else None)
             sys.stdout.write(f"allocated {args.nbytes} bytes on fake GPU {args.gpu} for pid {pid}\n")
             sys.stdout.flush()
             if holding:

@@ -50,6 +50,12 @@ output: Slurm writes a ``print`` line into the task's standard output, where ``$
 error included (slurmstepd runs it with stdout and stderr on one pipe and keeps only ``print``,
 ``export`` and ``unset`` lines). A job's output is exactly what it would be without swapaware.
 
+One exception, asked for by the job's own history: the rerun of a job that swapaware requeued on
+a whole GPU after its shared run ran out of GPU memory (``SLURM_RESTART_COUNT`` > 0 and the
+AdminComment's reasons name ``oom_requeued``) gets one line in its standard error file, written
+by the batch step's first task's TaskProlog as the job's user (``requeue_notice``), before the
+script starts. Jobs never requeued cost nothing: Slurm is asked only where the restart count is set.
+
 The config is read from ``/etc/swapaware/swapaware.toml`` only: the job's environment (which
 the user controls) is not consulted for ``SWAPAWARE_*`` overrides or ``SWAPAWARE_CONFIG``.
 """
@@ -58,6 +64,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import subprocess
 import sys
 import syslog
 from pathlib import Path
@@ -214,6 +221,55 @@ def inherited_gpu_lines(env: Mapping[str, str]) -> list[str]:
     return ["unset SLURM_TRES_BIND"]
 
 
+_OOM_REQUEUED = re.compile(r"\bwhy=[\w,]*\boom_requeued\b")
+_STDERR = re.compile(r"\bStdErr=(\S+)")
+_DECISION_ID = re.compile(r"\bid=(\w+)")
+
+
+def requeue_notice(env: Mapping[str, str], show_job: Callable[[str], str]) -> tuple[str, str] | None:
+    """(standard error path, line) for the batch step of a job requeued whole after a shared
+    run's GPU out-of-memory; None for every other task. ``show_job(job_id)``: ``scontrol show job
+    -o``, asked only where Slurm says the job was restarted."""
+    try:
+        restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return None
+    job_id = env.get("SLURM_JOB_ID", "")
+    if restarts <= 0 or not job_id.isdigit() or not says_enforcement(env):
+        return None
+    text = show_job(job_id)
+    path = _STDERR.search(text)
+    if not _OOM_REQUEUED.search(text) or not path:
+        return None
+    decision = _DECISION_ID.search(text.split("AdminComment=", 1)[-1])
+    return path.group(1), (f"swapaware: job {job_id} ran out of GPU memory on a shared GPU and was requeued once on "
+                           f"a whole GPU, as submitted (decision {decision.group(1) if decision else '?'}; "
+                           "sacct -o AdminComment shows why)\n")
+
+
+def scontrol_show_job(job_id: str) -> str:
+    try:
+        res = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return res.stdout if res.returncode == 0 else ""
+
+
+def write_notice(notice: tuple[str, str] | None, log: Callable[[str], None]) -> None:
+    """Append the line to the job's standard error file (as the job's user: the TaskProlog's)."""
+    if notice is None:
+        return
+    path, line = notice
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log(f"job {os.environ.get('SLURM_JOB_ID', '?')}: requeue notice not written to {path}: {exc}")
+
+
 def syslog_line(message: str) -> None:
     """One line to the node's syslog (nowhere where the node has no syslog socket)."""
     syslog.openlog("swapaware-taskprolog", 0, syslog.LOG_USER)
@@ -240,6 +296,7 @@ def main(log: Callable[[str], None] = syslog_line, argv: list[str] | None = None
     lines = task_prolog_lines(os.environ, cfg, pipe_dir_exists, backend, device_bytes)
     for line in lines + inherited_gpu_lines(os.environ):
         sys.stdout.write(line + "\n")
+    write_notice(requeue_notice(os.environ, scontrol_show_job), log)
     if says_enforcement(os.environ):
         message = enforcement_message(os.environ, cfg, lines, backend, device_bytes)
         if message:

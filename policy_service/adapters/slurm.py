@@ -16,7 +16,7 @@ import re
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from policy_service.adapters.slurm_text import (  # noqa: F401  (the parsers are part of this module's API)
     SINFO_NODE_FORMAT,
@@ -70,6 +70,13 @@ class SlurmAccess(Protocol):
 
     def set_admin_comment(self, job_id: int, text: str) -> None: ...
 
+    # A requeue (core/requeue.py): hold it pending, set its fields, let it go.
+    def requeue_hold(self, job_id: int) -> None: ...
+
+    def update_held_job(self, job_id: int, fields: Mapping[str, str], admin_comment: str) -> None: ...
+
+    def release_job(self, job_id: int) -> None: ...
+
     def live_instances(self, job_ids: Sequence[int]) -> list[JobInstance]: ...
 
     def ended_instances(self, job_ids: Sequence[int]) -> list[JobInstance]: ...
@@ -88,6 +95,11 @@ class SlurmAccess(Protocol):
 
 # Every job state sacct knows (the short codes of 22.05 to 26.05), for "any state" queries.
 SACCT_ALL_STATES = "PD,R,RQ,RS,S,CA,CD,DL,F,NF,OOM,PR,TO,BF,RV"
+
+
+# scontrol update's names of the job fields a requeue sets (JobRewrite's names -> scontrol's).
+SCONTROL_FIELDS = {"tres_per_node": "TresPerNode", "tres_per_job": "TresPerJob", "tres_per_task": "TresPerTask",
+                   "tres_per_socket": "TresPerSocket", "tres_bind": "TresBind"}
 
 
 class CliSlurm:
@@ -191,6 +203,22 @@ class CliSlurm:
         self._run(["scontrol", "update", f"JobId={job_id}", f"TresPerNode={tres_per_node}",
                    f"AdminComment={admin_comment}"])
 
+    def requeue_hold(self, job_id: int) -> None:
+        """Requeue a finished, completing or running batch job and hold it (root / SlurmUser).
+        Slurm refuses a job that does not allow it (--no-requeue, JobRequeue=0), an interactive
+        job and one it no longer knows: ``SlurmError`` with scontrol's words."""
+        self._run(["scontrol", "requeuehold", str(job_id)])
+
+    def update_held_job(self, job_id: int, fields: Mapping[str, str], admin_comment: str) -> None:
+        """Set a pending job's GPU fields (``core.requeue.GPU_FIELDS`` names; "" clears) and
+        AdminComment."""
+        argv = ["scontrol", "update", f"JobId={job_id}"]
+        argv += [f"{SCONTROL_FIELDS[name]}={value}" for name, value in fields.items()]
+        self._run([*argv, f"AdminComment={admin_comment}"])
+
+    def release_job(self, job_id: int) -> None:
+        self._run(["scontrol", "release", str(job_id)])
+
     def set_admin_comment(self, job_id: int, text: str) -> None:
         """Set AdminComment on a running job, or on a finished one through accounting."""
         try:
@@ -254,6 +282,15 @@ class PyslurmSlurm:
 
     def update_pending_job(self, job_id: int, tres_per_node: str, admin_comment: str) -> None:
         self._cli.update_pending_job(job_id, tres_per_node, admin_comment)
+
+    def requeue_hold(self, job_id: int) -> None:
+        self._cli.requeue_hold(job_id)
+
+    def update_held_job(self, job_id: int, fields: Mapping[str, str], admin_comment: str) -> None:
+        self._cli.update_held_job(job_id, fields, admin_comment)
+
+    def release_job(self, job_id: int) -> None:
+        self._cli.release_job(job_id)
 
     def live_instances(self, job_ids: Sequence[int]) -> list[JobInstance]:
         return self._cli.live_instances(job_ids)

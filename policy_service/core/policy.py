@@ -363,11 +363,14 @@ def parse_admin_comment(text: str) -> dict[str, str]:
 def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *, decision_id: str,
            now: float, job_class: str, gres_fields: Mapping[str, str],
            access: AccessClass | None = None, queue: QueueState | None = None, replaces: str = "",
-           dialect: SlurmDialect = SLURM_22_05, enforcement: EnforcementView | None = None) -> Decision:
+           dialect: SlurmDialect = SLURM_22_05, enforcement: EnforcementView | None = None,
+           whole_because: Reason | None = None) -> Decision:
     """Decide how a job runs. Pure: same inputs, same decision. ``replaces``: the id of the
     decision a still-pending job had (a re-decision). ``dialect``: the running Slurm's (the
     rewrite's GRES spelling, whether a whole GPU is held as shards). ``enforcement``: the nodes'
-    reported GPU memory enforcement (gates oversubscription under ``auto``; None: not gated)."""
+    reported GPU memory enforcement (gates oversubscription under ``auto``; None: not gated).
+    ``whole_because``: the job gets a whole GPU for this reason (a requeue after an OOM), whatever
+    the route would say."""
     access = access or cfg.swap_cost.default_access_class
     est = estimator.estimate(req, stats, cfg.estimator, cfg.gpu)
     class_stats = stats.get(KeyLevel.CLASS)
@@ -375,12 +378,14 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     penalty = class_stats if class_stats is not None else stats.get(KeyLevel.USER_NAME)
     action, shards, slow, off, route_reasons = _route(req, est, penalty, access, cfg, queue, solo_utilisation(stats),
                                                       enforcement)
+    if whole_because is not None:
+        action, shards, slow, off, route_reasons = Action.WHOLE_GPU, 0, 1.0, 0, [whole_because]
     sf, prio_reason = site_factor(class_stats, cfg)
     if (action is Action.WHOLE_GPU and _single_gpu(req) and not _keeps_request(req) and cfg.policy.enable_sharing
             and whole_gpu_as_shards(cfg, dialect)):
         shards, held = _whole_as_shards(req, cfg, dialect)
         route_reasons.append(held)
-    if replaces:
+    if replaces and whole_because is None:
         route_reasons.insert(0, Reason(ReasonCode.REDECIDED, f"re-decided while the job was pending: replaces "
                                                              f"decision {replaces}"))
     route_codes = {r.code for r in route_reasons}

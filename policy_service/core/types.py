@@ -73,6 +73,8 @@ class ReasonCode(enum.Enum):
     COMPUTE_BOUND = "compute_bound"
     COMPUTE_OVERCOMMITTED = "compute_overcommitted"
     REDECIDED = "redecided"
+    OOM_REQUEUED = "oom_requeued"  # the shared run ran out of GPU memory: requeued on a whole GPU
+    OOM_NOT_REQUEUED = "oom_not_requeued"  # ... and stays failed (--no-requeue, not batch, turned off)
     TYPED_GPU = "typed_gpu"  # gpu:<type> kept as typed (decisions before typed requests shared)
     INTERACTIVE = "interactive"  # no batch script (srun/salloc): its steps ask for GPUs by name
     HET_JOB = "het_job"  # a component of a heterogeneous job: the request stays

@@ -102,6 +102,32 @@ class SlurmJobs:
         self.tres[job_id] = tres_per_node
         self.comments[job_id] = admin_comment
 
+    # A requeue (adapters/requeue.py), as scontrol does it: refused for a job listed in
+    # ``no_requeue`` (--no-requeue: ESLURM_DISABLED) and a job Slurm does not know; the job is then
+    # held (``held``) until released; every call in ``requeue_calls``.
+    no_requeue: set[int] = field(default_factory=set)
+    held: set[int] = field(default_factory=set)
+    requeue_calls: list[tuple] = field(default_factory=list)
+
+    def requeue_hold(self, job_id: int) -> None:
+        self.requeue_calls.append(("requeuehold", job_id))
+        if job_id in self.no_requeue:
+            raise SlurmError(f"scontrol requeuehold {job_id} exited 1: Requested operation is presently disabled "
+                             f"for job {job_id}")
+        if job_id not in self.comments:
+            raise SlurmError(f"scontrol requeuehold {job_id} exited 1: Invalid job id specified")
+        self.held.add(job_id)
+
+    def update_held_job(self, job_id: int, fields, admin_comment: str) -> None:
+        self.requeue_calls.append(("update", job_id, dict(fields), admin_comment))
+        assert job_id in self.held, "a requeued job is updated while held"
+        self.tres[job_id] = fields.get("tres_per_node", self.tres.get(job_id, ""))
+        self.comments[job_id] = admin_comment
+
+    def release_job(self, job_id: int) -> None:
+        self.requeue_calls.append(("release", job_id))
+        self.held.discard(job_id)
+
     # The cluster's hosts and users, for the access checks, as scontrol and sacctmgr print them and
     # parsed and resolved as CliSlurm does (policy_service.adapters.slurm_hosts): a MUNGE
     # credential's origin must be a node's address (events) or a controller's (a recorded Admit).

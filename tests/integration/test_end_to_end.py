@@ -137,7 +137,8 @@ def test_shared_job_that_dies_at_its_cap_gets_a_whole_gpu_next_time(stack):
     stack.wait_observation(first)
     # same class name, a script that grows to 9.8 GiB of its 10 GiB shard and then fails
     grows = fake_alloc_script(stack, gib=9.8, hold_s=1.0).replace("exec ", "") + "exit 3\n"
-    second = stack.sbatch(grows, "--gres=gpu:1", f"--job-name={name}")
+    # --no-requeue: this test is about what the class learns (test_requeue.py: the requeue itself)
+    second = stack.sbatch(grows, "--gres=gpu:1", f"--job-name={name}", "--no-requeue")
     assert job_field(stack.show_job(second), "TresPerNode") == stack.gres("shard", 1)
     assert stack.wait_done(second) == "FAILED"
     stack.wait_observation(second)

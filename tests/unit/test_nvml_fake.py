@@ -23,6 +23,7 @@ from slurm_plugin.nvml import (
     fake_alloc,
     fake_free,
     open_telemetry,
+    main as nvml_main,
     pid_alive,
 )
 from tests.waiting import wait_for
@@ -248,3 +249,21 @@ def test_pynvml_reads_a_real_device() -> None:
             nvml.memory(nvml.device_count() + 5)
     finally:
         nvml.close()
+
+
+def test_a_process_limit_refuses_what_would_exceed_it_and_writes_nothing(tmp_path):
+    me = os.getpid()
+    create_fake_gpus(tmp_path, 1, 1000)
+    assert fake_alloc(tmp_path, 0, me, 600, limit_bytes=700) == 600
+    with pytest.raises(FakeOutOfMemory, match="over its limit of 700 bytes"):
+        fake_alloc(tmp_path, 0, me, 101, limit_bytes=700)  # the device has room, the limit has not
+    assert fake_alloc(tmp_path, 0, me, 100, limit_bytes=700) == 700  # up to the limit exactly
+    assert fake_alloc(tmp_path, 0, me, 200) == 900  # no limit: the device's capacity alone
+
+
+def test_the_cli_honours_the_handed_down_limit_only_when_asked(tmp_path, monkeypatch):
+    create_fake_gpus(tmp_path, 1, 1000)
+    monkeypatch.setenv("SWAPAWARE_GPU_MEM_LIMIT_BYTES", "500")
+    args = ["fake-alloc", "--root", str(tmp_path), "--gpu", "0", "--bytes", "600", "--pid", str(os.getpid())]
+    assert nvml_main([*args, "--honour-limit"]) == 2
+    assert nvml_main(args) == 0

@@ -153,3 +153,47 @@ def test_the_wrappers_config_names_the_nodes_gpus(tmp_path: Path, monkeypatch, c
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert task_prolog.main(log=lambda _: None, argv=["--config", str(conf)]) == 0
     assert capsys.readouterr().out.splitlines() == _framework(20 * GIB, 0.5)
+
+
+# ---------------------------------------------------------------- the requeue notice
+SHOWN = ("JobId=77 JobName=grows UserId=alice(1000) Restarts=1 AdminComment=swapaware: id=0123abcd model=m "
+         "action=whole_gpu shards=8 why=oom_requeued,whole_gpu_as_shards sf=10 StdErr={err} StdIn=/dev/null "
+         "StdOut={err}")
+BATCH_ENV = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1", "SLURM_STEP_ID": "batch", "SLURM_LOCALID": "0"}
+
+
+def test_the_rerun_of_a_requeued_job_gets_one_line_in_its_stderr(tmp_path):
+    err = tmp_path / "slurm-77.out"
+    err.write_text("job output so far\n")
+    asked = []
+    notice = task_prolog.requeue_notice(BATCH_ENV, lambda j: asked.append(j) or SHOWN.format(err=err))
+    assert asked == ["77"] and notice[0] == str(err)
+    task_prolog.write_notice(notice, log=lambda m: pytest.fail(m))
+    lines = err.read_text().splitlines()
+    assert lines[0] == "job output so far" and len(lines) == 2
+    assert lines[1].startswith("swapaware: job 77 ran out of GPU memory on a shared GPU and was requeued") \
+        and "decision 0123abcd" in lines[1]
+
+
+@pytest.mark.parametrize("env, shown", [
+    ({**BATCH_ENV, "SLURM_RESTART_COUNT": "0"}, SHOWN),           # never requeued: Slurm is not asked
+    ({k: v for k, v in BATCH_ENV.items() if k != "SLURM_RESTART_COUNT"}, SHOWN),
+    ({**BATCH_ENV, "SLURM_STEP_ID": "0"}, SHOWN),                 # an srun step: not again
+    ({**BATCH_ENV, "SLURM_LOCALID": "1"}, SHOWN),                 # another task of the batch step
+    (BATCH_ENV, SHOWN.replace("oom_requeued,", "")),              # requeued for another reason (node failure)
+    (BATCH_ENV, ""),                                              # scontrol failed
+])
+def test_no_notice_for_any_other_task(env, shown, tmp_path):
+    asked = []
+    assert task_prolog.requeue_notice(env, lambda j: asked.append(j) or shown.format(err=tmp_path / "e")) is None
+    if env.get("SLURM_RESTART_COUNT", "0") == "0":
+        assert asked == []
+
+
+def test_a_notice_that_cannot_be_written_is_logged_not_raised(tmp_path):
+    (tmp_path / "real").write_text("")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    logged = []
+    task_prolog.write_notice((str(tmp_path / "link"), "x\n"), logged.append)  # O_NOFOLLOW
+    task_prolog.write_notice((str(tmp_path / "missing" / "e"), "x\n"), logged.append)
+    assert len(logged) == 2 and (tmp_path / "real").read_text() == ""
