@@ -51,6 +51,9 @@ def _keeping_bytes(message_type):
 
 
 class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
+    """Each method takes a ``Received`` (register with ``add_servicer``, not the generated
+    function: a bare message has no bytes to check a credential against, and fails the call)."""
+
     def __init__(self, handler: PolicyHandler, token: str | None = None, authorizer: Authorizer | None = None):
         self._handler = handler
         self._token = token
