@@ -210,7 +210,11 @@ class World:
 
 @pytest.fixture
 def world(tmp_path):
-    cfg = load_config(env={"SWAPAWARE_SERVICE__DB_PATH": str(tmp_path / "history.sqlite3")})
+    # The scenario's classes share from their second run (estimator.min_samples 1; the default waits
+    # for 3), and its shared job that ran out of memory ends there (no whole-GPU requeue: this fake
+    # Slurm cannot requeue; how a requeued run is reported is not what these tests check).
+    cfg = load_config(env={"SWAPAWARE_SERVICE__DB_PATH": str(tmp_path / "history.sqlite3"),
+                           "SWAPAWARE_ESTIMATOR__MIN_SAMPLES": "1", "SWAPAWARE_POLICY__REQUEUE_AFTER_OOM": "false"})
     store = HistoryStore(cfg.service.db_path)
     slurm = FakeSlurm()
     ids = iter(f"d{i:015d}" for i in range(1, 1000))
