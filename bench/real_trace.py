@@ -90,11 +90,14 @@ def first_above(run: Run, limit_bytes: int) -> float | None:
     return next((t for t, v in zip(run.t, run.v) if v > limit_bytes), None)
 
 
-def replay_outcomes(runs: list[Run], cfg: EstimatorConfig, gpu: GpuConfig, at_cap: bool = False) -> list[Replayed]:
+def replay_outcomes(runs: list[Run], cfg: EstimatorConfig, gpu: GpuConfig, at_cap: bool = False,
+                    requeue: bool = False) -> list[Replayed]:
     """One class's runs in order, each scored run's outcome. ``at_cap``: a shared run dies when it
     goes above the bytes of the shards it holds (ceil(charge / shard) x shard, what a hard cap
     enforces) and is fed back as an OOM at that cap; else (the estimator's own score) when it goes
-    above its charge, fed back as an OOM at the charge."""
+    above its charge, fed back as an OOM at the charge. ``requeue``: a run that died is rerun on a
+    whole GPU and that rerun is observed too, as the service observes both runs of a requeued job
+    (its true peak, exit 0, not shared: the class learns the peak and serves one penalty run)."""
     req, s, out = _req(), ClassStats(), []
     shard, spg = gpu.shard_bytes, gpu.shards_per_gpu
     for run in runs:
@@ -113,6 +116,10 @@ def replay_outcomes(runs: list[Run], cfg: EstimatorConfig, gpu: GpuConfig, at_ca
                                          charged_bytes=rec.limit_bytes, charge_frac=cfg.oom_charge_frac)
             o = JobObservation(runtime_s=run.t[-1], exit_code=1, peak_bytes=rec.limit_bytes, oom=oom, shared=True,
                                co_runners=0)
+            if requeue:
+                s = estimator.observe(s, o, cfg)
+                o = JobObservation(runtime_s=run.t[-1], exit_code=0, peak_bytes=peak, oom=False, shared=False,
+                                   co_runners=0)
         else:
             o = JobObservation(runtime_s=run.t[-1], exit_code=0, peak_bytes=peak, oom=False,
                                shared=bool(rec and rec.shared), co_runners=0)

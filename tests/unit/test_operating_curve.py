@@ -120,3 +120,15 @@ def test_replay_dies_at_the_charge_or_at_the_shards_cap():
     runs_fit = [_run(0, [4, 4]), _run(1, [4, 6, 9]), _run(2, [4, 4])]
     assert [(x.shared, x.over) for x in rt.replay_outcomes(runs_fit, EST, GPU, at_cap=True)] == [(True, False),
                                                                                                  (True, False)]
+
+
+def test_requeue_observes_the_whole_gpu_rerun_too():
+    """The OOM at the cap starts 2 whole-GPU penalty runs; with the requeue the rerun (whole, exit 0)
+    is observed as well and serves one of them, and its true peak is learned."""
+    runs = [_run(0, [4, 4]), _run(1, [4, 6, 11]), _run(2, [4, 4]), _run(3, [4, 4])]
+    once = rt.replay_outcomes(runs, EST, GPU, at_cap=True)
+    rerun = rt.replay_outcomes(runs, EST, GPU, at_cap=True, requeue=True)
+    assert [x.shared for x in once] == [True, False, False]
+    assert [x.shared for x in rerun] == [True, False, True]
+    # run 3 is charged from a history that holds the rerun's 11 GiB peak, not only the 10 GiB cap
+    assert rerun[2].charge_bytes >= 11 * G
