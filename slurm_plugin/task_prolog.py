@@ -193,8 +193,9 @@ def enforcement_message(env: Mapping[str, str], cfg: Config, lines: list[str], b
     return (backend or choose(cfg)[0]).apply(job).message
 
 
-# SLURM_STEP_ID of the batch step as a task of it sees it (SLURM_BATCH_SCRIPT), or unset.
-BATCH_STEP_IDS = ("", "batch", "4294967291")
+# SLURM_STEP_ID of the batch step as a task of it sees it (SLURM_BATCH_SCRIPT: "4294967291", and
+# "-5" on 26.05, measured), or unset.
+BATCH_STEP_IDS = ("", "batch", "4294967291", "-5")
 
 
 def says_enforcement(env: Mapping[str, str]) -> bool:
@@ -222,7 +223,8 @@ def inherited_gpu_lines(env: Mapping[str, str]) -> list[str]:
 
 
 _OOM_REQUEUED = re.compile(r"\bwhy=[\w,]*\boom_requeued\b")
-_STDERR = re.compile(r"\bStdErr=(\S+)")
+# 26.05 shows "StdErr=" empty where standard error goes to the standard output file.
+_STD_PATHS = (re.compile(r"\bStdErr=(\S+)"), re.compile(r"\bStdOut=(\S+)"))
 _DECISION_ID = re.compile(r"\bid=(\w+)")
 
 
@@ -238,7 +240,7 @@ def requeue_notice(env: Mapping[str, str], show_job: Callable[[str], str]) -> tu
     if restarts <= 0 or not job_id.isdigit() or not says_enforcement(env):
         return None
     text = show_job(job_id)
-    path = _STDERR.search(text)
+    path = next((m for m in (p.search(text) for p in _STD_PATHS) if m), None)
     if not _OOM_REQUEUED.search(text) or not path:
         return None
     decision = _DECISION_ID.search(text.split("AdminComment=", 1)[-1])

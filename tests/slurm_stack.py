@@ -223,6 +223,34 @@ exec {py} -m slurm_plugin.nvml fake-alloc --root {stack.state}/node/fake-nvml --
 """
 
 
+def grows_script(stack) -> str:
+    """Holds 9.6 GiB (96 % of one shard), lets the agent see it, then asks for 1 GiB more: refused
+    under a 10 GiB share (exit 2, 'CUDA out of memory (fake)' on stderr), granted on a whole GPU."""
+    alloc = (f"{sys.executable} -m slurm_plugin.nvml fake-alloc --root {stack.state}/node/fake-nvml "
+             '--gpu "${CUDA_VISIBLE_DEVICES%%,*}" --honour-limit')
+    return f"""#!/bin/bash
+{alloc} --bytes {int(9.6 * GIB)} || exit $?
+sleep 2
+{alloc} --bytes {GIB} || exit $?
+echo "done on a GPU of its own"
+"""
+
+
+def requeue_restarts(stack, job_id: int) -> int:
+    return int(job_field(stack.show_job(job_id), "Restarts") or 0)
+
+
+# What sacct -D shows of a job requeued after its run ended: the first run REQUEUED (22.05, 24.11)
+# or FAILED (26.05, measured), then the rerun.
+REQUEUED_RUNS = (["REQUEUED", "COMPLETED"], ["FAILED", "COMPLETED"])
+
+
+def sacct_runs(stack, job_id: int) -> list[str]:
+    """Every run of the job accounting holds (-D: a requeued run stays listed as REQUEUED)."""
+    out = stack.run("sacct", "-D", "-X", "-n", "-P", "-j", str(job_id), "-o", "state").stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
 def decision_of(comment: str) -> dict[str, str]:
     from policy_service.core.policy import parse_admin_comment
 

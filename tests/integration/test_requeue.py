@@ -2,43 +2,21 @@
 --no-requeue it fails as before, the reason in sacct. Real Slurm of the release under test, the
 fake NVML refusing what is over the job's handed-down share (as a framework honouring it does).
 
-Slurm starts a requeued job no sooner than its credential expiry later (AuthInfo cred_expire,
-120 s by default; SchedulerParameters=requeue_delay on 26.05): the rerun waits that long, here too."""
-import sys
+Slurm starts a requeued job no sooner than its credential lifetime later (AuthInfo cred_expire,
+120 s by default, 30 s on the dev cluster; SchedulerParameters=requeue_delay on 26.05)."""
 import uuid
 
 import pytest
 
 from tests.waiting import wait_for
 
-from .conftest import GIB, decision_of, job_field
+from tests.slurm_stack import REQUEUED_RUNS, grows_script, requeue_restarts as restarts, sacct_runs
+
+from .conftest import decision_of, job_field
 
 pytestmark = pytest.mark.integration
 
 HINT = "--comment=swapaware:mem=2G"  # shared from the first run: 1 shard (10 GiB) of a GPU
-
-
-def grows_script(stack) -> str:
-    """Holds 9.6 GiB (96 % of one shard), lets the agent see it, then asks for 1 GiB more: refused
-    under a 10 GiB share (exit 2, 'CUDA out of memory (fake)' on stderr), granted on a whole GPU."""
-    alloc = (f"{sys.executable} -m slurm_plugin.nvml fake-alloc --root {stack.state}/node/fake-nvml "
-             '--gpu "${CUDA_VISIBLE_DEVICES%%,*}" --honour-limit')
-    return f"""#!/bin/bash
-{alloc} --bytes {int(9.6 * GIB)} || exit $?
-sleep 2
-{alloc} --bytes {GIB} || exit $?
-echo "done on a GPU of its own"
-"""
-
-
-def restarts(stack, job_id: int) -> int:
-    return int(job_field(stack.show_job(job_id), "Restarts") or 0)
-
-
-def sacct_runs(stack, job_id: int) -> list[str]:
-    """Every run of the job accounting holds (-D: a requeued run stays listed as REQUEUED)."""
-    out = stack.run("sacct", "-D", "-X", "-n", "-P", "-j", str(job_id), "-o", "state").stdout
-    return [line.strip() for line in out.splitlines() if line.strip()]
 
 
 def test_a_shared_job_that_runs_out_of_gpu_memory_is_requeued_whole_and_completes(stack):
@@ -75,7 +53,7 @@ def test_a_shared_job_that_runs_out_of_gpu_memory_is_requeued_whole_and_complete
         and whole["id"] in notice[0], err.read_text()
 
     # accounting: the shared run REQUEUED, the whole one COMPLETED; the history: two runs, one OOM
-    wait_for(lambda: sacct_runs(stack, job) == ["REQUEUED", "COMPLETED"] or None, 30,
+    wait_for(lambda: sacct_runs(stack, job) in REQUEUED_RUNS or None, 30,
              lambda: f"sacct to list both runs of job {job}: {sacct_runs(stack, job)}", 0.5)
 
     def observations():

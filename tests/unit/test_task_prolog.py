@@ -197,3 +197,11 @@ def test_a_notice_that_cannot_be_written_is_logged_not_raised(tmp_path):
     task_prolog.write_notice((str(tmp_path / "link"), "x\n"), logged.append)  # O_NOFOLLOW
     task_prolog.write_notice((str(tmp_path / "missing" / "e"), "x\n"), logged.append)
     assert len(logged) == 2 and (tmp_path / "real").read_text() == ""
+
+
+@pytest.mark.parametrize("step", ["batch", "4294967291", "-5"])  # 22.05 / 24.11 / 26.05 spellings
+def test_the_batch_step_of_every_release_and_stderr_in_the_output_file(step, tmp_path):
+    out = tmp_path / "slurm-77.out"
+    shown = SHOWN.replace("StdErr={err}", "StdErr=").format(err=out)  # 26.05: no StdErr of its own
+    notice = task_prolog.requeue_notice({**BATCH_ENV, "SLURM_STEP_ID": step}, lambda j: shown)
+    assert notice is not None and notice[0] == str(out)
