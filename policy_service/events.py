@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.fleet import shard_memory_mismatch
 from policy_service.adapters.history import HistoryStore, ObservationRow, RunRow
 from policy_service.config import Config
 from policy_service.core import estimator
@@ -64,6 +65,10 @@ class EventApplier:
         # (job id, decision row, OOM evidence, seconds since it ended) -> outcome: called once per
         # applied finish of a shared run that ran out of GPU memory (adapters/requeue.py); None: none.
         self.on_shared_oom: Callable[[int, object, str, float], str] | None = None
+        # The partitions' GPUs as gres.conf declares them (adapters/partitions.py); each GPU's shards
+        # are checked against the memory the node's NVML reports for it, warned once. None: not checked.
+        self.fleet: Callable[[], object] | None = None
+        self._fleet_warned: set[tuple] = set()
 
     def apply(self, events: Sequence[pb.JobEvent]) -> list[pb.EventResult]:
         now = self.clock()
@@ -130,9 +135,24 @@ class EventApplier:
         if shared and obs.peak_bytes > row.shards * self.cfg.gpu.shard_bytes:
             m.overruns.inc()
 
+    def _check_fleet(self, req: pb.JobFinishedRequest) -> None:
+        """A GPU whose gres.conf shards hold more than the node agent's NVML total: a warning (once)."""
+        fleet = self.fleet() if self.fleet is not None else None
+        declared = getattr(fleet, "gpu_shards", None) or {}
+        for g in req.gpus:
+            shards = declared.get((req.node, g.gpu_index))
+            key = (req.node, g.gpu_index, shards, g.total_bytes)
+            if shards is None or key in self._fleet_warned:
+                continue
+            why = shard_memory_mismatch(req.node, g.gpu_index, shards, self.cfg.gpu.shard_bytes, g.total_bytes)
+            if why:
+                self._fleet_warned.add(key)
+                log.warning("fleet: %s", why)
+
     # ------------------------------------------------------------------ JobFinished
     def _finished(self, req: pb.JobFinishedRequest, res: Resolution) -> pb.EventResult:
         now = self.clock()
+        self._check_fleet(req)
         finished = req.finished_at or now
         run = self.store.run_of(res.instance, req.node) or self.store.run_of(res.instance)
         started = req.started_at or (run.started_at if run else None)

@@ -127,6 +127,7 @@ class PolicyHandler:
         # Events: job instances and their decisions resolved in bulk from Slurm (correlation.py).
         self.correlation = Correlator(slurm, store, clock=clock, open_run_max_s=cfg.service.open_run_max_s)
         self.events = EventApplier(cfg, store, self.correlation, clock, self.learned, self.metrics)
+        self.events.fleet = partitions  # each GPU's gres.conf shards checked against the agents' NVML totals
         if slurm is not None:  # a shared run that ran out of GPU memory is requeued whole (core/requeue.py)
             self.events.on_shared_oom = OomRequeuer(self, slurm)
         # What each node's GPU memory enforcement is (reported with job starts): gates oversubscription.

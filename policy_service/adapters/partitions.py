@@ -38,6 +38,9 @@ class PartitionDefaults:
     default_partition: str = ""  # the Default=YES partition: where a job that names none goes
     # every partition -> lower-case GPU type ("": not known) -> the shard counts of its GPUs of that type
     shards: Mapping[str, Mapping[str, frozenset[int]]] = field(default_factory=dict)
+    # (node, device number) -> that GPU's shards, from gres.conf (checked against the node agents'
+    # NVML totals: events.EventApplier)
+    gpu_shards: Mapping[tuple[str, int], int] = field(default_factory=dict)
 
     def _names(self, partition: str) -> list[str]:
         return [p.strip() for p in (partition or "").split(",") if p.strip()] or [self.default_partition]
@@ -83,7 +86,9 @@ def partition_defaults(conf: SlurmConf, gres: GresConf | None = None) -> Partiti
             default = part.name
     gres = gres or GresConf({}, ())
     shards = {part.name: counts_by_type(partition_gpus(conf, part, gres)) for part in conf.partitions}
-    return PartitionDefaults(by, default, shards)
+    per_gpu = {(g.node, g.index): int(g.shards) for part in conf.partitions for g in partition_gpus(conf, part, gres)
+               if g.index is not None}
+    return PartitionDefaults(by, default, shards, per_gpu)
 
 
 class SlurmConfWatch:

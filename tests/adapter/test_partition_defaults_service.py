@@ -1,8 +1,10 @@
 """The service reads the partitions' DefCpuPerGPU / DefMemPerGPU from the controller's slurm.conf
 (service.slurm_conf): a GPU job of such a partition keeps its request, over both transports."""
+import logging
 from pathlib import Path
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.client import PolicyClient
 from policy_service.config import load_config
 from policy_service.server import start_service
 
@@ -28,3 +30,26 @@ def test_a_gpu_job_in_a_partition_with_per_gpu_defaults_keeps_its_request(servic
         assert "DefCpuPerGPU=2, DefMemPerGPU=600" in kept.reasons[0].message
     finally:
         svc.stop(0)
+
+
+def test_a_gpu_with_more_shards_than_its_memory_is_warned_once_from_the_agents_report(service_env, slurm_jobs,
+                                                                                       caplog):
+    conf = Path(service_env["SWAPAWARE_SERVICE__SLURM_CONF"])
+    conf.write_text("NodeName=n1 CPUs=8 Gres=gpu:2,shard:16\nPartitionName=gpu Nodes=n1 Default=YES\n")
+    (conf.parent / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-1]\nName=shard Count=8 File=/dev/nvidia0\n"
+                                           "Name=shard Count=8 File=/dev/nvidia1\n")
+    svc = start_service(load_config(env=service_env), slurm=slurm_jobs)
+    gib = 1024 ** 3
+    try:
+        with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as client, caplog.at_level(logging.WARNING):
+            for job_id in (1, 2):
+                fin = pb.JobFinishedRequest(job_id=job_id, node="n1", gpu_indices=[0, 1], finished_at=1100.0,
+                                            started_at=1000.0, event_id=f"f{job_id}")
+                fin.gpus.add(gpu_index=0, peak_bytes=gib, total_bytes=80 * gib)
+                fin.gpus.add(gpu_index=1, peak_bytes=gib, total_bytes=40 * gib)  # 8 x 10 GiB promised
+                client.call("JobFinished", fin)
+    finally:
+        svc.stop(0)
+    warned = [m for m in caplog.messages if m.startswith("fleet: ")]
+    assert len(warned) == 1 and warned[0].startswith("fleet: n1 GPU 1: gres.conf gives it 8 shards") \
+        and "Count=4" in warned[0]

@@ -2,7 +2,7 @@
 of memory on every GPU); the policy sizes each job for the GPUs it can land on."""
 import pytest
 
-from policy_service.adapters.fleet import node_gpus, shard_counts
+from policy_service.adapters.fleet import file_index, node_gpus, shard_counts, shard_memory_mismatch
 from policy_service.adapters.partitions import partition_defaults
 from policy_service.adapters.slurm_files import parse_gres_conf, parse_slurm_conf
 from policy_service.core import policy
@@ -105,3 +105,21 @@ def test_an_unknown_fleet_is_gpu_shards_per_gpu_everywhere():
     d = _decide(75, None)
     assert (d.action, d.shards) == (Action.WHOLE_GPU, 0)
     assert _decide(3, None).shards == 1
+
+
+def test_each_gpu_is_known_by_its_device_number(parts):
+    assert parts.gpu_shards == {("node1", 0): 4, ("node1", 1): 4, ("node1", 2): 8, ("node1", 3): 8}
+
+
+@pytest.mark.parametrize("path,index", [("/dev/nvidia2", 2), ("/dev/nvidia13", 13), ("/dev/dri/renderD128", 128),
+                                        ("/dev/nvidia", None)])
+def test_file_index(path, index):
+    assert file_index(path) == index
+
+
+def test_shards_that_promise_more_memory_than_the_gpu_has_are_named_with_the_fix():
+    gib = 1024 ** 3
+    assert shard_memory_mismatch("node1", 2, 8, 10 * gib, 80 * gib) == ""
+    assert shard_memory_mismatch("node1", 2, 8, 10 * gib, 0) == ""  # nothing reported
+    why = shard_memory_mismatch("node1", 0, 8, 10 * gib, 40 * gib)
+    assert why.startswith("node1 GPU 0: gres.conf gives it 8 shards of 10.0 GiB (80.0 GiB)") and "Count=4" in why
