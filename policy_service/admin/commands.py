@@ -30,13 +30,17 @@ def _load(config_path: Path | None) -> Config:
         raise click.ClickException(str(exc)) from None
 
 
-def probe_service(address: str, timeout_s: float) -> bool:
-    """gRPC health check of the policy service (overall status), bounded by ``timeout_s``."""
+def probe_service(address: str, timeout_s: float, tls=None) -> bool:
+    """gRPC health check of the policy service (overall status), bounded by ``timeout_s``;
+    ``tls``: ``[tls]`` (TlsConfig), whose ``ca`` checks the service's certificate."""
     try:
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        with grpc.insecure_channel(address) as channel:
+        from policy_service.tls import channel_credentials
+
+        creds = channel_credentials(tls) if tls is not None else None
+        with (grpc.secure_channel(address, creds) if creds else grpc.insecure_channel(address)) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
         return reply.status == health_pb2.HealthCheckResponse.SERVING
     except Exception:  # noqa: BLE001 - any failure means "not reachable"
@@ -71,7 +75,7 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
     missing = [Check(f"read {p}", False, "file not readable", "pass --slurm-conf / --gres-conf")
                for p, t in ((slurm_conf, slurm_text), (gres_conf, gres_text)) if t is None]
     telemetry, opened = _open_telemetry_checked(cfg)
-    service = None if no_probes else probe_service(cfg.hooks.service_address, cfg.hooks.deadline_s)
+    service = None if no_probes else probe_service(cfg.hooks.service_address, cfg.hooks.deadline_s, cfg.tls)
     agent = None
     if not no_probes:
         from slurm_plugin.agent_client import status

@@ -142,3 +142,11 @@ def test_hooks_with_a_bad_tls_file_never_fall_back_to_plaintext(service, service
                              auth=cfg.auth, tls=cfg.tls)
     assert len(spool.pending(spool_dir)) == 1
     assert service.store.observations() == []
+
+
+def test_the_doctors_probe_checks_the_service_over_tls(tls_service, pki):
+    from policy_service.admin import probe_service
+    address = f"127.0.0.1:{tls_service.grpc_port}"
+    assert probe_service(address, DEADLINE_S, TlsConfig(ca=str(pki / "ca.pem")))
+    assert not probe_service(address, DEADLINE_S)  # plaintext: no answer from a TLS service
+    assert not probe_service(address, DEADLINE_S, TlsConfig(ca=str(pki / "otherca.pem")))
