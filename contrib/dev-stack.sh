@@ -2,7 +2,7 @@
 # swapaware dev stack: the real Slurm of contrib/dev-cluster/ wired to swapaware (job_submit.lua,
 # prolog/epilog, policy service, a node agent per compute node on fake GPUs).
 #
-#   dev-stack.sh up [--nodes N] | down [--purge] | status | service-stop | service-start | env | venv
+#   dev-stack.sh up [--nodes N] | down [--purge] | status | service-stop | service-start | env | venv | tls
 #
 # --nodes N: a controller plus N compute nodes, each in namespaces of its own (network, host name,
 # mounts: contrib/dev-cluster/nodes.sh) with its own slurmd, munged, agent, spool and fake GPUs;
@@ -10,7 +10,8 @@
 #
 # Environment: SWAPAWARE_DEV_DIR (state, default /var/tmp/swapaware-dev), SWAPAWARE_VENV
 # (default <repo>/.venv), SWAPAWARE_GRPC_PORT (default 50551) and the port variables of
-# contrib/dev-cluster/cluster.sh. Runs as root on Debian 12 or 13 (or in a release's root, contrib/matrix/). Running `up` twice is harmless.
+# contrib/dev-cluster/cluster.sh. SWAPAWARE_DEV_TLS=0 turns TLS off (plaintext gRPC; default 1: a
+# private CA and the service's certificate in $STATE/tls, made with the openssl CLI). Runs as root on Debian 12 or 13 (or in a release's root, contrib/matrix/). Running `up` twice is harmless.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,6 +22,9 @@ export SWAPAWARE_DEV_DIR=$STATE
 VENV=${SWAPAWARE_VENV:-$ROOT/.venv}
 GRPC_PORT=${SWAPAWARE_GRPC_PORT:-50551}
 CONF=$STATE/etc/swapaware.toml
+DEV_TLS=${SWAPAWARE_DEV_TLS:-1}
+[[ $DEV_TLS == [01] ]] || { printf '[dev-stack] ERROR: SWAPAWARE_DEV_TLS must be 0 or 1, got %s\n' "$DEV_TLS" >&2; exit 1; }
+TLSDIR=$STATE/tls
 # The fake GPUs as cluster.sh makes them (gres.conf and the agents' fake NVML agree): GiB per GPU,
 # GiB per shard.
 read -r GPU_GIB SHARD_GIB _ < <("$CLUSTER" gpus | sed 's/[a-z_]*=//g')
@@ -58,10 +62,71 @@ ensure_python() {
     echo "$stamp_src" >"$stamp"
 }
 
+# The names clients use for the service: loopback, and the controller's bridge address where
+# the nodes have their own network.
+tls_san() {
+    local san="IP:127.0.0.1,DNS:localhost"
+    if multi_node; then san+=",IP:$(ctld_addr)"; fi
+    echo "$san"
+}
+
+# A private CA and the service's certificate, signed by it, for every name in tls_san. Kept while
+# they verify, cover those names and last another day; keys 0600, certificates readable by all
+# (`swapaware explain` runs as the user). Made with the openssl CLI (cluster.sh install has it).
+ensure_tls() {
+    local san ok=1
+    san=$(tls_san)
+    command -v openssl >/dev/null || die "openssl not found (contrib/dev-cluster/cluster.sh install adds it)"
+    mkdir -p "$TLSDIR"
+    chmod 0755 "$TLSDIR"
+    if [[ -f $TLSDIR/ca.pem && -f $TLSDIR/ca.key && -f $TLSDIR/server.pem && -f $TLSDIR/server.key ]] &&
+        [[ $(cat "$TLSDIR/server.san" 2>/dev/null) == "$san" ]] &&
+        openssl verify -CAfile "$TLSDIR/ca.pem" "$TLSDIR/server.pem" >/dev/null 2>&1 &&
+        openssl x509 -checkend 86400 -noout -in "$TLSDIR/ca.pem" >/dev/null 2>&1 &&
+        openssl x509 -checkend 86400 -noout -in "$TLSDIR/server.pem" >/dev/null 2>&1; then
+        ok=0
+    fi
+    if ((ok != 0)); then
+        log "making the dev CA and the service's certificate ($san) in $TLSDIR"
+        rm -f "$TLSDIR"/ca.* "$TLSDIR"/server.*
+        (
+            umask 077
+            cd "$TLSDIR"
+            openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=swapaware-dev-ca \
+                -keyout ca.key -out ca.pem
+            openssl req -newkey rsa:2048 -nodes -subj "/CN=swapaware-dev-service" -keyout server.key -out server.csr
+            printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$san" >server.ext
+            openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 825 \
+                -extfile server.ext -out server.pem
+            echo "$san" >server.san
+            rm -f server.csr
+        ) >/dev/null 2>"$TLSDIR/openssl.err" || die "openssl failed: $(cat "$TLSDIR/openssl.err")"
+        rm -f "$TLSDIR/openssl.err"
+    fi
+    chmod 0600 "$TLSDIR/ca.key" "$TLSDIR/server.key"
+    chmod 0644 "$TLSDIR/ca.pem" "$TLSDIR/server.pem"
+}
+
+tls_section() {
+    if [[ $DEV_TLS == 1 ]]; then
+        cat <<EOF
+[tls]
+# The service's certificate from the dev stack's private CA ($TLSDIR, contrib/dev-stack.sh
+# ensure_tls); hooks, agents and the CLI check it against ca before they send anything.
+cert = "$TLSDIR/server.pem"
+key = "$TLSDIR/server.key"
+ca = "$TLSDIR/ca.pem"
+EOF
+    else
+        printf '# [tls] off: SWAPAWARE_DEV_TLS=0 (plaintext gRPC)\n'
+    fi
+}
+
 write_config() {
     mkdir -p "$STATE/etc" "$STATE/bin" "$RUN" "$LOGDIR" "$STATE/lib"
     local addr
     addr=$(ctld_addr)
+    if [[ $DEV_TLS == 1 ]]; then ensure_tls; fi
     cat >"$CONF" <<EOF
 # written by contrib/dev-stack.sh
 [gpu]
@@ -108,6 +173,8 @@ fake_nvml_dir = "$FAKE"
 # Spooled events are delivered by the agent within a few seconds of the service's return.
 replay_interval_s = 1.0
 replay_max_backoff_s = 4.0
+
+$(tls_section)
 EOF
     local hook
     open_log "$LOGDIR/hooks.log"
@@ -171,10 +238,14 @@ stop_daemon() {
 wait_service() {
     local i
     for i in $(seq 1 100); do
-        if [[ -S $SOCK ]] && "$VENV/bin/python" - "$(ctld_addr):$GRPC_PORT" <<'EOF' 2>/dev/null; then
+        if [[ -S $SOCK ]] && "$VENV/bin/python" - "$(ctld_addr):$GRPC_PORT" "$CONF" <<'EOF' 2>/dev/null; then
 import sys, grpc
+from pathlib import Path
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-with grpc.insecure_channel(sys.argv[1]) as ch:
+from policy_service.config import load_config
+from policy_service.tls import channel_credentials
+creds = channel_credentials(load_config(Path(sys.argv[2])).tls)
+with (grpc.secure_channel(sys.argv[1], creds) if creds else grpc.insecure_channel(sys.argv[1])) as ch:
     r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
     sys.exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
 EOF
@@ -237,7 +308,7 @@ cmd_up() {
 swapaware dev stack is up.
   $(cmd_env | tr '\n' ' ')
   compute nodes:  $(nodes | tr '\n' ' ')
-  policy service: gRPC $(ctld_addr):$GRPC_PORT, socket $SOCK, log $LOGDIR/swapaware.log
+  policy service: gRPC $(ctld_addr):$GRPC_PORT ($(if [[ $DEV_TLS == 1 ]]; then echo "TLS, CA $TLSDIR/ca.pem"; else echo plaintext; fi)), socket $SOCK, log $LOGDIR/swapaware.log
   node agents:    $AGENT_SOCK on each node (fake NVML in $FAKE), logs $LOGDIR/agent-<node>.log
   hooks log:      $LOGDIR/hooks.log
   explain a job:  SWAPAWARE_CONFIG=$CONF $VENV/bin/swapaware explain <jobid>
@@ -279,7 +350,8 @@ case ${1:-} in
     status) cmd_status ;;
     env) cmd_env ;;
     venv) ensure_python ;;
+    tls) ensure_tls; echo "$TLSDIR" ;;
     service-stop) stop_daemon swapaware "$RUN/swapaware.pid" ;;
     service-start) service_start ;;
-    *) echo "usage: $0 up [--nodes N] | down [--purge] | status | env | venv | service-stop | service-start" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--nodes N] | down [--purge] | status | env | venv | tls | service-stop | service-start" >&2; exit 2 ;;
 esac

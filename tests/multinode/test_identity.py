@@ -30,6 +30,16 @@ def config(cluster) -> dict:
     return tomllib.loads((cluster.state / "etc" / "swapaware.toml").read_text())
 
 
+def channel(cluster) -> grpc.Channel:
+    """A channel to the service's gRPC port as any client on the cluster opens it: TLS with the
+    dev stack's CA where its config has one."""
+    conf = config(cluster)
+    address, ca = conf["service"]["grpc_address"], conf.get("tls", {}).get("ca")
+    if not ca:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=open(ca, "rb").read()))
+
+
 Maker = Callable[[str, object], str]  # (method, request) -> a credential for that call
 
 
@@ -49,8 +59,8 @@ def call(cluster, method: str, request, cred: str | Maker | None = None):
     """Call ``method``; ``cred``: a credential, or a maker of one for this call."""
     if callable(cred):
         cred = cred(method, request)
-    with grpc.insecure_channel(config(cluster)["service"]["grpc_address"]) as channel:
-        rpc = channel.unary_unary(method_path(method), request_serializer=serialised,
+    with channel(cluster) as ch:
+        rpc = ch.unary_unary(method_path(method), request_serializer=serialised,
                                   response_deserializer=message_types(method)[1].FromString)
         return rpc(request, timeout=15, metadata=((MUNGE_METADATA, cred),) if cred else None)
 
