@@ -230,7 +230,15 @@ stop_daemon() {
         pid_alive "$pidfile" || break
         sleep 0.1
     done
-    pid_alive "$pidfile" && kill -KILL "$(cat "$pidfile")" 2>/dev/null || true
+    if pid_alive "$pidfile"; then
+        kill -KILL "$(cat "$pidfile")" 2>/dev/null || true
+        # SIGKILL is delivered, not done: wait until the process is gone (its port free) before
+        # saying it stopped, so that a start right after finds the port free
+        for i in $(seq 1 50); do
+            pid_alive "$pidfile" || break
+            sleep 0.1
+        done
+    fi
     rm -f "$pidfile"
     log "stopped $name"
 }
