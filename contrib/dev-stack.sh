@@ -246,16 +246,13 @@ stop_daemon() {
 wait_service() {
     local i
     for i in $(seq 1 100); do
+        # the doctor's probe: over TLS with the config's CA where it has one
         if [[ -S $SOCK ]] && "$VENV/bin/python" - "$(ctld_addr):$GRPC_PORT" "$CONF" <<'EOF' 2>/dev/null; then
-import sys, grpc
+import sys
 from pathlib import Path
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from policy_service.admin import probe_service
 from policy_service.config import load_config
-from policy_service.tls import channel_credentials
-creds = channel_credentials(load_config(Path(sys.argv[2])).tls)
-with (grpc.secure_channel(sys.argv[1], creds) if creds else grpc.insecure_channel(sys.argv[1])) as ch:
-    r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
-    sys.exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
+sys.exit(0 if probe_service(sys.argv[1], 1.0, load_config(Path(sys.argv[2])).tls) else 1)
 EOF
             return 0
         fi
