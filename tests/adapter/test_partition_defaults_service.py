@@ -41,7 +41,8 @@ def test_a_gpu_with_more_shards_than_its_memory_is_warned_once_from_the_agents_r
     svc = start_service(load_config(env=service_env), slurm=slurm_jobs)
     gib = 1024 ** 3
     try:
-        with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as client, caplog.at_level(logging.WARNING):
+        with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as client, \
+                caplog.at_level(logging.WARNING, logger="swapaware.decisions"):
             for job_id in (1, 2):
                 fin = pb.JobFinishedRequest(job_id=job_id, node="n1", gpu_indices=[0, 1], finished_at=1100.0,
                                             started_at=1000.0, event_id=f"f{job_id}")
