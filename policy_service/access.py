@@ -12,7 +12,7 @@ import os
 import pwd
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import grpc
 
@@ -27,6 +27,7 @@ from policy_service.authz import (
     Verdict,
     Via,
     admit_verdict,
+    event_nodes_verdict,
     event_verdict,
     explain_precheck,
     explain_verdict,
@@ -243,6 +244,10 @@ class Authorizer:
 
     def events(self, method: str, caller: Caller) -> Verdict:
         return event_verdict(method, caller, self.trust, self._hosts_for(caller))
+
+    def event_nodes(self, method: str, caller: Caller, nodes: Iterable[str]) -> Verdict:
+        """May ``caller`` send events naming ``nodes`` (a node's hooks: their own node only)."""
+        return event_nodes_verdict(method, caller, self._hosts_for(caller), nodes)
 
     def admit(self, caller: Caller) -> Verdict:
         return admit_verdict(caller, self.trust, self._hosts_for(caller))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import grpc
 
@@ -141,6 +141,24 @@ def _host(addr: str, addrs: Addresses) -> str:
 def _unknown_origin(caller: Caller, addrs: Addresses, what: str) -> str:
     why = f"; the address list may be incomplete: {addrs.error}" if addrs.error else ""
     return f"{caller.describe()}: {caller.addr} is not {what} of this cluster{why}"
+
+
+def event_nodes_verdict(method: str, caller: Caller, addrs: Addresses, nodes: Iterable[str]) -> Verdict:
+    """A node's hooks speak for their own node: events that a MUNGE credential from a node's
+    address (not a controller's) carries may name that node alone (an event's node is covered by
+    the credential's digest, so it cannot be changed on the way). A token, the local socket and a
+    controller (which replays nothing of other nodes' but may host a node itself) are not limited."""
+    if caller.via is not Via.MUNGE or caller.problem or caller.token:
+        return _ok("not a node's credential")
+    own = addrs.nodes.get(caller.addr)
+    if not own or caller.addr in addrs.controllers:
+        return _ok(f"{caller.addr} is not a compute node's address alone")
+    others = sorted({n for n in nodes if n and n != own})
+    if others:
+        return _no(grpc.StatusCode.PERMISSION_DENIED,
+                   f"{method} from {own} ({caller.addr}) names other nodes ({', '.join(others[:5])}): a node's "
+                   "hooks send the events of their own node only")
+    return _ok(f"events of {own}")
 
 
 def event_verdict(method: str, caller: Caller, trust: Trust, addrs: Addresses) -> Verdict:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service._generated.swapaware.v1 import policy_pb2_grpc
 from policy_service.access import AccessUnavailable, Authorizer
 from policy_service.authz import credential_verdict
@@ -50,6 +51,13 @@ def _keeping_bytes(message_type):
     return parse
 
 
+def event_nodes(message) -> list[str]:
+    """The nodes a JobStarted / JobFinished / ReportEvents request names."""
+    if isinstance(message, pb.ReportEventsRequest):
+        return [getattr(e, e.WhichOneof("event")).node for e in message.events if e.WhichOneof("event")]
+    return [getattr(message, "node", "")]
+
+
 class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
     """Each method takes a ``Received`` (register with ``add_servicer``, not the generated
     function: a bare message has no bytes to check a credential against, and fails the call)."""
@@ -59,7 +67,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         self._token = token
         self._authorizer = authorizer
 
-    def _caller(self, method: Method, raw: bytes, context: grpc.ServicerContext):
+    def _caller(self, method: Method, raw: bytes, context: grpc.ServicerContext, message=None):
         """Who calls, once the checks that come before the handler passed (else the call is aborted)."""
         name = method.value[0]
         if self._authorizer is None:
@@ -76,13 +84,15 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         verdict = credential_verdict(caller)
         if verdict.allowed and method.is_event:
             verdict = self._authorizer.events(name, caller)
+        if verdict.allowed and method.is_event:
+            verdict = self._authorizer.event_nodes(name, caller, event_nodes(message))
         if not verdict.allowed:
             log.warning("%s from %s refused: %s", name, context.peer(), verdict.reason)
             context.abort(verdict.code, verdict.reason)
         return caller
 
     def _call(self, method: Method, received: Received, context: grpc.ServicerContext):
-        caller = self._caller(method, received.raw, context)
+        caller = self._caller(method, received.raw, context, received.message)
         try:
             return method.call(self._handler, received.message, caller)
         except HandlerError as exc:

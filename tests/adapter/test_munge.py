@@ -277,6 +277,25 @@ def test_root_on_a_host_slurm_does_not_list_is_refused_until_it_does(munge_servi
     assert observed(svc) == [2, 3]
 
 
+def test_a_node_sends_the_events_of_its_own_node_only(munge_service, munged, slurm_jobs):
+    """root on node1 holds a good credential; events naming node2 are still refused (the node
+    field is inside the credential's digest: it cannot be changed on the way either)."""
+    svc = munge_service
+    slurm_jobs.nodes_text = ("NodeName=node1 NodeAddr=127.0.0.1 NodeHostName=localhost State=IDLE\n"
+                             "NodeName=node2 NodeAddr=10.255.0.8 NodeHostName=node2 State=IDLE\n")
+    slurm_jobs.config_text = "SlurmctldHost[0] = ctl(10.255.0.1)\nSlurmUser = slurm(64030)\n"
+    own = pb.JobFinishedRequest(job_id=1, event_id="f1", finished_at=10.0, node="node1")
+    assert call(svc, "JobFinished", own, made_by(munged.socket)).applied
+    other = pb.JobFinishedRequest(job_id=2, event_id="f2", finished_at=10.0, node="node2")
+    err = refused(svc, "JobFinished", other, made_by(munged.socket))
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "names other nodes (node2)" in err.details()
+    batch = pb.ReportEventsRequest(events=[pb.JobEvent(finished=pb.JobFinishedRequest(
+        job_id=3, event_id="f3", finished_at=10.0, node="node1")), pb.JobEvent(started=pb.JobStartedRequest(
+            job_id=4, event_id="s4", node="node2"))])
+    assert refused(svc, "ReportEvents", batch, made_by(munged.socket)).code() == grpc.StatusCode.PERMISSION_DENIED
+    assert observed(svc) == [1]
+
+
 def test_events_are_unavailable_while_munged_is_down(service_env, slurm_jobs, munge_dir):
     own = start_munged(munge_dir, "stopped")
     try:
