@@ -4,6 +4,8 @@ fake NVML refusing what is over the job's handed-down share (as a framework hono
 
 Slurm starts a requeued job no sooner than its credential lifetime later (AuthInfo cred_expire,
 120 s by default, 30 s on the dev cluster; SchedulerParameters=requeue_delay on 26.05)."""
+import json
+import time
 import uuid
 
 import pytest
@@ -23,6 +25,7 @@ def test_a_shared_job_that_runs_out_of_gpu_memory_is_requeued_whole_and_complete
     # beside it (Slurm's requeue delay is the long part of this test): the same job with --no-requeue
     kept = stack.sbatch(grows_script(stack), "--gres=gpu:1", HINT, f"--job-name=oomnorq-{uuid.uuid4().hex[:6]}",
                         "--no-requeue")
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     name = f"oomrq-{uuid.uuid4().hex[:6]}"
     out, err = stack.state / "jobs" / f"{name}.out", stack.state / "jobs" / f"{name}.err"
     job = stack.sbatch(grows_script(stack), "--gres=gpu:1", HINT, f"--job-name={name}", f"--output={out}",
@@ -64,6 +67,10 @@ def test_a_shared_job_that_runs_out_of_gpu_memory_is_requeued_whole_and_complete
 
     rows = wait_for(observations, 30, f"both runs of job {job} observed", 0.3)
     assert rows == [(shared["id"], 1, 1), (whole["id"], 0, 0)]
+
+    # the report lists the job once (accounting holds both runs)
+    listed = json.loads(stack.swapaware("report", "--format", "json", "--jobs", "--start", since).stdout)["jobs"]
+    assert [j["job_id"] for j in listed].count(job) == 1
 
 
 def no_requeue_respected(stack, job: int) -> None:
