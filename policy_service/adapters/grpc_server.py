@@ -19,7 +19,7 @@ from policy_service.authz import credential_verdict
 from policy_service.client import METHODS, SERVICE, message_types, method_path
 from policy_service.handler import HandlerError, Method, PolicyHandler
 from policy_service.config import split_host_port
-from policy_service.limits import MAX_REQUEST_BYTES
+from policy_service.limits import MAX_REQUEST_BYTES, oversize
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,11 @@ def _keeping_bytes(message_type):
 
 
 def event_nodes(message) -> list[str]:
-    """The nodes a JobStarted / JobFinished / ReportEvents request names."""
-    if isinstance(message, pb.ReportEventsRequest):
-        return [getattr(e, e.WhichOneof("event")).node for e in message.events if e.WhichOneof("event")]
-    return [getattr(message, "node", "")]
+    """The nodes a JobStarted / JobFinished / ReportEvents request names, leaving out events over
+    the size limits (the handler refuses each of those as INVALID_ARGUMENT, and applies none)."""
+    events = ([getattr(e, e.WhichOneof("event")) for e in message.events if e.WhichOneof("event")]
+              if isinstance(message, pb.ReportEventsRequest) else [message])
+    return [e.node for e in events if hasattr(e, "node") and not oversize(e)]
 
 
 class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):

@@ -293,6 +293,13 @@ def test_a_node_sends_the_events_of_its_own_node_only(munge_service, munged, slu
         job_id=3, event_id="f3", finished_at=10.0, node="node1")), pb.JobEvent(started=pb.JobStartedRequest(
             job_id=4, event_id="s4", node="node2"))])
     assert refused(svc, "ReportEvents", batch, made_by(munged.socket)).code() == grpc.StatusCode.PERMISSION_DENIED
+    # an event over the size limits is refused for its size (and applied nowhere), before its node counts;
+    # beside a foreign-node event it hides nothing
+    huge = pb.JobFinishedRequest(job_id=5, event_id="f5", finished_at=10.0, node="n" * 10_000)
+    assert refused(svc, "JobFinished", huge, made_by(munged.socket)).code() == grpc.StatusCode.INVALID_ARGUMENT
+    batch = pb.ReportEventsRequest(events=[pb.JobEvent(finished=huge), pb.JobEvent(started=pb.JobStartedRequest(
+        job_id=6, event_id="s6", node="node2"))])
+    assert refused(svc, "ReportEvents", batch, made_by(munged.socket)).code() == grpc.StatusCode.PERMISSION_DENIED
     assert observed(svc) == [1]
 
 
