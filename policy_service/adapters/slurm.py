@@ -77,6 +77,8 @@ class SlurmAccess(Protocol):
 
     def release_job(self, job_id: int) -> None: ...
 
+    def job_state(self, job_id: int) -> str: ...
+
     def live_instances(self, job_ids: Sequence[int]) -> list[JobInstance]: ...
 
     def ended_instances(self, job_ids: Sequence[int]) -> list[JobInstance]: ...
@@ -219,6 +221,11 @@ class CliSlurm:
     def release_job(self, job_id: int) -> None:
         self._run(["scontrol", "release", str(job_id)])
 
+    def job_state(self, job_id: int) -> str:
+        """The job's state as scontrol shows it (COMPLETING while its epilogs run, also once
+        requeued)."""
+        return scontrol_field(self._run(["scontrol", "show", "job", "-o", str(job_id)]), "JobState") or ""
+
     def set_admin_comment(self, job_id: int, text: str) -> None:
         """Set AdminComment on a running job, or on a finished one through accounting."""
         try:
@@ -291,6 +298,9 @@ class PyslurmSlurm:
 
     def release_job(self, job_id: int) -> None:
         self._cli.release_job(job_id)
+
+    def job_state(self, job_id: int) -> str:
+        return self._cli.job_state(job_id)
 
     def live_instances(self, job_ids: Sequence[int]) -> list[JobInstance]:
         return self._cli.live_instances(job_ids)

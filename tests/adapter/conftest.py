@@ -121,12 +121,23 @@ class SlurmJobs:
     def update_held_job(self, job_id: int, fields, admin_comment: str) -> None:
         self.requeue_calls.append(("update", job_id, dict(fields), admin_comment))
         assert job_id in self.held, "a requeued job is updated while held"
+        assert self.completing_reads == 0, "a requeued job is updated once its epilogs ended"
         self.tres[job_id] = fields.get("tres_per_node", self.tres.get(job_id, ""))
         self.comments[job_id] = admin_comment
 
     def release_job(self, job_id: int) -> None:
         self.requeue_calls.append(("release", job_id))
         self.held.discard(job_id)
+
+    # A requeued job stays COMPLETING while its epilogs run: this many state reads say so.
+    completing_reads: int = 0
+
+    def job_state(self, job_id: int) -> str:
+        self.requeue_calls.append(("state", job_id))
+        if self.completing_reads > 0:
+            self.completing_reads -= 1
+            return "COMPLETING"
+        return "PENDING"
 
     # The cluster's hosts and users, for the access checks, as scontrol and sacctmgr print them and
     # parsed and resolved as CliSlurm does (policy_service.adapters.slurm_hosts): a MUNGE

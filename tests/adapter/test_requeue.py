@@ -41,9 +41,13 @@ def shared_run_that_ran_out(client, slurm_jobs, job_id, name, **fin):
 def test_requeued_whole_once_with_the_request_as_submitted(svc, slurm_jobs):
     s, client = svc
     shared, end = shared_run_that_ran_out(client, slurm_jobs, 20, "grows")
+    slurm_jobs.completing_reads = 3  # the epilog is still running when the service has requeued it
     assert client.call("JobFinished", end).applied
-    assert [c[0] for c in slurm_jobs.requeue_calls] == ["requeuehold", "update", "release"]
-    _, job_id, fields, comment = slurm_jobs.requeue_calls[1]
+    assert s.handler.events.on_shared_oom.drain()
+    calls = [c for c in slurm_jobs.requeue_calls if c[0] != "state"]
+    assert [c[0] for c in calls] == ["requeuehold", "update", "release"]
+    assert [c[0] for c in slurm_jobs.requeue_calls].count("state") == 4  # 3 x COMPLETING, then PENDING
+    _, job_id, fields, comment = calls[1]
     record = parse_admin_comment(comment)
     assert job_id == 20 and record["action"] == "whole_gpu" and record["why"].startswith("oom_requeued")
     assert fields == {"tres_per_node": "gres:shard:8"}  # 22.05: a whole GPU held as all its shards, as Admit does
@@ -56,7 +60,7 @@ def test_requeued_whole_once_with_the_request_as_submitted(svc, slurm_jobs):
 
     # the same event again (a spool replay): applied once, requeued once
     assert not client.call("JobFinished", end).applied
-    assert len(slurm_jobs.requeue_calls) == 3
+    assert s.handler.events.on_shared_oom.drain() and len(slurm_jobs.requeue_calls) == 7
 
 
 def test_no_requeue_is_respected_and_the_reason_reaches_the_admin_comment(svc, slurm_jobs):
