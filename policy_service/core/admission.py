@@ -1,0 +1,120 @@
+"""The admission table: what the service would decide, published for the job_submit plugin. Pure.
+
+The service writes a *class table* (per job key, the decision under each queue gate state) and a
+*gate file* (the gate state of each queue view); slurm_plugin/swapaware_table.lua decides from
+them with no socket I/O (docs/admission-table.md, /run/swapaware/admission.json by default).
+
+The key: every fact ``policy.decide`` reads, in ``KEY_FIELDS`` order, joined by "\\x1f" (strings as
+the plugin's M.facts gives them, integers in decimal, booleans "1"/"0"). A key is used as it is,
+never hashed. Facts whose strings hold the separator are never published (``publishable``): every
+published key then splits into exactly ``len(KEY_FIELDS)`` fields, so a job whose own fields
+hold the separator (a crafted --comment) builds a key with more fields, which matches no entry.
+
+Gate states: "short" (the queue gate keeps the GPU whole), "normal", "long" (sized by memory
+alone), "unknown" (no fresh queue snapshot). An entry holds "*" alone when every state decides the
+same (same job_desc assignments and AdminComment fields).
+
+The AdminComment template: the decision's AdminComment built with the placeholder id
+``PLACEHOLDER_ID``, with ``tbl=<version>:<i><g>`` inserted after the id token and cut again to
+policy.admin_comment_max_chars (``<i>`` with ENTRY_DIGITS digits). ``<g>`` is the state's letter (``STATE_LETTER``): s, n, l, u, or
+``a`` for an entry held as "*" (the state did not matter). Each template is complete: the plugin
+only replaces ``id=IDIDIDIDIDIDIDID`` by ``id=<its new id>``, nothing else.
+"""
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.core.policy import parse_admin_comment
+
+TABLE_FORMAT = "swapaware-admission/1"
+GATE_FORMAT = "swapaware-gate/1"
+SEP = "\x1f"
+PLACEHOLDER_ID = "IDIDIDIDIDIDIDID"  # 16 characters, as a decision id: truncation is the same
+ALL_STATES = "*"
+
+# (proto field, kind) in key order: s string, i integer, b boolean
+KEY_FIELDS: tuple[tuple[str, str], ...] = (
+    ("user", "s"), ("account", "s"), ("partition", "s"), ("job_name", "s"), ("tres_per_node", "s"),
+    ("tres_per_job", "s"), ("tres_per_task", "s"), ("tres_per_socket", "s"), ("time_limit_min", "i"),
+    ("script_fingerprint", "s"), ("comment", "s"), ("env_mem_hint", "s"), ("min_nodes", "i"), ("num_tasks", "i"),
+    ("is_batch", "b"), ("het_job", "b"), ("qos", "s"), ("cpus_per_tres", "s"), ("mem_per_tres", "s"),
+    ("ntasks_per_tres", "i"), ("tres_bind", "s"), ("tres_freq", "s"), ("exclusive", "s"),
+)
+
+
+class GateState(enum.Enum):
+    SHORT = "short"
+    NORMAL = "normal"
+    LONG = "long"
+    UNKNOWN = "unknown"
+
+
+STATE_LETTER = {GateState.SHORT.value: "s", GateState.NORMAL.value: "n", GateState.LONG.value: "l",
+                GateState.UNKNOWN.value: "u", ALL_STATES: "a"}
+LETTER_STATE = {v: k for k, v in STATE_LETTER.items()}
+
+# The entry number is written with ENTRY_DIGITS digits: every token of every version has the same
+# length, so the archive swaps a version's tokens for a placeholder of that length inside the stored
+# records (protobuf bytes) and keeps one copy of what consecutive versions hold alike.
+ENTRY_DIGITS = 7
+MAX_ENTRY = 10 ** ENTRY_DIGITS - 1
+TOKEN_CHARS = len("tbl=") + 16 + 1 + ENTRY_DIGITS + 1
+_TBL = re.compile(r"^([0-9a-f]{16}):([0-9]{%d})([snlua])$" % ENTRY_DIGITS)
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """Where a table-made decision came from: table version, entry number, gate state (a
+    ``GateState`` value, or "*" for an entry held alike in every state)."""
+
+    version: str
+    entry: int
+    state: str
+
+    @property
+    def token(self) -> str:
+        return f"tbl={self.version}:{self.entry:0{ENTRY_DIGITS}d}{STATE_LETTER[self.state]}"
+
+
+def _field(job: pb.JobFacts, name: str, kind: str) -> str:
+    if name == "is_batch":  # unset (older clients) counts as batch, as the handler reads it
+        return "1" if (job.is_batch if job.HasField("is_batch") else True) else "0"
+    value = getattr(job, name)
+    if kind == "b":
+        return "1" if value else "0"
+    if kind == "i":
+        return str(int(value))
+    return value
+
+
+def table_key(facts: pb.JobFacts) -> str:
+    """The class table's key of a job: all facts decide() reads (module doc)."""
+    return SEP.join(_field(facts, name, kind) for name, kind in KEY_FIELDS)
+
+
+def publishable(facts: pb.JobFacts) -> bool:
+    """Whether a job's key may be published: none of its strings holds the separator."""
+    return not any(kind == "s" and SEP in getattr(facts, name) for name, kind in KEY_FIELDS)
+
+
+def parse_table_ref(admin_comment: str) -> TableRef | None:
+    """The table reference an AdminComment carries (``tbl=<version>:<i><g>``); None when none."""
+    m = _TBL.match(parse_admin_comment(admin_comment).get("tbl", ""))
+    if m is None:
+        return None
+    return TableRef(m.group(1), int(m.group(2)), LETTER_STATE[m.group(3)])
+
+
+def with_table_ref(comment: str, ref: TableRef, max_chars: int) -> str | None:
+    """``comment`` (built with PLACEHOLDER_ID) with ``ref``'s token after the id token, cut to
+    ``max_chars``; None when the id token or the whole reference would not survive the cut."""
+    id_token = f"id={PLACEHOLDER_ID}"
+    at = comment.find(id_token)
+    if at < 0:
+        return None
+    end = at + len(id_token)
+    text = f"{comment[:end]} {ref.token}{comment[end:]}"[:max_chars]
+    return text if parse_table_ref(text) == ref else None
