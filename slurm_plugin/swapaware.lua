@@ -18,6 +18,8 @@ Settings come from swapaware_plugin.conf beside slurm.conf (key=value lines):
     socket=/run/swapaware/policy.sock   timeout_ms=200   breaker_s=10   enabled=1
     max_script_bytes=4194304   (Slurm's max_script_size: a larger script is refused by slurmctld
                                 after this plugin ran, so such a job is not decided at all)
+    table=  table_check_ms=1000  table_uids=0  slurm_release=   (the admission table the service
+                                publishes, decided here with no round trip: swapaware_table.lua)
 ]]
 
 local M = {}
@@ -63,6 +65,7 @@ local REWRITE_KEYS = {
 local have_cjson, cjson = pcall(require, "cjson")
 local have_socket, socket = pcall(require, "socket")
 local have_unix, unix = pcall(require, "socket.unix")
+local have_table, T = pcall(require, "swapaware_table")
 
 local function log_info(fmt, ...)
   if slurm and slurm.log_info then slurm.log_info("swapaware: " .. fmt, ...) end
@@ -70,6 +73,11 @@ end
 
 local function log_error(fmt, ...)
   if slurm and slurm.log_error then slurm.log_error("swapaware: " .. fmt, ...) end
+end
+
+if have_table then
+  T.log = log_info
+  for k, v in pairs(T.DEFAULTS) do M.settings[k] = v end
 end
 
 local function now()
@@ -88,6 +96,8 @@ function M.parse_settings(text, base)
     elseif k == "breaker_s" and tonumber(v) then out.breaker_s = tonumber(v)
     elseif k == "max_script_bytes" and tonumber(v) then out.max_script_bytes = tonumber(v)
     elseif k == "enabled" then out.enabled = (v == "1" or v == "true" or v == "yes")
+    elseif k and have_table then T.setting(out, k, v)
+    elseif k == "table" then out.table = v
     end
   end
   return out
@@ -410,6 +420,27 @@ function M.over_slurm_limit(job_desc)
   return nil
 end
 
+-- by_table(job_desc, submit_uid): true when the published admission table decided the job
+-- (swapaware_table.lua); false: the job takes the RPC path. Never raises.
+M.table_error = nil
+local function by_table(job_desc, submit_uid)
+  if not have_table then
+    if M.table_error ~= "module" then
+      M.table_error = "module"
+      log_error("table=%s is set but swapaware_table.lua cannot be loaded (%s); jobs take the RPC path",
+                M.settings.table, tostring(T))
+    end
+    return false
+  end
+  local ok, hit = pcall(T.decide, M, job_desc, submit_uid, now())
+  if ok then return hit end
+  if M.table_error ~= tostring(hit) then
+    M.table_error = tostring(hit)
+    log_error("admission table path failed (jobs take the RPC path): %s", tostring(hit))
+  end
+  return false
+end
+
 local function decide(job_desc, submit_uid)
   if not M.settings.enabled then return end
   if not M.wants_gpu(job_desc) then return end
@@ -429,6 +460,7 @@ local function decide(job_desc, submit_uid)
     log_error("lua-cjson is not installed; job passes unchanged")
     return
   end
+  if M.settings.table ~= nil and M.settings.table ~= "" and by_table(job_desc, submit_uid) then return end
   local st = M.state
   if now() < st.open_until then
     M.counters.breaker_open = M.counters.breaker_open + 1

@@ -1,0 +1,105 @@
+"""The job_submit plugin's admission table path in the real Lua 5.1 (lua-cjson, lua-posix): the
+time of one table hit (swapaware.submit() of a GPU job whose class the table holds: facts, key,
+lookup, gate state, id, apply) and the time to stat, read, decode and check a table of N entries.
+
+    .venv/bin/python bench/lua_table.py [--hits 10000] [--entries 10000,100000]
+
+Runs the same Lua state driver as tests/unit/test_lua_table.py (tests/unit/lua_table_driver.lua).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.unit.test_lua_table import Plugin, decision, gpu_job, write_atomic  # noqa: E402
+
+SHORT_SCRIPT = "#!/bin/bash\n#SBATCH --gres=gpu:1\nsource env/bin/activate\npython train.py --epochs 3\n"
+LONG_SCRIPT = SHORT_SCRIPT + "# padding\n" * 1000   # over the fingerprint's 4096-byte read limit
+
+
+def synthetic_key(i: int) -> str:
+    """A key of the published shape (23 fields), distinct per i."""
+    fields = [f"user{i % 997}", "proj", "gpu", f"job{i}", "gres:gpu:1", "", "", "", "60", f"{i:016x}", "", "",
+              "0", "0", "1", "0", "normal", "", "", "0", "", "", ""]
+    return "\x1f".join(fields)
+
+
+def table(entries: dict, valid_s: float = 3600) -> str:
+    now = time.time()
+    return json.dumps({"format": "swapaware-admission/1", "version": "0123456789abcdef", "generated_at": now,
+                       "valid_until": now + valid_s, "dialect": "24.11", "mode": "enforce", "per_qos": False,
+                       "entries": entries})
+
+
+def entries(n: int) -> dict:
+    """n entries, as the publisher writes them: most held as "*", every fourth by state."""
+    out = {}
+    for i in range(n):
+        if i % 4:
+            out[synthetic_key(i)] = {"i": i, "*": decision(i, "a")}
+        else:
+            out[synthetic_key(i)] = {"i": i, "short": decision(i, "s", shards=8), "normal": decision(i, "n"),
+                                     "long": decision(i, "l", shards=1), "unknown": decision(i, "u", shards=8)}
+    return out
+
+
+def plugin(d: Path, path: Path) -> Plugin:
+    conf = d / f"etc-{time.monotonic_ns()}"
+    conf.mkdir()
+    (conf / "swapaware_plugin.conf").write_text(f"socket={d}/none.sock\ntable={path}\ntable_check_ms=1000\n"
+                                                f"table_uids={os.getuid()}\nslurm_release=24.11\n")
+    return Plugin(conf)
+
+
+def bench_hits(d: Path, hits: int) -> None:
+    path = d / "admission.json"
+    gate = {"format": "swapaware-gate/1", "generated_at": time.time(), "valid_until": time.time() + 3600,
+            "views": {"": "normal"}, "other": "normal"}
+    write_atomic(path.with_name(path.name + ".gate"), json.dumps(gate))
+    for label, script in (("script 86 B", SHORT_SCRIPT), ("script 10 KB (fingerprint reads 4 KB)", LONG_SCRIPT)):
+        p = plugin(d, path)
+        job = gpu_job(script=script)
+        es = entries(10_000)
+        es[p.key(job)] = {"i": 10_000, "short": decision(10_000, "s", shards=8), "normal": decision(10_000, "n")}
+        write_atomic(path, table(es))
+        out = p.req("bench_hit", job=job, n=hits)
+        assert out["counters"]["table_hit"] == hits and out["rpc_calls"] == 0, out["counters"]
+        assert out["job"]["tres_per_node"] == "gres:shard:2"
+        print(f"table hit, {label}: {out['seconds'] / hits * 1e6:.1f} us/hit over {hits} hits "
+              f"(of which M.facts {out['facts_seconds'] / hits * 1e6:.1f} us, T.key "
+              f"{out['key_seconds'] / hits * 1e6:.2f} us)")
+        p.close()
+
+
+def bench_load(d: Path, sizes: list[int], rounds: int = 3) -> None:
+    for n in sizes:
+        path = d / f"admission-{n}.json"
+        write_atomic(path, table(entries(n)))
+        p = plugin(d, path)
+        out = p.req("bench_load", n=rounds)
+        print(f"table load, {n} entries: {path.stat().st_size / 1e6:.1f} MB, {out['seconds'] * 1e3:.0f} ms "
+              f"(best of {rounds}: stat, read, cjson.decode, checks), Lua heap {out['memory_kib'] / 1024:.0f} MiB")
+        p.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hits", type=int, default=10_000)
+    ap.add_argument("--entries", default="10000,100000")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        bench_hits(d, args.hits)
+        bench_load(d, [int(x) for x in args.entries.split(",")])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+--[[
+swapaware's admission table path (Lua 5.1, inside slurmctld; required by swapaware.lua).
+
+The policy service publishes what it would decide for the job classes it knows (a JSON "class
+table", `table=` in swapaware_plugin.conf) and the queue gate per QoS (`<table>.gate`). A GPU job
+whose class the table holds is decided here with no socket I/O; anything else (no table, a table
+that may not be used, no entry for the job's key, no decision for the gate's state) returns false
+and the job takes the RPC path unchanged. Nothing here raises into slurmctld: swapaware.lua calls
+T.decide under pcall and takes the RPC path on any error.
+
+A table is never used (one log line per distinct reason, then silence until the reason changes)
+when: lua-posix (posix.sys.stat) or lua-cjson is missing, the file is missing or not a regular
+file, its owner is not in table_uids, it is group or other writable, it is not JSON (truncated,
+corrupt), its format or mode is unknown, its dialect is not slurm_release, or valid_until passed.
+The files are stat'ed at most every table_check_ms and read again when (inode, size, mtime)
+changed (the service replaces them by rename, which always gives a new inode).
+
+Settings (swapaware_plugin.conf): table=<path> (empty: off)  table_check_ms=1000
+    table_uids=0[,uid...] (who may own the files)  slurm_release=<22.05|24.11|26.05> (absent: any)
+]]
+
+local T = {}
+
+T.FORMAT = "swapaware-admission/1"
+T.GATE_FORMAT = "swapaware-gate/1"
+T.PLACEHOLDER = "IDIDIDIDIDIDIDID"
+T.MODES = { enforce = true, shadow = true }
+T.STATES = { short = true, normal = true, long = true, unknown = true }
+-- The facts policy.decide() reads, in key order (policy_service.core.admission.table_key).
+T.KEY_FIELDS = { "user", "account", "partition", "jobName", "tresPerNode", "tresPerJob", "tresPerTask",
+  "tresPerSocket", "timeLimitMin", "scriptFingerprint", "comment", "envMemHint", "minNodes", "numTasks",
+  "isBatch", "hetJob", "qos", "cpusPerTres", "memPerTres", "ntasksPerTres", "tresBind", "tresFreq",
+  "exclusive" }
+-- What a decision may set: the fields M.validate() sets from an RPC reply.
+local STRING_SETS = { tres_per_node = true, tres_per_job = true, tres_per_task = true, tres_per_socket = true,
+  tres_bind = true, admin_comment = true }
+local MAX_SITE_FACTOR = 2147483645
+
+T.DEFAULTS = { table = "", table_check_ms = 1000, table_uids = { [0] = true }, slurm_release = "" }
+T.counters = { table_hit = 0, table_miss = 0 }
+
+local have_posix, pstat = pcall(require, "posix.sys.stat")
+local have_cjson, cjson = pcall(require, "cjson")
+
+-- Settings --------------------------------------------------------------------------------
+-- setting(out, k, v): takes one swapaware_plugin.conf line of the table path into out; false if
+-- k is not one of its keys.
+function T.setting(out, k, v)
+  if k == "table" then out.table = v
+  elseif k == "table_check_ms" and tonumber(v) then out.table_check_ms = tonumber(v)
+  elseif k == "slurm_release" then out.slurm_release = v
+  elseif k == "table_uids" then
+    local uids = {}
+    for u in string.gmatch(v, "[^,%s]+") do
+      if tonumber(u) then uids[tonumber(u)] = true end
+    end
+    out.table_uids = uids
+  else return false end
+  return true
+end
+
+-- Key -------------------------------------------------------------------------------------
+local SEP = "\31"
+local function render(v)
+  if v == true then return "1" elseif v == false then return "0" elseif v == nil then return "" end
+  if type(v) == "number" then return string.format("%d", v) end
+  return v
+end
+
+function T.key(facts)
+  local parts = {}
+  for i, name in ipairs(T.KEY_FIELDS) do
+    parts[i] = render(facts[name])
+  end
+  return table.concat(parts, SEP)
+end
+
+-- Logging: once per distinct reason --------------------------------------------------------
+local logged = {}   -- file path -> the reason code last logged for it
+T.log = function() end
+
+-- why(path, code, fmt, ...): nil and code, after logging the reason unless it was the last one
+-- logged for path. The gate's consequence differs from the table's.
+local function why(path, code, fmt, ...)
+  if logged[path] ~= code then
+    logged[path] = code
+    local effect = string.sub(path, -5) == ".gate" and "queue state taken as unknown" or "jobs take the RPC path"
+    T.log("admission file %s not used (%s): " .. fmt, path, effect, ...)
+  end
+  return nil, code
+end
+
+-- Files -----------------------------------------------------------------------------------
+-- signature(st): what tells a replaced file from the one loaded.
+local function signature(st)
+  return string.format("%d:%d:%d", st.st_ino, st.st_size, st.st_mtime)
+end
+
+-- check(path, uids): the file's stat signature if it may be read, else nil and a reason code
+-- (logged once).
+local function check(path, uids)
+  local st = pstat.stat(path)
+  if not st then return why(path, "missing", "no such file") end
+  if pstat.S_ISREG(st.st_mode) == 0 then return why(path, "not_regular", "not a regular file") end
+  if not uids[st.st_uid] then
+    return why(path, "owner", "owned by uid %d, not one of table_uids", st.st_uid)
+  end
+  if st.st_mode % 32 >= 16 or st.st_mode % 4 >= 2 then   -- S_IWGRP 020, S_IWOTH 002
+    return why(path, "writable", "group or other writable (mode %o)", st.st_mode % 4096)
+  end
+  return signature(st)
+end
+
+local function read_json(path)
+  local f = io.open(path, "rb")
+  if not f then return why(path, "missing", "cannot open it") end
+  local text = f:read("*a")
+  f:close()
+  local ok, doc = pcall(cjson.decode, text or "")
+  if not ok or type(doc) ~= "table" then return why(path, "json", "not JSON (truncated or corrupt)") end
+  return doc
+end
+
+-- The class table --------------------------------------------------------------------------
+-- What was read of each file: path, when it was last stat'ed, its signature, the decoded document.
+local cur = { path = nil, checked = -math.huge, sig = nil, tbl = nil }
+local gate = { path = nil, checked = -math.huge, sig = nil, doc = nil }
+
+local function validate_table(path, doc, settings)
+  if doc.format ~= T.FORMAT then return why(path, "format", "format %s unknown", tostring(doc.format)) end
+  if type(doc.entries) ~= "table" then return why(path, "format", "format %s unknown", "without entries") end
+  if type(doc.valid_until) ~= "number" then return why(path, "format", "format %s unknown", "without valid_until") end
+  if type(doc.version) ~= "string" then return why(path, "format", "format %s unknown", "without version") end
+  if not T.MODES[doc.mode] then return why(path, "mode", "mode %s unknown", tostring(doc.mode)) end
+  local rel = settings.slurm_release or ""
+  if rel ~= "" and doc.dialect ~= rel then
+    return why(path, "dialect", "dialect %s, this slurmctld is %s", tostring(doc.dialect), rel)
+  end
+  return doc
+end
+
+-- current(settings, now_s): the class table that may be used now, or nil (the reason logged).
+function T.current(settings, now_s)
+  local path = settings.table
+  if path == nil or path == "" then return nil end
+  if not have_posix then return why(path, "posix", "lua-posix (posix.sys.stat) is not installed") end
+  if not have_cjson then return why(path, "cjson", "lua-cjson is not installed") end
+  if cur.path ~= path then cur = { path = path, checked = -math.huge } end
+  if now_s - cur.checked >= (settings.table_check_ms or 1000) / 1000 then
+    cur.checked = now_s
+    local sig, code = check(path, settings.table_uids or T.DEFAULTS.table_uids)
+    if not sig then
+      cur.sig, cur.tbl, cur.code = nil, nil, code
+    elseif sig ~= cur.sig then
+      local doc = read_json(path)
+      local after = check(path, settings.table_uids or T.DEFAULTS.table_uids)
+      if after ~= sig then
+        cur.sig, cur.tbl = nil, nil         -- replaced while read: read it at the next check
+        cur.checked = -math.huge
+        return nil
+      end
+      cur.sig, cur.tbl = sig, doc and validate_table(path, doc, settings)
+      if cur.tbl and (logged[path] ~= nil or not cur.announced) then
+        cur.announced = true    -- the first load, and the first after one that could not be used
+        T.log("admission table %s version %s used (mode %s, dialect %s)", path, cur.tbl.version,
+              cur.tbl.mode, tostring(cur.tbl.dialect))
+      end
+    end
+  end
+  local tbl = cur.tbl
+  if tbl == nil then return nil end
+  if now_s > tbl.valid_until then
+    return why(path, "expired", "version %s expired %.0f s ago", tbl.version, now_s - tbl.valid_until)
+  end
+  logged[path] = nil
+  return tbl
+end
+
+-- reset(): forget the loaded files (the next use stats and reads them again).
+function T.reset()
+  cur = { path = nil, checked = -math.huge }
+  gate = { path = nil, checked = -math.huge }
+end
+
+-- The queue gate ---------------------------------------------------------------------------
+
+local function load_gate(path, settings, now_s)
+  if gate.path ~= path then gate = { path = path, checked = -math.huge } end
+  if now_s - gate.checked < (settings.table_check_ms or 1000) / 1000 then return gate.doc end
+  gate.checked = now_s
+  local sig = check(path, settings.table_uids or T.DEFAULTS.table_uids)
+  if not sig then
+    gate.sig, gate.doc = nil, nil
+  elseif sig ~= gate.sig then
+    local doc = read_json(path)
+    if check(path, settings.table_uids or T.DEFAULTS.table_uids) ~= sig then
+      gate.sig, gate.doc, gate.checked = nil, nil, -math.huge
+      return nil
+    end
+    if doc and (doc.format ~= T.GATE_FORMAT or type(doc.valid_until) ~= "number") then
+      doc = why(path, "format", "format %s unknown", tostring(doc.format))
+    end
+    gate.sig, gate.doc = sig, doc
+    if doc then logged[path] = nil end
+  end
+  return gate.doc
+end
+
+-- gate_state(settings, view, now_s): "short" | "normal" | "long" | "unknown" for the view (the
+-- job's qos where the table is per qos, else ""): "unknown" when the gate file is missing, may not
+-- be used or is past its valid_until (as decide() treats a stale queue snapshot).
+function T.gate_state(settings, view, now_s)
+  local path = settings.table .. ".gate"
+  local doc = load_gate(path, settings, now_s)
+  if doc == nil or now_s > doc.valid_until then return "unknown" end
+  local views = type(doc.views) == "table" and doc.views or {}
+  local state = views[view]
+  if state == nil then state = doc.other end
+  if not T.STATES[state] then return "unknown" end
+  return state
+end
+
+-- Decision ids -----------------------------------------------------------------------------
+-- 16 lower hex: 8 drawn from /dev/urandom once per Lua state (again when the counter wraps), then
+-- an 8 hex counter.
+local id_prefix, id_count = nil, 0
+
+local function draw_prefix()
+  local f = io.open("/dev/urandom", "rb")
+  local bytes = f and f:read(4)
+  if f then f:close() end
+  if not bytes or #bytes ~= 4 then error("cannot read /dev/urandom") end
+  return string.format("%02x%02x%02x%02x", string.byte(bytes, 1, 4))
+end
+
+function T.new_id()
+  if id_prefix == nil or id_count > 4294967295 then
+    id_prefix, id_count = draw_prefix(), 0
+  end
+  local id = id_prefix .. string.format("%08x", id_count)
+  id_count = id_count + 1
+  return id
+end
+
+-- Lookup ----------------------------------------------------------------------------------
+-- plan(decision, id): the job_desc assignments of a table decision, with the
+-- decision id in its AdminComment, or nil when the decision is not one the plugin can apply.
+function T.plan(decision, id)
+  if type(decision) ~= "table" or type(decision.set) ~= "table" then return nil end
+  local set = {}
+  for field, value in pairs(decision.set) do
+    if STRING_SETS[field] then
+      if type(value) ~= "string" or #value > 4096 then return nil end
+      set[field] = value
+    elseif field == "site_factor" then
+      if type(value) ~= "number" or value ~= math.floor(value) or math.abs(value) > MAX_SITE_FACTOR then
+        return nil
+      end
+      set.site_factor = value
+    else
+      return nil
+    end
+  end
+  if set.tres_per_node ~= nil and set.tres_per_node ~= "" and not string.match(set.tres_per_node, "^[%w:/,._-]+$") then
+    return nil
+  end
+  local ac = set.admin_comment
+  if ac == nil then return nil end
+  local a, b = string.find(ac, "id=" .. T.PLACEHOLDER, 1, true)
+  if a == nil then return nil end
+  -- Each template is complete (its tbl=<version>:<i><g> names the state, "a" for an entry held as
+  -- "*"): only the placeholder id changes.
+  set.admin_comment = string.sub(ac, 1, a + 2) .. id .. string.sub(ac, b + 1)
+  local msg = decision.message
+  if msg ~= nil and type(msg) ~= "string" then return nil end
+  return { set = set, message = msg }
+end
+
+-- decide(M, job_desc, submit_uid, now_s): true when the table decided the job (its assignments
+-- applied), false when it takes the RPC path. May raise: the caller runs it under pcall.
+function T.decide(M, job_desc, submit_uid, now_s)
+  local settings = M.settings
+  local tbl = T.current(settings, now_s)
+  if tbl == nil then return false end
+  local facts = M.facts(job_desc, submit_uid)
+  local entry = tbl.entries[T.key(facts)]
+  if type(entry) ~= "table" then
+    T.counters.table_miss = T.counters.table_miss + 1
+    return false
+  end
+  local state = T.gate_state(settings, tbl.per_qos and facts.qos or "", now_s)
+  local decision = entry[state]
+  if decision == nil then decision = entry["*"] end
+  local p = decision ~= nil and T.plan(decision, T.new_id())
+  if not p then
+    T.counters.table_miss = T.counters.table_miss + 1
+    return false
+  end
+  M.apply(job_desc, p)
+  T.counters.table_hit = T.counters.table_hit + 1
+  if p.message and p.message ~= "" and slurm and slurm.log_user then
+    slurm.log_user("%s", p.message)
+  end
+  return true
+end
+
+return T

@@ -1,0 +1,84 @@
+-- Test driver: slurm_plugin/swapaware.lua with its admission table path, as slurmctld loads it,
+-- one JSON request per stdin line, one JSON answer per stdout line.
+-- usage: lua5.1 lua_table_driver.lua <plugin_dir> <settings_dir> [hide]   (hide: posix | cjson)
+package.path = arg[1] .. "/?.lua;" .. package.path
+local cjson = require("cjson")
+local socket = require("socket")
+local hide = arg[3]
+if hide == "posix" then
+  package.preload["posix.sys.stat"] = function() error("hidden by the test") end
+elseif hide == "cjson" then
+  package.loaded["cjson"] = nil
+  package.preload["cjson"] = function() error("hidden by the test") end
+end
+local logs, user = {}, {}
+slurm = {
+  SUCCESS = 0, ERROR = -1,
+  log_info = function(fmt, ...) table.insert(logs, "info: " .. string.format(fmt, ...)) end,
+  log_error = function(fmt, ...) table.insert(logs, "error: " .. string.format(fmt, ...)) end,
+  log_user = function(fmt, ...) table.insert(user, string.format(fmt, ...)) end,
+}
+local M = require("swapaware")
+local T = require("swapaware_table")
+M.load_settings(arg[2])
+-- The RPC path: counted, answered with a decision that changes nothing (the job stays as typed).
+local rpc_calls = 0
+M.call = function(path, line, timeout_s)
+  rpc_calls = rpc_calls + 1
+  return '{"response":{"decision":{"decisionId":"rpc","rewrite":{}}}}'
+end
+
+local function answer(t)
+  t.logs, t.user, t.rpc_calls, t.counters = logs, user, rpc_calls, T.counters
+  io.write(cjson.encode(t), "\n")
+  io.flush()
+  logs, user = {}, {}
+end
+
+for line in io.lines() do
+  local req = cjson.decode(line)
+  if req.op == "submit" then
+    local rc = M.submit(req.job, {}, req.uid or 1000)
+    answer({ rc = rc, job = req.job })
+  elseif req.op == "key" then
+    local facts = M.facts(req.job, req.uid or 1000)
+    answer({ key = T.key(facts), facts = facts })
+  elseif req.op == "raise" then         -- the table path raises from here on
+    T.key = function() error("raised by the test") end
+    answer({})
+  elseif req.op == "settings" then
+    answer({ settings = M.settings })
+  elseif req.op == "bench_hit" then     -- seconds per decide() of a job the table decides
+    local jobs = {}
+    for i = 1, req.n do
+      local jd = {}
+      for k, v in pairs(req.job) do jd[k] = v end
+      jobs[i] = jd
+    end
+    local t0 = socket.gettime()
+    for i = 1, req.n do M.submit(jobs[i], {}, 1000) end
+    local total = socket.gettime() - t0
+    local t1 = socket.gettime()
+    local facts = M.facts(req.job, 1000)
+    for _ = 1, req.n do T.key(facts) end
+    local key_s = socket.gettime() - t1
+    local t2 = socket.gettime()
+    for _ = 1, req.n do M.facts(req.job, 1000) end
+    local facts_s = socket.gettime() - t2
+    answer({ seconds = total, key_seconds = key_s, facts_seconds = facts_s, job = jobs[req.n] })
+  elseif req.op == "bench_load" then    -- seconds to stat, read, decode and check the table
+    local best = math.huge
+    for _ = 1, req.n do
+      T.reset()
+      collectgarbage("collect")
+      local t0 = socket.gettime()
+      local tbl = T.current(M.settings, socket.gettime())
+      local dt = socket.gettime() - t0
+      if tbl == nil then error("the table was not loaded") end
+      if dt < best then best = dt end
+    end
+    answer({ seconds = best, memory_kib = collectgarbage("count") })
+  else
+    error("unknown op " .. tostring(req.op))
+  end
+end

@@ -1,0 +1,426 @@
+"""The job_submit plugin's admission table path (slurm_plugin/swapaware_table.lua), run by the real
+Lua 5.1 with Debian's lua-cjson, lua-socket and lua-posix and the real swapaware.lua. The RPC path
+is swapaware.lua's own, its transport (M.call) counted and answered with a decision that changes
+nothing, so a job the table did not decide comes back as typed with one RPC call."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("lua_table_driver.lua")
+PLACEHOLDER = "IDIDIDIDIDIDIDID"
+VERSION = "0123456789abcdef"
+
+if shutil.which("lua5.1") is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("lua5.1 is missing: contrib/dev-cluster/cluster.sh install provides it")
+    pytest.skip("lua5.1 not installed (run contrib/dev-cluster/cluster.sh install)", allow_module_level=True)
+_posix = subprocess.run(["lua5.1", "-e", 'require("posix.sys.stat")'], capture_output=True)
+if _posix.returncode != 0:
+    if os.environ.get("CI"):
+        raise RuntimeError("lua-posix is missing: contrib/dev-cluster/cluster.sh install provides it")
+    pytest.skip("lua-posix not installed (run contrib/dev-cluster/cluster.sh install)", allow_module_level=True)
+
+
+class Plugin:
+    """One Lua state (as slurmctld keeps one), fed one request per line."""
+
+    def __init__(self, settings_dir: Path, hide: str | None = None):
+        args = ["lua5.1", str(DRIVER), str(ROOT / "slurm_plugin"), str(settings_dir)] + ([hide] if hide else [])
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+
+    def req(self, op: str, **kw) -> dict:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=10)
+            raise AssertionError(f"the Lua driver ended: {self.proc.stderr.read() if self.proc.stderr else ''}")
+        out = json.loads(line)
+        for name in ("logs", "user"):       # lua-cjson writes an empty list as {}
+            out[name] = out[name] or []
+        return out
+
+    def submit(self, job: dict) -> dict:
+        return self.req("submit", job=job)
+
+    def key(self, job: dict) -> str:
+        return self.req("key", job=job)["key"]
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+def gpu_job(**kw) -> dict:
+    job = {"user_name": "alice", "account": "proj", "partition": "gpu", "name": "train",
+           "tres_per_node": "gres:gpu:1", "time_limit": 60, "min_nodes": 4294967294,
+           "script": "#!/bin/bash\npython train.py\n", "work_dir": "/home/alice", "comment": ""}
+    job.update(kw)
+    return job
+
+
+def template(entry: int, letter: str, action: str = "share") -> str:
+    return f"swapaware:v1 id={PLACEHOLDER} tbl={VERSION}:{entry:07d}{letter} action={action} shards=2"
+
+
+def decision(entry: int, letter: str, shards: int = 2, site_factor: int = 7, message: str | None = "shared") -> dict:
+    d = {"set": {"tres_per_node": f"gres:shard:{shards}", "tres_per_job": "", "site_factor": site_factor,
+                 "admin_comment": template(entry, letter)}}
+    if message is not None:
+        d["message"] = message
+    return d
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def table_doc(entries: dict, **kw) -> dict:
+    import time
+    doc = {"format": "swapaware-admission/1", "version": VERSION, "generated_at": time.time(),
+           "valid_until": time.time() + 300, "dialect": "24.11", "mode": "enforce", "per_qos": False,
+           "entries": entries}
+    doc.update(kw)
+    return doc
+
+
+def gate_doc(views: dict, other: str = "normal", valid_s: float = 300) -> dict:
+    import time
+    return {"format": "swapaware-gate/1", "generated_at": time.time(), "valid_until": time.time() + valid_s,
+            "views": views, "other": other}
+
+
+@pytest.fixture
+def setup(tmp_path):
+    """(plugin factory, table path): swapaware_plugin.conf with the table path on, files owned by
+    this test's uid (in table_uids), checked at every job."""
+    table = tmp_path / "run" / "admission.json"
+    table.parent.mkdir()
+    plugins: list[Plugin] = []
+
+    def make(extra: str = "", hide: str | None = None, check_ms: int = 0) -> Plugin:
+        conf = tmp_path / f"etc{len(plugins)}"      # one per Lua state: each reads it as it starts
+        conf.mkdir()
+        (conf / "swapaware_plugin.conf").write_text(
+            f"socket={tmp_path}/none.sock\ntable={table}\ntable_check_ms={check_ms}\n"
+            f"table_uids=0,{os.getuid()}\nslurm_release=24.11\n{extra}")
+        p = Plugin(conf, hide)
+        plugins.append(p)
+        return p
+
+    yield make, table
+    for p in plugins:
+        p.close()
+
+
+def publish(plugin: Plugin, table: Path, entries_by_job: list[tuple[dict, dict]], gate: dict | None = None,
+            **kw) -> None:
+    entries = {plugin.key(job): entry for job, entry in entries_by_job}
+    write_atomic(table, json.dumps(table_doc(entries, **kw)))
+    if gate is not None:
+        write_atomic(table.with_name(table.name + ".gate"), json.dumps(gate))
+
+
+def expected(job: dict, d: dict, decision_id: str) -> dict:
+    out = dict(job)
+    out.update(d["set"])
+    out["admin_comment"] = d["set"]["admin_comment"].replace(PLACEHOLDER, decision_id)
+    return out
+
+
+def decision_id(job: dict) -> str:
+    return job["admin_comment"].split()[1].removeprefix("id=")
+
+
+# --- hits ----------------------------------------------------------------------------------
+
+def test_a_hit_applies_exactly_the_set_with_a_fresh_id(setup):
+    make, table = setup
+    p = make()
+    job = gpu_job()
+    entry = {"short": decision(1, "s", shards=8, site_factor=0, message=None), "long": decision(1, "l")}
+    publish(p, table, [(job, entry)], gate=gate_doc({"": "long"}))
+    first, second = p.submit(dict(job)), p.submit(dict(job))
+    ids = [decision_id(first["job"]), decision_id(second["job"])]
+    for res, d_id in zip((first, second), ids):
+        assert res["job"] == expected(job, entry["long"], d_id)
+        assert res["rc"] == 0
+    assert all(len(i) == 16 and int(i, 16) >= 0 and i == i.lower() for i in ids)
+    assert ids[0] != ids[1] and ids[0][:8] == ids[1][:8]      # one random prefix per Lua state, a counter
+    assert int(ids[1][8:], 16) == int(ids[0][8:], 16) + 1
+    assert second["rpc_calls"] == 0
+    assert second["counters"] == {"table_hit": 2, "table_miss": 0}
+    assert first["user"] == ["shared"] and second["user"] == ["shared"]
+    assert second["logs"] == []                                   # nothing logged per job
+
+
+def test_the_gate_view_is_the_qos_where_the_table_is_per_qos(setup):
+    make, table = setup
+    p = make()
+    job = gpu_job(qos="high")
+    entry = {"short": decision(2, "s", shards=8), "long": decision(2, "l", shards=1)}
+    publish(p, table, [(job, entry)], gate=gate_doc({"high": "short", "": "long"}, other="long"), per_qos=True)
+    res = p.submit(dict(job))
+    assert res["job"] == expected(job, entry["short"], decision_id(res["job"]))
+    publish(p, table, [(job, entry)], gate=gate_doc({"high": "short", "": "short"}, other="long"), per_qos=False)
+    res = p.submit(dict(job))   # the whole queue's view ("")
+    assert res["job"] == expected(job, entry["short"], decision_id(res["job"]))
+    publish(p, table, [(job, entry)], gate=gate_doc({"low": "short"}, other="long"), per_qos=True)
+    res = p.submit(dict(job))   # a qos the gate does not list: "other"
+    assert res["job"] == expected(job, entry["long"], decision_id(res["job"]))
+
+
+@pytest.mark.parametrize("gate", ["missing", "stale", "corrupt", "group_writable"])
+def test_a_gate_that_cannot_be_used_is_state_unknown(setup, gate):
+    make, table = setup
+    p = make()
+    job = gpu_job()
+    entry = {"unknown": decision(3, "u", shards=8), "long": decision(3, "l", shards=1)}
+    gate_path = table.with_name(table.name + ".gate")
+    publish(p, table, [(job, entry)], gate=gate_doc({"": "long"}, valid_s=-1 if gate == "stale" else 300))
+    if gate == "missing":
+        gate_path.unlink()
+    elif gate == "corrupt":
+        write_atomic(gate_path, '{"format": "swapaware-gate/1", "views": {')
+    elif gate == "group_writable":
+        os.chmod(gate_path, 0o664)
+    res = p.submit(dict(job))
+    assert res["job"] == expected(job, entry["unknown"], decision_id(res["job"]))
+    assert res["rpc_calls"] == 0
+
+
+def test_an_entry_held_as_star_serves_every_state(setup):
+    make, table = setup
+    p = make()
+    job = gpu_job()
+    entry = {"*": decision(4, "a")}
+    publish(p, table, [(job, entry)], gate=gate_doc({"": "short"}))
+    res = p.submit(dict(job))
+    assert res["job"] == expected(job, entry["*"], decision_id(res["job"]))
+    assert f"tbl={VERSION}:0000004a " in res["job"]["admin_comment"]
+
+
+# --- the RPC path ----------------------------------------------------------------------------
+
+def test_a_job_the_table_does_not_hold_takes_the_rpc_path(setup):
+    make, table = setup
+    p = make()
+    known, other = gpu_job(), gpu_job(name="other")
+    publish(p, table, [(known, {"short": decision(5, "s")})], gate=gate_doc({"": "long"}))
+    res = p.submit(dict(other))                  # no entry
+    assert res["job"] == other and res["rpc_calls"] == 1
+    res = p.submit(dict(known))                  # an entry, but no decision for the state "long"
+    assert res["job"] == known and res["rpc_calls"] == 2
+    assert res["counters"] == {"table_hit": 0, "table_miss": 2}
+
+
+def test_a_decision_the_plugin_cannot_apply_takes_the_rpc_path(setup):
+    make, table = setup
+    p = make()
+    bad = [{"set": {"tres_per_node": "gres:shard:1;rm", "admin_comment": template(6, "a")}},
+           {"set": {"tres_per_node": "gres:shard:1", "admin_comment": "swapaware:v1 id=0"}},
+           {"set": {"tres_per_node": "gres:shard:1", "admin_comment": template(6, "a"), "partition": "x"}},
+           {"set": {"site_factor": 1.5, "admin_comment": template(6, "a")}},
+           "not an object"]
+    jobs = [gpu_job(name=f"bad{i}") for i in range(len(bad))]
+    publish(p, table, [(job, {"*": d}) for job, d in zip(jobs, bad)])
+    for n, job in enumerate(jobs, 1):
+        res = p.submit(dict(job))
+        assert res["job"] == job and res["rpc_calls"] == n
+
+
+def corrupt(table: Path) -> None:
+    write_atomic(table, "{ this is not json")
+
+
+def truncate(table: Path) -> None:
+    text = table.read_text()
+    write_atomic(table, text[: len(text) // 2])
+
+
+def doc_change(**kw):
+    def change(table: Path) -> None:
+        doc = json.loads(table.read_text())
+        doc.update(kw)
+        write_atomic(table, json.dumps(doc))
+    return change
+
+
+def chmod(mode: int):
+    return lambda table: os.chmod(table, mode)
+
+
+def foreign_owner(table: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    os.chown(table, 54321, -1)
+
+
+def not_regular(table: Path) -> None:
+    table.unlink()
+    table.mkdir()
+
+
+# case -> (how the good table is spoiled, the words of its one log line)
+UNUSABLE = {
+    "missing": (lambda t: t.unlink(), "no such file"),
+    "not_regular": (not_regular, "not a regular file"),
+    "truncated": (truncate, "not JSON"),
+    "corrupt": (corrupt, "not JSON"),
+    "format": (doc_change(format="swapaware-admission/2"), "format swapaware-admission/2 unknown"),
+    "no_entries": (doc_change(entries=None), "format without entries unknown"),
+    "dialect": (doc_change(dialect="26.05"), "dialect 26.05, this slurmctld is 24.11"),
+    "expired": (doc_change(valid_until=1.0), "expired"),
+    "mode": (doc_change(mode="off"), "mode off unknown"),
+    "group_writable": (chmod(0o664), "group or other writable (mode 664)"),
+    "other_writable": (chmod(0o646), "group or other writable (mode 646)"),
+    "foreign_owner": (foreign_owner, "owned by uid 54321, not one of table_uids"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNUSABLE))
+def test_a_table_that_may_not_be_used_never_is(setup, case):
+    spoil, words = UNUSABLE[case]
+    make, table = setup
+    p = make()
+    job = gpu_job()
+    publish(p, table, [(job, {"*": decision(7, "a")})], gate=gate_doc({"": "short"}))
+    assert p.submit(dict(job))["counters"]["table_hit"] == 1        # the control: the good table is used
+    spoil(table)
+    logs = []
+    for n in (2, 3):
+        res = p.submit(dict(job))
+        assert res["job"] == job, case                               # as typed: the RPC path changed nothing
+        assert res["rpc_calls"] == n - 1
+        logs += res["logs"]
+    assert len(logs) == 1 and words in logs[0] and str(table) in logs[0], logs
+    assert "jobs take the RPC path" in logs[0]
+    # a good table again: used again, said once
+    if table.is_dir():
+        table.rmdir()
+    publish(p, table, [(job, {"*": decision(7, "a")})])
+    res = p.submit(dict(job))
+    assert res["job"] == expected(job, decision(7, "a"), decision_id(res["job"]))
+    assert len(res["logs"]) == 1 and "used" in res["logs"][0]
+
+
+def test_without_lua_posix_the_table_is_never_used(setup):
+    make, table = setup
+    p = make(hide="posix")
+    job = gpu_job()
+    publish(p, table, [(job, {"*": decision(8, "a")})])
+    results = [p.submit(dict(job)) for _ in range(2)]
+    assert [r["job"] for r in results] == [job, job] and results[-1]["rpc_calls"] == 2
+    logs = results[0]["logs"] + results[1]["logs"]
+    assert len(logs) == 1 and "lua-posix (posix.sys.stat) is not installed" in logs[0]
+
+
+def test_without_lua_cjson_jobs_pass_unchanged(setup):
+    make, table = setup
+    writer = make()
+    job = gpu_job()
+    publish(writer, table, [(job, {"*": decision(9, "a")})])
+    p = make(hide="cjson")
+    res = p.submit(dict(job))
+    assert res["job"] == job and res["rpc_calls"] == 0    # no cjson: no RPC path either (fail-open)
+    assert any("lua-cjson is not installed" in line for line in res["logs"])
+
+
+def test_an_error_inside_the_table_path_takes_the_rpc_path(setup):
+    make, table = setup
+    p = make()
+    job = gpu_job()
+    publish(p, table, [(job, {"*": decision(10, "a")})])
+    p.req("raise")
+    results = [p.submit(dict(job)) for _ in range(2)]
+    assert [r["job"] for r in results] == [job, job] and results[-1]["rpc_calls"] == 2
+    logs = [line for line in results[0]["logs"] + results[1]["logs"] if line.startswith("error")]
+    assert len(logs) == 1 and "raised by the test" in logs[0] and "RPC path" in logs[0]
+
+
+def test_no_table_setting_never_looks_for_one(tmp_path):
+    conf = tmp_path / "etc"
+    conf.mkdir()
+    (conf / "swapaware_plugin.conf").write_text(f"socket={tmp_path}/none.sock\n")
+    p = Plugin(conf)
+    try:
+        assert p.req("settings")["settings"]["table"] == ""
+        res = p.submit(gpu_job())
+        assert res["rpc_calls"] == 1 and res["logs"] == [] and res["counters"] == {"table_hit": 0, "table_miss": 0}
+    finally:
+        p.close()
+
+
+# --- reload ----------------------------------------------------------------------------------
+
+def test_a_new_version_is_read_once_the_check_interval_passed(setup):
+    make, table = setup
+    job = gpu_job()
+    fast, slow = make(check_ms=0), make(check_ms=600_000)
+    one, two = decision(11, "a", shards=1), decision(11, "a", shards=3)
+    publish(fast, table, [(job, {"*": one})])
+    assert fast.submit(dict(job))["job"]["tres_per_node"] == "gres:shard:1"
+    assert slow.submit(dict(job))["job"]["tres_per_node"] == "gres:shard:1"
+    publish(fast, table, [(job, {"*": two})])
+    assert fast.submit(dict(job))["job"]["tres_per_node"] == "gres:shard:3"
+    assert slow.submit(dict(job))["job"]["tres_per_node"] == "gres:shard:1"   # not stat'ed again yet
+
+
+def test_settings_are_parsed(setup):
+    make, _ = setup
+    p = make(extra="table_uids=0, 7,x,12\n")
+    s = p.req("settings")["settings"]
+    assert s["table_uids"] == {"0": True, "7": True, "12": True}
+    assert s["slurm_release"] == "24.11" and s["table_check_ms"] == 0
+
+
+# --- the key ---------------------------------------------------------------------------------
+
+KEY_JOBS = [
+    gpu_job(),
+    gpu_job(tres_per_node="", tres_per_job="gres:gpu:h100:1", qos="high", comment="mem=20G", shared=0,
+            num_tasks=1, ntasks_per_tres=1, cpus_per_tres="gres:gpu:4", mem_per_tres="gres:gpu:1000",
+            tres_bind="gres:gpu:closest", tres_freq="gpu:high", het_job_offset=0, min_nodes=1),
+    gpu_job(tres_per_node="", tres_per_task="gres:gpu:1", num_tasks=1, script=None, environment={
+        "SWAPAWARE_GPU_MEM": "12G"}, user_name="b\u00f6b", comment="caf\u00e9 \u2603", time_limit=4294967294),
+    gpu_job(name="x" * 2000, tres_per_socket="gres:gpu:1", shared=2),
+]
+
+
+def test_the_key_is_every_fact_decide_reads_in_the_published_order(setup):
+    make, _ = setup
+    p = make()
+    for job in KEY_JOBS:
+        out = p.req("key", job={k: v for k, v in job.items() if v is not None})
+        f = out["facts"]
+        want = [f["user"], f["account"], f["partition"], f["jobName"], f["tresPerNode"], f["tresPerJob"],
+                f["tresPerTask"], f["tresPerSocket"], str(f["timeLimitMin"]), f["scriptFingerprint"],
+                f["comment"], f["envMemHint"], str(f["minNodes"]), str(f["numTasks"]),
+                "1" if f["isBatch"] else "0", "1" if f["hetJob"] else "0", f["qos"], f["cpusPerTres"],
+                f["memPerTres"], str(f["ntasksPerTres"]), f["tresBind"], f["tresFreq"], f["exclusive"]]
+        assert out["key"] == "\x1f".join(want)
+
+
+def test_the_key_is_the_services_table_key(setup):
+    admission = pytest.importorskip("policy_service.core.admission")
+    from google.protobuf import json_format
+    from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+    make, _ = setup
+    p = make()
+    for job in KEY_JOBS:
+        out = p.req("key", job={k: v for k, v in job.items() if v is not None})
+        facts = json_format.ParseDict(out["facts"], pb.JobFacts())
+        assert out["key"] == admission.table_key(facts)
