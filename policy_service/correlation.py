@@ -177,6 +177,10 @@ class Correlator:
         self.open_run_max_s = open_run_max_s  # an open run older than this is over (never joined)
         self.cache = InstanceCache(cache_jobs)
         self.queries = 0  # Slurm queries made (squeue or sacct runs)
+        # Called with the instances found for a batch of events, before their decisions are read:
+        # records the decisions the job_submit plugin made from the published table that the history
+        # lacks (adapters/admission_catchup.py). None: no table is published.
+        self.catch_up: Callable[[Sequence[JobInstance | None]], object] | None = None
 
     # ------------------------------------------------------------------ Slurm
     def _ask(self, live: bool, job_ids: Iterable[int]) -> list[JobInstance]:
@@ -195,7 +199,13 @@ class Correlator:
     def instances(self, refs: Sequence[EventRef]) -> list[JobInstance | None]:
         """The instance of each event (None: Slurm has none that fits): cached ones first, then one
         query for the rest (live jobs if any event is recent, else accounting), then the other
-        source for the events the first left unsettled."""
+        source for the events the first left unsettled. Their table-made decisions are caught up."""
+        out = self._instances(refs)
+        if self.catch_up is not None:
+            self.catch_up(out)
+        return out
+
+    def _instances(self, refs: Sequence[EventRef]) -> list[JobInstance | None]:
         out: list[JobInstance | None] = [self.cache.find(r) for r in refs]
         todo = [i for i, inst in enumerate(out) if inst is None]
         if not todo or self.slurm is None:
@@ -287,4 +297,7 @@ class Correlator:
             or [i for i in self._ask(False, [job_id]) if i.job_id == job_id]
         if not found:
             return ""
-        return self.decision_of(max(found, key=lambda i: i.submit_time))[0]
+        newest = max(found, key=lambda i: i.submit_time)
+        if self.catch_up is not None:
+            self.catch_up([newest])
+        return self.decision_of(newest)[0]

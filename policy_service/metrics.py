@@ -21,6 +21,11 @@ Every series has bounded labels (actions, reason codes, modes and transports are
   swapaware_queue_snapshot_age_seconds            age of the pending-queue snapshot (-1: none yet)
   swapaware_history_bytes                         size of the history (database + WAL + journal)
   swapaware_decisions_waiting                     decisions journaled, not yet in the history
+  swapaware_decisions_caught_up_total{source,archived}
+                                                  decisions the job_submit plugin made from the published
+                                                  table, learned from Slurm (squeue, sacct, event) and
+                                                  recorded; archived=false: from the AdminComment alone
+  swapaware_catchup_lag_seconds{source}           from such a job's submission to its record
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from policy_service.config import split_host_port
 log = logging.getLogger("swapaware.metrics")
 
 ADMIT_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0)
+LAG_BUCKETS = (1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 86400.0)
 ERROR_BUCKETS = (-0.5, -0.25, -0.1, -0.05, -0.02, 0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 FAIL_OPEN_WHY = ("breaker_open", "service_error")
 
@@ -65,6 +71,12 @@ class ServiceMetrics:
                                "(-1: none)", registry=r)
         self.history_bytes = Gauge("swapaware_history_bytes", "Size of the history: database, WAL and journal",
                                    registry=r)
+        self.caught_up = Counter("swapaware_decisions_caught_up", "Decisions the job_submit plugin made from the "
+                                 "published table, learned from Slurm and recorded, by source and whether its "
+                                 "table was archived", ("source", "archived"), registry=r)
+        self.catchup_lag = Histogram("swapaware_catchup_lag_seconds", "Seconds from a table-made decision (its job's "
+                                     "submission) to its record, by source", ("source",), buckets=LAG_BUCKETS,
+                                     registry=r)
         self.waiting = Gauge("swapaware_decisions_waiting", "Decisions journaled and not yet in the history",
                              registry=r)
         # The plugin's counters, by the slurmctld that sent them (its pid): a restart starts them at 0.

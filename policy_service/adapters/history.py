@@ -188,6 +188,18 @@ class HistoryStore:
         rows = self._read(f"SELECT {DECISION_COLS} FROM decisions WHERE decision_id=?", (decision_id,))
         return decision_row(rows[0]) if rows else None
 
+    def known_decisions(self, decision_ids: Iterable[str]) -> set[str]:
+        """Which of these decision ids the history holds (recorded, or known as never held)."""
+        ids = sorted(set(decision_ids))
+        known: set[str] = set()
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            marks = ",".join("?" * len(part))
+            known.update(r[0] for r in self._read(
+                f"SELECT decision_id FROM decisions WHERE decision_id IN ({marks}) UNION "
+                f"SELECT decision_id FROM decision_status WHERE decision_id IN ({marks})", part + part))
+        return known
+
     def decisions(self) -> Iterator[DecisionRow]:
         ids = [r[0] for r in self._read("SELECT decision_id FROM decisions ORDER BY decided_at")]
         for d_id in ids:

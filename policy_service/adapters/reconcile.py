@@ -41,16 +41,26 @@ def split_held(ids: list[str], held: set[str]) -> tuple[list[str], list[str]]:
 
 class Reconciler:
     def __init__(self, store: HistoryStore, slurm, window_s: float, settle_s: float,
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], catchup=None):
         self.store, self.slurm, self.window_s, self.settle_s, self.clock = store, slurm, window_s, settle_s, clock
+        # adapters/admission_catchup.AdmissionCatchup when a table is published: each round sweeps
+        # Slurm for table-made decisions (the same squeue and sacct tell which decisions were held)
+        self.catchup = catchup
+
+    def _held_ids(self, since: float, checking: bool) -> set[str]:
+        if self.catchup is not None:
+            return self.catchup.sweep(since if checking else None)
+        return self.slurm.held_decision_ids(since) if checking else set()
 
     def run_once(self) -> Reconciled:
         now = self.clock()
         ids = self.store.unchecked_decisions(now - self.window_s, now - self.settle_s)
-        if not ids:
+        if not ids and self.catchup is None:
             return Reconciled(0, 0, ())
         try:
-            held_ids = self.slurm.held_decision_ids(now - self.window_s)
+            held_ids = self._held_ids(now - self.window_s, bool(ids))
+            if not ids:
+                return Reconciled(0, 0, ())
         except (SlurmError, AttributeError) as exc:
             log.warning("cannot check %d decision(s) against Slurm's AdminComments: %s", len(ids), exc)
             return Reconciled(0, 0, (), str(exc))

@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import subprocess
-import time
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
@@ -37,6 +36,13 @@ from policy_service.adapters.slurm_text import (  # noqa: F401  (the parsers are
     parse_squeue_pending,
     scontrol_field,
     squeue_instance_format,
+)
+from policy_service.adapters.slurm_comments import (
+    TIME_ENV,
+    CommentedJob,
+    parse_commented,
+    sacct_argv,
+    squeue_argv,
 )
 from policy_service.adapters.slurm_hosts import (
     SCONTROL_JSON_SINCE,
@@ -85,6 +91,11 @@ class SlurmAccess(Protocol):
 
     def held_decision_ids(self, since: float) -> set[str]: ...
 
+    # Every job's AdminComment (the admission catch-up, adapters/admission_catchup.py).
+    def live_commented_jobs(self) -> list[CommentedJob]: ...
+
+    def accounted_commented_jobs(self, since: float) -> list[CommentedJob]: ...
+
     # Access checks (policy_service.access); a backend without them counts as "unknown".
     def node_addresses(self) -> dict[str, str]: ...
 
@@ -93,10 +104,6 @@ class SlurmAccess(Protocol):
     def slurm_user(self) -> tuple[str, int | None]: ...
 
     def admin_level(self, user: str) -> str: ...
-
-
-# Every job state sacct knows (the short codes of 22.05 to 26.05), for "any state" queries.
-SACCT_ALL_STATES = "PD,R,RQ,RS,S,CA,CD,DL,F,NF,OOM,PR,TO,BF,RV"
 
 
 # scontrol update's names of the job fields a requeue sets (JobRewrite's names -> scontrol's).
@@ -178,17 +185,19 @@ class CliSlurm:
     def held_decision_ids(self, since: float) -> set[str]:
         """The decision ids named by the AdminComment of every job slurmctld holds (one squeue) and
         of every job in the accounting since ``since`` (one sacct)."""
-        live = self._run(["squeue", "-h", "-a", "-t", "all", "-O", "admin_comment:"])
-        return decision_ids_in(live) | self.accounted_decision_ids(since)
+        jobs = self.live_commented_jobs() + self.accounted_commented_jobs(since)
+        return decision_ids_in("\n".join(j.admin_comment for j in jobs))
 
-    def accounted_decision_ids(self, since: float) -> set[str]:
-        """The decision ids in the AdminComments of the accounting's jobs submitted since ``since``.
-        The states are named: without ``-s`` sacct lists only jobs that became eligible, and a job
-        held and cancelled never did (measured on 22.05)."""
-        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
-        out = self._run(["sacct", "-a", "-X", "-n", "-P", "-D", "-S", start, "-E", "now", "-s", SACCT_ALL_STATES,
-                         "-o", "AdminComment"])
-        return decision_ids_in(out)
+    def live_commented_jobs(self) -> list[CommentedJob]:
+        """Every job slurmctld holds (any state: pending, running, ended within MinJobAge) with its
+        AdminComment, one squeue."""
+        return parse_commented(self._run(squeue_argv(), TIME_ENV), "squeue")
+
+    def accounted_commented_jobs(self, since: float) -> list[CommentedJob]:
+        """Every job in the accounting submitted, running or ended since ``since``, with its
+        AdminComment, one sacct. The states are named: without ``-s`` sacct lists only jobs that
+        became eligible, and a job held and cancelled never did (measured on 22.05)."""
+        return parse_commented(self._run(sacct_argv(since), TIME_ENV), "sacct")
 
     def pending_jobs(self) -> list[PendingJob]:
         return parse_squeue_pending(self._run(["squeue", "-h", "-a", "-t", "PENDING", "-O", SQUEUE_PENDING_FORMAT]))
@@ -304,6 +313,15 @@ class PyslurmSlurm:
 
     def live_instances(self, job_ids: Sequence[int]) -> list[JobInstance]:
         return self._cli.live_instances(job_ids)
+
+    def held_decision_ids(self, since: float) -> set[str]:
+        return self._cli.held_decision_ids(since)
+
+    def live_commented_jobs(self) -> list[CommentedJob]:
+        return self._cli.live_commented_jobs()
+
+    def accounted_commented_jobs(self, since: float) -> list[CommentedJob]:
+        return self._cli.accounted_commented_jobs(since)
 
     def ended_instances(self, job_ids: Sequence[int]) -> list[JobInstance]:
         return self._cli.ended_instances(job_ids)

@@ -87,6 +87,8 @@ class ReasonCode(enum.Enum):
     SHADOW_MODE = "shadow_mode"  # policy.mode = shadow: decided and recorded, the job left as submitted
     MODE_OFF = "mode_off"  # policy.mode = off: not decided, the job left as submitted
     OVERSUBSCRIPTION_NOT_ENFORCED = "oversubscription_not_enforced"  # nodes do not enforce victim semantics
+    TABLE_DECIDED = "table_decided"  # made by the job_submit plugin from the published table, learned from Slurm
+    TABLE_GONE = "table_gone"  # ... from a table version no longer archived: recorded from its AdminComment alone
 
 
 @dataclass(frozen=True)
