@@ -43,9 +43,10 @@ MYSQL_SOCKET=$MYSQL/mysqld.sock
 export SLURM_CONF=$SLURM_CONF_PATH
 
 # munge + libmunge2: also the tests' private munged (tests/adapter/test_munge.py); openssl: the
-# TLS tests' certificates (tests/adapter/test_tls.py).
+# TLS tests' certificates (tests/adapter/test_tls.py); lua-posix: job_submit's admission table
+# path stats the table (slurm_plugin/swapaware_table.lua).
 PACKAGES=(munge libmunge2 slurm-client slurmctld slurmd slurmdbd mariadb-server mariadb-client
-          lua5.1 lua-socket lua-cjson util-linux iproute2 openssl)
+          lua5.1 lua-socket lua-cjson lua-posix util-linux iproute2 openssl)
 
 log() { printf '[dev-cluster] %s\n' "$*" >&2; }
 die() { printf '[dev-cluster] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -289,6 +290,20 @@ hook_line() {
     echo "$key=$path"
 }
 
+# table_lines: swapaware_plugin.conf's admission table keys. SWAPAWARE_DEV_TABLE=1 turns the table
+# path on: table= is SWAPAWARE_TABLE (the service's [admission] table_path, which dev-stack.sh
+# passes; default $RUN/admission.json), its owner root (the dev service runs as root), and
+# slurm_release= the installed slurmctld's release (a table of another dialect is never used).
+table_lines() {
+    if [[ ${SWAPAWARE_DEV_TABLE:-0} != 1 ]]; then
+        echo "#table= (off; SWAPAWARE_DEV_TABLE=1 turns it on)"
+        return 0
+    fi
+    local table=${SWAPAWARE_TABLE:-$RUN/admission.json}
+    [[ $table == /* ]] || die "SWAPAWARE_TABLE must be an absolute path: $table"
+    printf 'table=%s\ntable_uids=0\nslurm_release=%s\n' "$table" "$(slurm_release)"
+}
+
 render_all() {
     local node socket lua_on=0 f
     node=$(node_name)
@@ -304,6 +319,8 @@ render_all() {
     export R_MUNGE_SOCKET=$MUNGE_SOCKET R_OVERSUBSCRIBE=$OVERSUBSCRIBE
     export R_DEF_MEM_PER_CPU=$DEF_MEM_PER_CPU R_MIN_JOB_AGE=$MIN_JOB_AGE
     export R_SOCKET=$socket R_PLUGIN_TIMEOUT_MS=$PLUGIN_TIMEOUT_MS
+    R_TABLE_LINES=$(table_lines)
+    export R_TABLE_LINES
     R_NODE_HW=$(node_hw)
     R_DB_PASS=$(cat "$ETC/db.pass")
     export R_NODE_HW R_DB_PASS

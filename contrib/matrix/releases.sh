@@ -8,8 +8,30 @@ MATRIX_STATE=${SWAPAWARE_MATRIX_STATE:-/var/tmp/swapaware-matrix}
 DEBIAN_MIRROR=${SWAPAWARE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # Everything the tests need inside a release's root (its own Slurm, MariaDB, munge, Lua, Python).
 ROOT_PACKAGES=(munge slurm-client slurmctld slurmd slurmdbd mariadb-server mariadb-client
-               lua5.1 lua-socket lua-cjson python3 python3-venv python3-pip procps iproute2
+               lua5.1 lua-socket lua-cjson lua-posix python3 python3-venv python3-pip procps iproute2
                hostname util-linux ca-certificates perl)
+
+# The stamp names what a root was built with (root.sh): a root of another suite or format is
+# rebuilt; one that only lacks packages of ROOT_PACKAGES gets them (root_add_packages).
+stamp_text() { printf 'suite=%s\npackages=%s\nformat=1\n' "${SUITE_OF[$1]}" "${ROOT_PACKAGES[*]}"; }
+
+# root_add_packages ROOT RELEASE: install the packages of ROOT_PACKAGES that ROOT lacks (a list that
+# grew since the root was built) with the host's network, then stamp it. ROOT is mounted
+# (mount_root) and no run of RELEASE uses it but the caller.
+root_add_packages() {
+    local root=$1 rel=$2 missing=() p st
+    for p in "${ROOT_PACKAGES[@]}"; do
+        st=$(chroot "$root" dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+        [[ $st == installed ]] || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+        mlog "adding ${missing[*]} to the root of Slurm $rel ($root)"
+        chroot "$root" "${ROOT_ENV[@]}" DEBIAN_FRONTEND=noninteractive sh -c "apt-get update -qq && \
+            apt-get install -y -qq --no-install-recommends ${missing[*]} >/dev/null && apt-get clean" >&2 ||
+            mdie "cannot install ${missing[*]} in the root of Slurm $rel"
+    fi
+    stamp_text "$rel" >"$root/.swapaware-root"
+}
 
 # The environment a command inside a root starts with (nothing of the caller's leaks in):
 #   chroot "$root" "${ROOT_ENV[@]}" [VAR=value...] COMMAND...

@@ -11,8 +11,6 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=releases.sh
 source "$HERE/releases.sh"
 
-# The stamp names what a root was built with: a root with another stamp is rebuilt.
-stamp_text() { printf 'suite=%s\npackages=%s\nformat=1\n' "${SUITE_OF[$1]}" "${ROOT_PACKAGES[*]}"; }
 
 ensure_debootstrap() {
     command -v debootstrap >/dev/null && return 0
@@ -38,6 +36,18 @@ cmd_build() {
     suite=${SUITE_OF[$rel]}
     if [[ -f $root/.swapaware-root && $(cat "$root/.swapaware-root") == "$(stamp_text "$rel")" ]]; then
         mlog "root of Slurm $rel ($suite) is cached in $root"
+        return 0
+    fi
+    # Same suite and format, packages added to ROOT_PACKAGES since: install those, no rebuild.
+    if [[ -f $root/.swapaware-root ]] && grep -qx "suite=$suite" "$root/.swapaware-root" &&
+        grep -qx 'format=1' "$root/.swapaware-root"; then
+        release_lock "$rel" "root.sh build $rel (adding packages)"
+        mount_root "$root"
+        local rc=0
+        (root_add_packages "$root" "$rel") || rc=$?
+        umount_root "$root"
+        ((rc == 0)) || exit $rc
+        mlog "root of Slurm $rel ($suite) is cached in $root, packages added"
         return 0
     fi
     ensure_debootstrap

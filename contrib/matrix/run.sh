@@ -139,6 +139,11 @@ fi
 [[ -f $ROOT/.swapaware-root ]] || mdie "no root for $REL: run contrib/matrix/root.sh build $REL"
 ensure_hosts "$ROOT"
 mount_root "$ROOT"
+# A root built before ROOT_PACKAGES grew gets the new packages (root.sh build does the same).
+if [[ $(cat "$ROOT/.swapaware-root") != "$(stamp_text "$REL")" ]] &&
+    grep -qx "suite=${SUITE_OF[$REL]}" "$ROOT/.swapaware-root"; then
+    root_add_packages "$ROOT" "$REL"
+fi
 sync_source
 netns_up
 mlog "Slurm $REL: $(chroot "$ROOT" dpkg-query -W -f='${Version}' slurmctld) in $ROOT, namespace $NS"
