@@ -129,8 +129,13 @@ local function fp_update(h1, h2, s, i, n)
   return h1, h2
 end
 
+-- The last script and its fingerprint: a burst of submissions of one script (a sweep) reads it once
+-- (Lua strings are interned: the comparison is one pointer compare).
+local fp_script, fp_last = nil, nil
+
 function M.fingerprint(script)
   if script == nil or script == "" then return "" end
+  if script == fp_script then return fp_last end
   local n = #script
   local h1, h2
   if n <= M.FP_LIMIT then
@@ -141,7 +146,8 @@ function M.fingerprint(script)
     local len = tostring(n)
     h1, h2 = fp_update(h1, h2, len, 1, #len)
   end
-  return string.format("%08x%08x", h1, h2)
+  fp_script, fp_last = script, string.format("%08x%08x", h1, h2)
+  return fp_last
 end
 
 -- utf8_clean(s): s with each byte that is not part of a well-formed UTF-8 character replaced by

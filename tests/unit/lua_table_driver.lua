@@ -48,22 +48,22 @@ for line in io.lines() do
     answer({})
   elseif req.op == "settings" then
     answer({ settings = M.settings })
-  elseif req.op == "bench_hit" then     -- seconds per decide() of a job the table decides
+  elseif req.op == "bench_hit" then     -- seconds per decide() of jobs the table decides, in turn
     local jobs = {}
     for i = 1, req.n do
       local jd = {}
-      for k, v in pairs(req.job) do jd[k] = v end
+      for k, v in pairs(req.jobs[(i - 1) % #req.jobs + 1]) do jd[k] = v end
       jobs[i] = jd
     end
     local t0 = socket.gettime()
     for i = 1, req.n do M.submit(jobs[i], {}, 1000) end
     local total = socket.gettime() - t0
     local t1 = socket.gettime()
-    local facts = M.facts(req.job, 1000)
+    local facts = M.facts(req.jobs[1], 1000)
     for _ = 1, req.n do T.key(facts) end
     local key_s = socket.gettime() - t1
     local t2 = socket.gettime()
-    for _ = 1, req.n do M.facts(req.job, 1000) end
+    for i = 1, req.n do M.facts(req.jobs[(i - 1) % #req.jobs + 1], 1000) end
     local facts_s = socket.gettime() - t2
     answer({ seconds = total, key_seconds = key_s, facts_seconds = facts_s, job = jobs[req.n] })
   elseif req.op == "bench_load" then    -- seconds to stat, read, decode and check the table
