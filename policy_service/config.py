@@ -295,6 +295,27 @@ class ServiceConfig:
 
 
 @dataclass(frozen=True)
+class AdmissionConfig:
+    """The admission table (docs/admission-table.md): the service publishes what it would decide,
+    and the job_submit plugin decides from it without asking (adapters/admission_publish.py)."""
+
+    # Where the class table is written (the queue gate beside it, "<table_path>.gate"). Empty: no
+    # table is published and every job takes the Admit round trip.
+    table_path: str = ""
+    # The class table is rebuilt at most this often, when anything it depends on changed.
+    refresh_s: float = 30.0
+    # A class table older than this is never used by the plugin (it is re-published sooner).
+    valid_s: float = 300.0
+    # Keys of the decisions recorded in this last period are published ...
+    horizon_s: float = 604800.0
+    # ... the newest first, at most this many.
+    max_entries: int = 100000
+    # Published versions kept for catch-up (at least; each is also kept valid_s +
+    # service.reconcile_window_s after it was last published).
+    archive_keep: int = 20
+
+
+@dataclass(frozen=True)
 class HookConfig:
     """Prolog / epilog: where the service is, how long to wait, where to spool."""
 
@@ -349,6 +370,7 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     source: str = "defaults"
 
     def summary(self) -> str:
@@ -449,6 +471,11 @@ def _validate(cfg: Config) -> None:
         (not cfg.agent.metrics_address or _host_port(cfg.agent.metrics_address),
          f"agent.metrics_address must be host:port (e.g. 0.0.0.0:9852), not {cfg.agent.metrics_address!r}"),
         (cfg.hooks.deadline_s > 0, "hooks.deadline_s must be > 0"),
+        (cfg.admission.refresh_s > 0, "admission.refresh_s must be > 0"),
+        (cfg.admission.valid_s > cfg.admission.refresh_s, "admission.valid_s must be > admission.refresh_s"),
+        (cfg.admission.horizon_s > 0, "admission.horizon_s must be > 0"),
+        (1 <= cfg.admission.max_entries <= 9_999_999, "admission.max_entries must be in 1..9999999"),
+        (cfg.admission.archive_keep >= 1, "admission.archive_keep must be >= 1"),
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),
         (0 < cfg.agent.replay_interval_s <= cfg.agent.replay_max_backoff_s,
          "agent.replay_interval_s must be > 0 and <= agent.replay_max_backoff_s"),

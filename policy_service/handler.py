@@ -30,8 +30,8 @@ from policy_service.core.enforcement import NodeEnforcementRegistry, NodeReport
 from policy_service.core.mode import apply_mode
 from policy_service.adapters.partitions import PartitionDefaults
 from policy_service.core.request import PER_GPU_OPTIONS, RequestError, history_keys, job_request
-from policy_service.core.types import (Action, Decision, EstimateSource, JobRequest, KeyLevel, Reason, ReasonCode,
-                                      Rewrite)
+from policy_service.core.types import (Action, Decision, EstimateSource, JobRequest, KeyLevel, QueueState, Reason,
+                                      ReasonCode, Rewrite)
 from policy_service.correlation import Correlator
 from policy_service.events import MAX_JOB_ID, EventApplier, gpu_utilisation  # noqa: F401  (gpu_utilisation: API)
 from policy_service.limits import oversize
@@ -95,6 +95,18 @@ def rewrite_to_proto(rewrite: Rewrite) -> pb.JobRewrite:
     return pb.JobRewrite(**{name: v for name in _REWRITE_FIELDS if (v := getattr(rewrite, name)) is not None})
 
 
+def decision_record(d: Decision, jr: JobRequest, keys, job: pb.JobFacts) -> DecisionRecord:
+    """A decision as the history records it."""
+    return DecisionRecord(
+        decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
+        account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
+        shards=d.shards, model_version=d.model_version, keys={k.value: v for k, v in keys.items()},
+        facts_pb=job.SerializeToString(), decision_pb=decision_to_proto(d).SerializeToString())
+
+
+MONITOR = object()  # PolicyHandler._decide: decide with the queue monitor's newest snapshot
+
+
 @dataclasses.dataclass(frozen=True)
 class PendingRedecision:
     decision: Decision
@@ -147,11 +159,7 @@ class PolicyHandler:
     def _record(self, d: Decision, jr, keys, job: pb.JobFacts) -> None:
         """Durable before it returns (HandlerError UNAVAILABLE when it cannot be)."""
         try:
-            self.decisions.record(DecisionRecord(
-                decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
-                account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
-                shards=d.shards, model_version=d.model_version, keys={k.value: v for k, v in keys.items()},
-                facts_pb=job.SerializeToString(), decision_pb=decision_to_proto(d).SerializeToString()), note={
+            self.decisions.record(decision_record(d, jr, keys, job), note={
                 "decision_id": d.decision_id, "model_version": d.model_version, "user": jr.user,
                 "job_name": jr.job_name, "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards,
                 "mode": d.mode.value, "site_factor": d.site_factor, "peak_bytes": d.estimate.peak_bytes,
@@ -221,7 +229,14 @@ class PolicyHandler:
             return None
         return f"dry run, nothing recorded: only slurmctld's Admit is recorded, and {v.reason}"
 
-    def _decide(self, job: pb.JobFacts, replaces: str = "", whole_because: Reason | None = None):
+    def _decide(self, job: pb.JobFacts, replaces: str = "", whole_because: Reason | None = None, *,
+                queue: QueueState | None | object = MONITOR, decision_id: str | None = None):
+        """(decision, request, history keys) of ``job`` now. ``queue``: the queue snapshot to decide
+        with (MONITOR: the queue monitor's newest; None: none); ``decision_id``: the id to give it
+        (None: a new one). Admit, re-decisions and the admission table (adapters/admission_publish.py)
+        all decide here."""
+        if queue is MONITOR:
+            queue = self.queue.snapshot() if self.queue is not None else None
         fields = gres_fields(job)
         parts = self.partitions() if self.partitions else None
         try:
@@ -239,9 +254,9 @@ class PolicyHandler:
             jr = dataclasses.replace(jr, gpu_shard_counts=parts.shard_counts(job.partition, jr.gpu.gpu_type))
         keys = history_keys(jr)
         stats = self.store.stats(keys)
-        d = policy.decide(jr, stats, self.cfg, decision_id=self.new_id(), now=self.clock(),
+        d = policy.decide(jr, stats, self.cfg, decision_id=decision_id or self.new_id(), now=self.clock(),
                           job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
-                          queue=self.queue.snapshot() if self.queue is not None else None, replaces=replaces,
+                          queue=queue, replaces=replaces,
                           dialect=self.dialect, whole_because=whole_because,
                           enforcement=self.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s))
         return d, jr, keys

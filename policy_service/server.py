@@ -16,6 +16,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from policy_service.access import Authorizer
+from policy_service.adapters.admission_archive import TableArchive, archive_path
+from policy_service.adapters.admission_publish import AdmissionPublisher
 from policy_service.adapters.grpc_server import start_grpc
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.local_socket import start_local_socket
@@ -43,9 +45,14 @@ class RunningService:
     _socket_server: object
     _watch_stop: threading.Event = field(default_factory=threading.Event)
     metrics_server: object = None  # the /metrics HTTP server, when service.metrics_address is set
+    # [admission] table_path set: the published tables' archive and the publisher thread
+    admission_archive: TableArchive | None = None
+    admission_publisher: AdmissionPublisher | None = None
 
     def stop(self, grace_s: float = 2.0) -> None:
         self._watch_stop.set()
+        if self.admission_publisher is not None:
+            self.admission_publisher.stop()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()  # type: ignore[attr-defined]
             self.metrics_server.server_close()  # type: ignore[attr-defined]
@@ -61,6 +68,8 @@ class RunningService:
         except FileNotFoundError:
             pass
         self.store.close()
+        if self.admission_archive is not None:
+            self.admission_archive.close()
 
 
 GIL_SWITCH_INTERVAL_S = 0.0002  # see serve_forever
@@ -151,6 +160,11 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         handler.metrics.watch(queue_age=queue_age, history=Path(cfg.service.db_path),
                               waiting=handler.decisions.pending)
         svc.metrics_server = handler.metrics.serve(cfg.service.metrics_address)
+    if cfg.admission.table_path:
+        svc.admission_archive = TableArchive(archive_path(str(cfg.service.db_path)))
+        svc.admission_publisher = AdmissionPublisher(handler, cfg, svc.admission_archive).start()
+        log.info("admission table: published at %s (gate %s.gate), rebuilt at most every %.0f s",
+                 cfg.admission.table_path, cfg.admission.table_path, cfg.admission.refresh_s)
     if slurm is not None:
         Reconciler(store, slurm, cfg.service.reconcile_window_s, cfg.service.reconcile_settle_s,
                    time.time).start(cfg.service.reconcile_s, svc._watch_stop)

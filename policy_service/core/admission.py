@@ -22,12 +22,16 @@ only replaces ``id=IDIDIDIDIDIDIDID`` by ``id=<its new id>``, nothing else.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 from dataclasses import dataclass
+from typing import Mapping
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.core.policy import parse_admin_comment
+from policy_service.config import Config
+from policy_service.core.policy import parse_admin_comment, queue_gate_state
+from policy_service.core.types import QueueState, Rewrite
 
 TABLE_FORMAT = "swapaware-admission/1"
 GATE_FORMAT = "swapaware-gate/1"
@@ -118,3 +122,98 @@ def with_table_ref(comment: str, ref: TableRef, max_chars: int) -> str | None:
     end = at + len(id_token)
     text = f"{comment[:end]} {ref.token}{comment[end:]}"[:max_chars]
     return text if parse_table_ref(text) == ref else None
+
+
+# ---------------------------------------------------------------------- gate states
+def queue_view(qos: str, cfg: Config) -> str:
+    """The queue a job of ``qos`` is gated on: its QoS under policy.queue_per_qos, else ""."""
+    return qos if cfg.policy.queue_per_qos else ""
+
+
+def state_queues(cfg: Config) -> dict[str, QueueState | None]:
+    """A queue snapshot for each gate state some snapshot can reach under ``cfg``, in which every
+    view is in that state (None: no snapshot, "unknown"). A state no pressure reaches (e.g. "short"
+    with policy.share_min_queue = 0) is left out: the gate file never names it."""
+    smq, ocmq = cfg.policy.share_min_queue, cfg.policy.overcommit_compute_min_queue
+    out: dict[str, QueueState | None] = {}
+    for state, pressure in ((GateState.SHORT, 0.0), (GateState.NORMAL, smq), (GateState.LONG, max(smq, ocmq))):
+        q = QueueState(pending_gpus=pressure, total_gpus=1)  # pressure = pending / 1 exactly
+        if queue_gate_state(q, "", cfg) == state.value:
+            out[state.value] = q
+    out[GateState.UNKNOWN.value] = None
+    return out
+
+
+def gate_file(snapshot: QueueState | None, cfg: Config, now: float) -> dict:
+    """The gate file: the state of each QoS the snapshot lists, "other" for the rest (the whole
+    queue), valid while decide() would call the snapshot fresh (age <= 3 * policy.queue_poll_s)."""
+    fresh_for = 3 * cfg.policy.queue_poll_s
+    if snapshot is None:
+        return {"format": GATE_FORMAT, "generated_at": now, "valid_until": now, "views": {},
+                "other": GateState.UNKNOWN.value}
+    taken = now - snapshot.age_s
+    whole = dataclasses.replace(snapshot, ahead_by_qos=())
+    if cfg.policy.queue_per_qos:
+        views = {name: queue_gate_state(snapshot, name, cfg) for name, _ in snapshot.ahead_by_qos}
+        other = queue_gate_state(whole, "", cfg)
+    else:
+        other = queue_gate_state(snapshot, "", cfg)
+        views = {"": other}
+    return {"format": GATE_FORMAT, "generated_at": now, "valid_until": taken + fresh_for, "views": views,
+            "other": other}
+
+
+# ---------------------------------------------------------------------- entries
+MAX_SITE_FACTOR = 2147483645  # swapaware.lua's M.MAX_SITE_FACTOR
+MAX_FIELD_CHARS = 4096  # swapaware.lua's M.validate
+_TRES_PER_NODE = re.compile(r"^[A-Za-z0-9:/,._-]+$")
+_SET_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket", "tres_bind", "admin_comment")
+
+
+def tokenised(rw: Rewrite, ref: TableRef, max_chars: int) -> Rewrite | None:
+    """``rw`` (its AdminComment built with PLACEHOLDER_ID) with the table token in its
+    AdminComment; None when it has no AdminComment that can carry the token (such a decision is
+    not published: the service could not learn it back)."""
+    if rw.admin_comment is None:
+        return None
+    comment = with_table_ref(rw.admin_comment, ref, max_chars)
+    return None if comment is None else dataclasses.replace(rw, admin_comment=comment)
+
+
+def table_decision(rw: Rewrite) -> dict | None:
+    """The job_desc assignments M.validate makes of the RPC reply carrying ``rw`` (``set``, and
+    the user's ``message``); None where M.validate would refuse the reply (the job then takes the
+    RPC path, which refuses it the same way)."""
+    out: dict = {}
+    for name in _SET_FIELDS:
+        value = getattr(rw, name)
+        if value is not None:
+            if len(value.encode()) > MAX_FIELD_CHARS:
+                return None
+            out[name] = value
+    if out.get("tres_per_node") and not _TRES_PER_NODE.match(out["tres_per_node"]):
+        return None
+    if rw.site_factor is not None:
+        if abs(rw.site_factor) > MAX_SITE_FACTOR:
+            return None
+        out["site_factor"] = rw.site_factor
+    decision: dict = {"set": out}
+    if rw.user_message is not None:
+        decision["message"] = rw.user_message
+    return decision
+
+
+def entry_refs(version: str, entry: int, per_state: Mapping[str, Rewrite]) -> dict[str, TableRef]:
+    """The table reference of each state of an entry: one "*" reference when every state decides
+    the same (``per_state``: the rewrites built with PLACEHOLDER_ID, one per reachable state)."""
+    rewrites = list(per_state.values())
+    if rewrites and all(rw == rewrites[0] for rw in rewrites[1:]):
+        return {ALL_STATES: TableRef(version, entry, ALL_STATES)}
+    return {state: TableRef(version, entry, state) for state in per_state}
+
+
+def table_file(version: str, generated_at: float, valid_until: float, dialect: str, mode: str, per_qos: bool,
+               entries: Mapping[str, dict]) -> dict:
+    """The class table as the JSON object the plugin reads."""
+    return {"format": TABLE_FORMAT, "version": version, "generated_at": generated_at, "valid_until": valid_until,
+            "dialect": dialect, "mode": mode, "per_qos": per_qos, "entries": entries}

@@ -222,6 +222,19 @@ def _compute_overcommit(queue: QueueState | None, qos: str, cfg: Config) -> Reas
                   "slow each other down")
 
 
+def queue_gate_state(queue: QueueState | None, view: str, cfg: Config) -> str:
+    """Which branch of the queue rules a job of queue view ``view`` takes (the same predicates
+    ``_route`` applies): "unknown" (no fresh snapshot), "short" (kept whole), "long" (sized by
+    memory alone where the compute floor binds) or "normal"."""
+    if not _fresh(queue, cfg):
+        return "unknown"
+    if _queue_gate(queue, view, cfg) is not None:
+        return "short"
+    if _compute_overcommit(queue, view, cfg) is not None:
+        return "long"
+    return "normal"
+
+
 def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, access: AccessClass,
            cfg: Config, queue: QueueState | None = None, util: tuple[float, KeyLevel] | None = None,
            enforcement: EnforcementView | None = None) -> tuple[Action, int, float, int, list[Reason]]:

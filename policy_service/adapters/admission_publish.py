@@ -1,0 +1,348 @@
+"""Publishes the admission table: the class table and the queue gate (core/admission.py).
+
+A background thread, never on Admit's path:
+  * the keys: the facts of the decisions recorded in the last admission.horizon_s (read from the
+    history by rowid, only new rows after the first pass), newest first, at most max_entries;
+  * each key is decided through the handler's own path (PolicyHandler._decide) once per gate state
+    some queue reaches, with a queue snapshot in that state, then policy.mode is applied as Admit
+    applies it; a key whose history keys learned nothing since, under the same mode, enforcement
+    and partitions, keeps its decisions;
+  * rebuilt at most every refresh_s, when something it depends on changed (observations learned,
+    new decisions, mode, nodes' enforcement, partitions), at once when the mode changed, and
+    re-published at least every valid_s / 2 (the same version when nothing it holds changed);
+  * the gate file is rewritten whenever the queue monitor's snapshot changed (after each poll);
+  * each version's templates go to the TableArchive (catch-up records table-made decisions from it);
+  * policy.mode = off: the class table is removed (every job takes the Admit round trip).
+Files are written atomically (temporary file in the same directory, fsync, rename), mode 0644.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.admission_archive import TableArchive
+from policy_service.config import Config, PolicyMode
+from policy_service.core import admission
+from policy_service.core.mode import apply_mode
+from policy_service.handler import HandlerError, PolicyHandler, decision_record
+
+log = logging.getLogger("swapaware.admission")
+
+_PROVISIONAL = "0" * 16
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: a reader sees the old file or the new one, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            os.fchmod(f.fileno(), 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dfd = os.open(str(path.parent), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+@dataclasses.dataclass
+class _Known:
+    """A key's decisions as last built."""
+
+    context: tuple  # (mode, enforcement, partitions) they were built under
+    learned: tuple  # observations learned under its history keys then
+    keys: dict
+    request: object
+    facts: pb.JobFacts  # the template's facts (uid and work_dir cleared: not part of the key)
+    decisions: dict  # gate state -> Decision (PLACEHOLDER_ID, mode applied)
+
+
+@dataclasses.dataclass(frozen=True)
+class Publication:
+    version: str
+    entries: int
+    templates: int
+    bytes: int
+    built_s: float
+    reused: bool  # the previous version re-published (nothing it holds changed)
+
+
+class AdmissionPublisher:
+    def __init__(self, handler: PolicyHandler, cfg: Config, archive: TableArchive,
+                 clock: Callable[[], float] = time.time):
+        self.handler, self.cfg, self.archive, self.clock = handler, cfg, archive, clock
+        self.table = Path(cfg.admission.table_path)
+        self.gate = Path(f"{cfg.admission.table_path}.gate")
+        self._facts: dict[str, tuple[float, bytes]] = {}  # key -> (newest decided_at, facts_pb)
+        self._last_rowid = 0
+        self._numbers: dict[str, int] = {}  # key -> entry number, stable while the process runs
+        self._known: dict[str, _Known] = {}
+        self._published: Publication | None = None
+        self._published_at = 0.0
+        self._content = b""  # digest of what the published version holds
+        self._entries: dict = {}
+        self._inputs: tuple | None = None  # what the last build depended on
+        self._built_at = float("-inf")
+        self._gate_written: tuple | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.RLock()  # one pass at a time (the thread, a test, the CLI)
+        self.last: Publication | None = None
+
+    # ------------------------------------------------------------------ the thread
+    def start(self) -> "AdmissionPublisher":
+        self._thread = threading.Thread(target=self._loop, name="admission-publish", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _loop(self) -> None:
+        every = min(1.0, self.cfg.policy.queue_poll_s / 4)
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # never let the table take the service down: the next tick retries
+                log.exception("admission table not published")
+            self._stop.wait(every)
+
+    def tick(self) -> None:
+        """One pass: rebuild the class table when due, rewrite the gate when the queue changed."""
+        with self._lock:
+            self._tick()
+
+    def _tick(self) -> None:
+        now = self.clock()
+        inputs = self._depends()
+        mode = inputs[0]
+        if mode is PolicyMode.OFF:
+            if self._published is not None or self.table.exists():
+                self._remove("policy.mode = off")
+            return
+        why = self._why(inputs, now)
+        if why:
+            self._publish(why, inputs)
+        self._write_gate()
+
+    def _depends(self) -> tuple:
+        h = self.handler
+        enforcement = h.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s)
+        parts = h.partitions() if h.partitions else None
+        return (h.mode, (enforcement.victim_enforced, enforcement.summary), parts, sum(h.learned.values()),
+                self._newest_rowid())
+
+    def _why(self, inputs: tuple, now: float) -> str:
+        """Why the table is rebuilt now ("" : it is not)."""
+        if self._published is None:
+            return "first publication"
+        if inputs[0] is not self._inputs[0]:
+            return f"policy.mode is {inputs[0].value}"
+        if now - self._published_at >= self.cfg.admission.valid_s / 2:
+            return "valid_s / 2 since the last publication"
+        if now - self._built_at < self.cfg.admission.refresh_s:
+            return ""
+        names = ("mode", "enforcement", "partitions", "observations learned", "decisions recorded")
+        changed = [n for n, a, b in zip(names, inputs, self._inputs) if a != b]
+        return ", ".join(changed) + " changed" if changed else ""
+
+    # ------------------------------------------------------------------ keys
+    def _reader(self) -> sqlite3.Connection:
+        return sqlite3.connect(f"file:{self.handler.store.path}?mode=ro", uri=True, timeout=10)
+
+    def _newest_rowid(self) -> int:
+        db = self._reader()
+        try:
+            return db.execute("SELECT COALESCE(MAX(rowid), 0) FROM decisions").fetchone()[0]
+        finally:
+            db.close()
+
+    def _read_keys(self, now: float) -> list[tuple[str, bytes]]:
+        """The keys to publish, newest first: (key, facts_pb)."""
+        self.handler.flush()  # decisions handed out so far are in the history
+        db = self._reader()
+        try:
+            rows = db.execute("SELECT rowid, decided_at, facts_pb FROM decisions WHERE rowid > ? ORDER BY rowid",
+                              (self._last_rowid,))
+            for rowid, at, facts_pb in rows:
+                self._last_rowid = rowid
+                key = admission.table_key(pb.JobFacts.FromString(facts_pb))
+                seen = self._facts.get(key)
+                if seen is None or at >= seen[0]:
+                    self._facts[key] = (at, facts_pb)
+        finally:
+            db.close()
+        cutoff = now - self.cfg.admission.horizon_s
+        for key in [k for k, (at, _) in self._facts.items() if at < cutoff]:
+            del self._facts[key]
+        newest = sorted(self._facts.items(), key=lambda kv: -kv[1][0])[:self.cfg.admission.max_entries]
+        return [(key, facts_pb) for key, (_, facts_pb) in newest]
+
+    def _number(self, key: str) -> int:
+        n = self._numbers.get(key)
+        if n is None:
+            if len(self._numbers) > admission.MAX_ENTRY:
+                self._numbers.clear()  # only after ten million distinct keys in one run
+            n = self._numbers[key] = len(self._numbers)
+        return n
+
+    # ------------------------------------------------------------------ deciding
+    def _decisions(self, key: str, facts_pb: bytes, context: tuple, queues: dict) -> _Known | None:
+        h = self.handler
+        known = self._known.get(key)
+        if known is not None and known.context == context and known.learned == self._learned(known.keys):
+            return known
+        facts = pb.JobFacts.FromString(facts_pb)
+        if not admission.publishable(facts):
+            return None
+        out, jr, keys = {}, None, {}
+        for state, queue in queues.items():
+            try:
+                d, jr, keys = h._decide(facts, queue=queue, decision_id=admission.PLACEHOLDER_ID)
+            except HandlerError:
+                return None  # refused as Admit refuses it: the RPC path answers
+            except Exception as exc:  # one odd record must not keep the others from the table
+                log.warning("admission table: key of %s/%s left out: %s", facts.user, facts.job_name, exc)
+                return None
+            out[state] = dataclasses.replace(apply_mode(d, context[0], self.cfg.policy.admin_comment_max_chars),
+                                             decided_at=0.0)
+        facts.uid = 0
+        facts.work_dir = ""
+        known = _Known(context, self._learned(keys), keys, jr, facts, out)
+        self._known[key] = known
+        return known
+
+    def _learned(self, keys: dict) -> tuple:
+        learned = self.handler.learned
+        return tuple(learned[v] for v in keys.values())
+
+    # ------------------------------------------------------------------ publishing
+    def publish(self, why: str, inputs: tuple | None = None) -> Publication:
+        """Build and write the class table now (and archive it)."""
+        with self._lock:
+            return self._publish(why, inputs)
+
+    def _publish(self, why: str, inputs: tuple | None) -> Publication:
+        started = time.monotonic()
+        inputs = inputs or self._depends()
+        now = self.clock()
+        mode = inputs[0]
+        context = inputs[:3]
+        queues = admission.state_queues(self.cfg)
+        max_chars = self.cfg.policy.admin_comment_max_chars
+        keys = self._read_keys(now)
+        content = hashlib.blake2b(repr((mode.value, self.handler.dialect.name)).encode(), digest_size=16)
+        built: list[tuple[str, int, _Known]] = []
+        for n, (key, facts_pb) in enumerate(keys):
+            known = self._decisions(key, facts_pb, context, queues)
+            if known is not None:
+                i = self._number(key)
+                built.append((key, i, known))
+                content.update(repr((key, i, [(s, d.rewrite) for s, d in known.decisions.items()])).encode())
+            if n % 256 == 255:
+                time.sleep(0)  # let Admit's threads in
+        for key in set(self._known) - {k for k, _ in keys}:
+            del self._known[key]
+        digest = content.digest()
+        reused = self._published is not None and digest == self._content and self._published.version
+        version = reused or os.urandom(8).hex()
+        if reused:
+            entries, templates = self._entries, None
+        else:
+            entries, templates = self._build(version, built, max_chars)
+        doc = admission.table_file(version, now, now + self.cfg.admission.valid_s, self.handler.dialect.name,
+                                   mode.value, self.cfg.policy.queue_per_qos, entries)
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        if templates is not None:
+            self.archive.put(version, templates)  # archived before any job can name it
+        else:
+            self.archive.touch(version)
+        write_atomically(self.table, data)
+        self._prune(now)
+        pub = Publication(version, len(entries), len(templates) if templates is not None else 0, len(data),
+                          time.monotonic() - started, bool(reused))
+        self._published, self._published_at, self._content, self._entries = pub, now, digest, entries
+        self._inputs, self._built_at, self.last = inputs, now, pub
+        log.info("admission table %s %s (%s): %d entries, %d bytes, %.2f s", version,
+                 "re-published" if reused else "published", why, pub.entries, pub.bytes, pub.built_s)
+        return pub
+
+    def _build(self, version: str, built: list, max_chars: int) -> tuple[dict, dict]:
+        entries: dict[str, dict] = {}
+        templates: dict = {}
+        for key, i, known in built:
+            rewrites = {s: d.rewrite for s, d in known.decisions.items()}
+            entry: dict = {"i": i}
+            for state, ref in admission.entry_refs(version, i, rewrites).items():
+                d = known.decisions[next(iter(known.decisions)) if state == admission.ALL_STATES else state]
+                rw = admission.tokenised(d.rewrite, ref, max_chars)
+                decision = admission.table_decision(rw) if rw is not None else None
+                if decision is None:
+                    continue
+                entry[state] = decision
+                templates[(i, state)] = decision_record(dataclasses.replace(d, rewrite=rw), known.request,
+                                                        known.keys, known.facts)
+            if len(entry) > 1:
+                entries[key] = entry
+        return entries, templates
+
+    def _prune(self, now: float) -> None:
+        keep_s = self.cfg.admission.valid_s + self.cfg.service.reconcile_window_s
+        older_than = now - keep_s
+        versions = self.archive.versions()
+        if len(versions) > self.cfg.admission.archive_keep:
+            older_than = min(older_than, versions[self.cfg.admission.archive_keep - 1][1])
+        else:
+            older_than = min(older_than, versions[-1][1] if versions else older_than)
+        dropped = self.archive.prune(older_than)
+        if dropped:
+            log.info("admission archive: %d version(s) published before %.0f dropped", dropped, older_than)
+
+    def _remove(self, why: str) -> None:
+        for path in (self.table, self.gate):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        log.warning("admission table %s removed (%s): every job takes the Admit round trip", self.table, why)
+        self._published, self._inputs, self._gate_written = None, None, None
+
+    # ------------------------------------------------------------------ the gate
+    def write_gate(self) -> bool:
+        """Rewrite the gate file when the queue's state or snapshot changed; True when written."""
+        with self._lock:
+            return self._write_gate()
+
+    def _write_gate(self) -> bool:
+        now = self.clock()
+        snap = self.handler.queue.snapshot() if self.handler.queue is not None else None
+        doc = admission.gate_file(snap, self.cfg, now)
+        seen = (doc["valid_until"], doc["other"], tuple(sorted(doc["views"].items())))
+        last = self._gate_written
+        if (last is not None and abs(seen[0] - last[0]) < 0.5 and seen[1:] == last[1:]  # the same snapshot
+                and self.gate.exists()):
+            return False
+        write_atomically(self.gate, json.dumps(doc, separators=(",", ":")).encode())
+        self._gate_written = seen
+        return True

@@ -1,0 +1,205 @@
+"""The admission table publisher through the real service (real gRPC, real SQLite, real files),
+with the Slurm stand-in holding the pending queue: the table's decision for a key is what Admit
+answers for the same facts in the gate state the gate file names."""
+import json
+import os
+import sqlite3
+import stat
+
+import pytest
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.admission_archive import archive_path
+from policy_service.adapters.slurm import PendingJob
+from policy_service.client import PolicyClient
+from policy_service.config import PolicyMode, load_config
+from policy_service.core import admission
+from policy_service.core.policy import parse_admin_comment
+from policy_service.server import start_service
+from tests.waiting import wait_for
+
+from .test_service import GIB, facts, run_job
+
+
+def queued(n):
+    """n pending jobs asking for one GPU each (of the stand-in's 4)."""
+    return [PendingJob(900 + i, "gres:gpu:1", "", "", 1, 1, "Resources", "") for i in range(n)]
+
+
+@pytest.fixture
+def env(service_env, tmp_path):
+    return dict(service_env, SWAPAWARE_ADMISSION__TABLE_PATH=str(tmp_path / "run" / "admission.json"),
+                SWAPAWARE_ADMISSION__REFRESH_S="1000", SWAPAWARE_ADMISSION__VALID_S="3000",
+                SWAPAWARE_POLICY__SHARE_MIN_QUEUE="0.25", SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE="0.75",
+                SWAPAWARE_POLICY__QUEUE_POLL_S="0.2")
+
+
+@pytest.fixture
+def svc(env, slurm_jobs, tmp_path):
+    (tmp_path / "run").mkdir()
+    s = start_service(load_config(env=env), slurm=slurm_jobs)
+    try:
+        with PolicyClient(f"127.0.0.1:{s.grpc_port}", 5.0) as c:
+            yield s, c
+    finally:
+        s.stop(0)
+
+
+def table(s):
+    return json.loads(s.admission_publisher.table.read_text())
+
+
+def gate_state(s, qos=""):
+    g = json.loads(s.admission_publisher.gate.read_text())
+    return g["views"].get(qos, g["other"]) if s.admission_publisher.cfg.policy.queue_per_qos else g["views"][""]
+
+
+def plain(comment):
+    """An AdminComment without its id and table token (what the RPC path and the table share)."""
+    fields = parse_admin_comment(comment)
+    fields.pop("id", None)
+    fields.pop("tbl", None)
+    return fields
+
+
+def rpc_set(d: pb.Decision) -> dict:
+    """The job_desc assignments swapaware.lua's M.validate makes of an Admit reply."""
+    rw = d.rewrite
+    out = {f: getattr(rw, f) for f in ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket",
+                                       "tres_bind") if rw.HasField(f)}
+    if rw.HasField("site_factor"):
+        out["site_factor"] = rw.site_factor
+    if rw.HasField("admin_comment"):
+        out["admin_comment"] = plain(rw.admin_comment)
+    return out
+
+
+def table_set(decision: dict) -> dict:
+    out = dict(decision["set"])
+    if "admin_comment" in out:
+        out["admin_comment"] = plain(out["admin_comment"])
+    return out
+
+
+JOBS = [
+    facts(name="learned"),  # shares once learned (2 GiB of 8 shards), the queue gate decides
+    facts(name="learned", qos="high"),
+    facts(name="new"),  # no history: whole GPU in every state
+    facts(name="learned", gres="", tres_per_task="gres:gpu:1", num_tasks=1),
+    facts(name="learned", gres="", tres_per_task="gres:gpu:1", num_tasks=2),
+    facts(name="learned", exclusive="node"),
+    facts(name="learned", is_batch=False),
+    facts(name="learned", comment="swapaware:mem=3G"),
+    facts(name="other", user="bob"),
+]
+
+
+def test_the_tables_decision_is_admits_in_each_gate_state(svc, slurm_jobs):
+    s, client = svc
+    for n in range(3):
+        run_job(client, slurm_jobs, 100 + n, facts(name="learned"), peak=2 * GIB, start=1000.0 + n, end=1100.0 + n)
+    for i, job in enumerate(JOBS):
+        client.admit(job)
+    pub = s.admission_publisher.publish("test")
+    t = table(s)
+    assert t["version"] == pub.version and t["format"] == admission.TABLE_FORMAT and t["mode"] == "enforce"
+    assert set(t["entries"]) >= {admission.table_key(j) for j in JOBS}
+    seen_states, actions = set(), set()
+    for pending, want in ((queued(0), "short"), (queued(2), "normal"), (queued(4), "long"), (None, "unknown")):
+        slurm_jobs.pending = pending
+        wait_for(lambda: s.admission_publisher.gate.exists() and gate_state(s) == want, 10.0, f"gate {want}")
+        for job in JOBS:
+            entry = t["entries"][admission.table_key(job)]
+            decision = entry.get(want, entry.get("*"))
+            assert decision is not None, (job, entry)
+            rpc = client.admit(job, dry_run=True).decision
+            assert gate_state(s) == want  # the state did not move while Admit decided
+            assert table_set(decision) == rpc_set(rpc), (want, job)
+            assert decision.get("message") == (rpc.rewrite.user_message if rpc.rewrite.HasField("user_message")
+                                               else None)
+            actions.add((want, parse_admin_comment(decision["set"]["admin_comment"])["action"]))
+        seen_states.add(want)
+    assert seen_states == {"short", "normal", "long", "unknown"}
+    # the states made a difference: kept whole while nothing waits, shared otherwise
+    assert ("short", "whole_gpu") in actions and ("normal", "share") in actions and ("unknown", "share") in actions
+
+
+def test_templates_are_archived_and_name_their_entry(svc, slurm_jobs):
+    s, client = svc
+    run_job(client, slurm_jobs, 100, facts(name="learned"), peak=2 * GIB)
+    client.admit(facts(name="learned"))
+    pub = s.admission_publisher.publish("test")
+    entry = table(s)["entries"][admission.table_key(facts(name="learned"))]
+    for state, decision in entry.items():
+        if state == "i":
+            continue
+        comment = decision["set"]["admin_comment"]
+        ref = admission.parse_table_ref(comment)
+        assert ref == admission.TableRef(pub.version, entry["i"], state)
+        rec = s.admission_archive.lookup(pub.version, entry["i"], state)
+        assert rec is not None and rec.decision_id == admission.PLACEHOLDER_ID and rec.decided_at == 0
+        d = pb.Decision.FromString(rec.decision_pb)
+        assert d.decision_id == admission.PLACEHOLDER_ID and d.rewrite.admin_comment == comment
+        got = pb.JobFacts.FromString(rec.facts_pb)
+        assert admission.table_key(got) == admission.table_key(facts(name="learned")) and got.uid == 0
+    assert s.admission_archive.lookup(pub.version, entry["i"] + 10_000, "short") is None
+    assert s.admission_archive.lookup("0" * 16, entry["i"], "short") is None
+
+
+def test_files_are_replaced_whole_and_readable_by_all(svc, slurm_jobs):
+    s, client = svc
+    client.admit(facts(name="a"))
+    p = s.admission_publisher
+    p.publish("test")
+    first = p.table.stat()
+    with open(p.table, "rb") as old:
+        client.admit(facts(name="b"))
+        second = p.publish("test")
+        assert json.loads(old.read())["version"] != second.version  # the old file, whole, to its reader
+    assert p.table.stat().st_ino != first.st_ino
+    for path in (p.table, p.gate):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == 0o644, (path, oct(mode))
+    assert sorted(os.listdir(p.table.parent)) == ["admission.json", "admission.json.gate"]  # no temporary left
+
+
+def test_an_unchanged_table_keeps_its_version_and_a_change_adds_only_its_templates(svc, slurm_jobs, env):
+    s, client = svc
+    client.admit(facts(name="a"))
+    p = s.admission_publisher
+    one = p.publish("test")
+    again = p.publish("test")
+    assert again.version == one.version and again.reused
+    db = sqlite3.connect(str(archive_path(env["SWAPAWARE_SERVICE__DB_PATH"])))
+    blobs = db.execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
+    client.admit(facts(name="b"))
+    two = p.publish("test")
+    assert two.version != one.version and not two.reused and two.entries == one.entries + 1
+    new_blobs = db.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] - blobs
+    assert 0 < new_blobs <= len(table(s)["entries"][admission.table_key(facts(name="b"))]) - 1
+    assert [v for v, _ in s.admission_archive.versions()][:2] == [two.version, one.version]
+
+
+def test_mode_off_removes_the_table_and_enforce_brings_it_back(svc, slurm_jobs):
+    s, client = svc
+    client.admit(facts(name="a"))
+    p = s.admission_publisher
+    wait_for(lambda: p.table.exists(), 10.0, "first publication")
+    s.handler.set_mode(PolicyMode.OFF)
+    wait_for(lambda: not p.table.exists(), 10.0, "table removed")
+    s.handler.set_mode(PolicyMode.SHADOW)
+    wait_for(lambda: p.table.exists() and table(s)["mode"] == "shadow", 10.0, "shadow table")
+    entry = table(s)["entries"][admission.table_key(facts(name="a"))]
+    for state, decision in entry.items():
+        if state != "i":
+            assert set(decision["set"]) == {"admin_comment"} and "mode=shadow" in decision["set"]["admin_comment"]
+
+
+def test_a_key_whose_strings_hold_the_separator_is_not_published(svc, slurm_jobs):
+    s, client = svc
+    odd = facts(name="a", comment="x\x1fy")
+    client.admit(odd)
+    client.admit(facts(name="a"))
+    s.admission_publisher.publish("test")
+    keys = table(s)["entries"]
+    assert admission.table_key(facts(name="a")) in keys and admission.table_key(odd) not in keys
