@@ -191,7 +191,9 @@ local function load_gate(path, settings, now_s)
   local sig = check(path, settings.table_uids or T.DEFAULTS.table_uids)
   if not sig then
     gate.sig, gate.doc = nil, nil
-  elseif sig ~= gate.sig then
+  elseif sig ~= gate.sig or (gate.doc and now_s > gate.doc.valid_until) then
+    -- (a stale gate is read again even with the same signature: mtime counts whole seconds and a
+    -- freed inode is reused, so two rewrites within a second can look alike; the file is small)
     local doc = read_json(path)
     if check(path, settings.table_uids or T.DEFAULTS.table_uids) ~= sig then
       gate.sig, gate.doc, gate.checked = nil, nil, -math.huge

@@ -424,3 +424,31 @@ def test_the_key_is_the_services_table_key(setup):
         out = p.req("key", job={k: v for k, v in job.items() if v is not None})
         facts = json_format.ParseDict(out["facts"], pb.JobFacts())
         assert out["key"] == admission.table_key(facts)
+
+
+def test_a_stale_gate_is_read_again_even_when_it_looks_unchanged(setup):
+    """A gate rewritten within the same second on a reused inode has the same (inode, size, mtime):
+    once stale it is read again at every check."""
+    make, table = setup
+    p = make()
+    job = gpu_job()
+    entry = {"unknown": decision(12, "u", shards=8), "long": decision(12, "l", shards=1)}
+    publish(p, table, [(job, entry)])
+    gate = table.with_name(table.name + ".gate")
+
+    def rewrite(valid_until: str) -> None:   # in place: same inode, same size, mtime put back
+        text = ('{"format": "swapaware-gate/1", "valid_until": %s, "views": {"": "long"}, "other": "long"}'
+                % valid_until)
+        st = gate.stat() if gate.exists() else None
+        with open(gate, "r+" if st else "w") as f:
+            f.write(text)
+        os.chmod(gate, 0o644)
+        if st:
+            os.utime(gate, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    rewrite("1000000000.5")                  # stale
+    res = p.submit(dict(job))
+    assert res["job"] == expected(job, entry["unknown"], decision_id(res["job"]))
+    rewrite("9999999999.5")                  # fresh, looking the same to stat
+    res = p.submit(dict(job))
+    assert res["job"] == expected(job, entry["long"], decision_id(res["job"]))
