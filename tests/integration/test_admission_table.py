@@ -1,0 +1,109 @@
+"""The job_submit plugin's admission table path inside the real slurmctld (slurm_plugin/
+swapaware_table.lua with Debian's lua-posix): a job whose key the table holds is decided with no
+call to the service; a job it does not hold, and every job once the table may not be used, takes
+the RPC path. The table is written here (keyed by the facts the service recorded for the same job
+through the RPC path), so this runs without the service's publisher."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.waiting import wait_for
+
+from .conftest import decision_of, job_field
+
+pytestmark = pytest.mark.integration
+WHERE = ("--account=root", "--partition=gpu")
+VERSION = "5eed0000" + uuid.uuid4().hex[:8]
+SCRIPT = "#!/bin/sh\ntrue\n"
+
+
+def reload_plugin(stack) -> None:
+    """slurmctld loads job_submit.lua again (a new Lua state, swapaware_plugin.conf read anew) once
+    the script's mtime is past the time it loaded it."""
+    js = stack.state / "etc" / "job_submit.lua"
+    t = time.time() + 1.5
+    os.utime(js, (t, t))
+
+
+@contextlib.contextmanager
+def plugin_table(stack, table: Path) -> Iterator[None]:
+    conf = stack.state / "etc" / "swapaware_plugin.conf"
+    before = conf.read_text()
+    conf.write_text(before + f"\ntable={table}\ntable_check_ms=0\ntable_uids=0\n")
+    reload_plugin(stack)
+    try:
+        yield
+    finally:
+        conf.write_text(before)
+        reload_plugin(stack)
+
+
+def recorded_facts(stack, decision_id: str):
+    from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+
+    def row():
+        with stack.history() as db:
+            return db.execute("SELECT facts_pb FROM decisions WHERE decision_id=?", (decision_id,)).fetchone()
+
+    return pb.JobFacts.FromString(wait_for(row, 30, f"decision {decision_id} in the history", 0.3)[0])
+
+
+def known(stack, decision_id: str) -> bool:
+    with stack.history() as db:
+        return db.execute("SELECT 1 FROM decisions WHERE decision_id=?", (decision_id,)).fetchone() is not None
+
+
+def test_a_job_the_table_holds_is_decided_in_slurmctld_without_the_service(stack):
+    from policy_service.core.admission import table_key
+
+    name = f"tbl-{uuid.uuid4().hex[:6]}"
+    args = ("--gres=gpu:1", f"--job-name={name}", *WHERE)
+    rpc = decision_of(job_field(stack.held(SCRIPT, *args), "AdminComment"))
+    assert rpc.get("id") and "tbl" not in rpc          # decided by the service (RPC path)
+    key = table_key(recorded_facts(stack, rpc["id"]))
+    shards = stack.gres("shard", 2)
+    template = f"swapaware:v1 id=IDIDIDIDIDIDIDID tbl={VERSION}:0000001a mode=enforce action=share shards=2"
+    doc = {"format": "swapaware-admission/1", "version": VERSION, "generated_at": time.time(),
+           "valid_until": time.time() + 3600, "dialect": "", "mode": "enforce", "per_qos": False,
+           "entries": {key: {"i": 1, "*": {"set": {"tres_per_node": shards, "tres_per_job": "", "site_factor": 0,
+                                                   "admin_comment": template}}}}}
+    table = stack.state / "run" / f"admission-{name}.json"
+    tmp = table.with_name(table.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, table)
+    log = stack.state / "log" / "slurmctld.log"
+
+    with plugin_table(stack, table):
+        def by_table():
+            shown = stack.held(SCRIPT, *args)
+            return shown if f"tbl={VERSION}:" in job_field(shown, "AdminComment") else None
+
+        shown = wait_for(by_table, 60, "slurmctld to load job_submit.lua with the table", 1.0)
+        comment = job_field(shown, "AdminComment")
+        d = decision_of(comment)
+        assert re.fullmatch(r"[0-9a-f]{16}", d["id"]) and d["id"] != rpc["id"], comment
+        assert comment == template.replace("IDIDIDIDIDIDIDID", d["id"])
+        assert shards in job_field(shown, "TresPerNode")
+        assert not known(stack, d["id"])                  # the service was not asked
+        # another class: the RPC path, as before
+        other = decision_of(job_field(stack.held(SCRIPT, "--gres=gpu:1", f"--job-name={name}-x", *WHERE),
+                                      "AdminComment"))
+        assert "tbl" not in other and other.get("id")
+        recorded_facts(stack, other["id"])
+        # a table that may not be used is not: the RPC path, one log line
+        os.chmod(table, 0o664)
+        spoiled = [decision_of(job_field(stack.held(SCRIPT, *args), "AdminComment")) for _ in range(2)]
+        assert all("tbl" not in d and d.get("id") for d in spoiled), spoiled
+        lines = [ln for ln in log.read_text(errors="replace").splitlines()
+                 if str(table) in ln and "group or other writable" in ln]
+        assert len(lines) == 1, lines
