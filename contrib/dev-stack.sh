@@ -11,7 +11,10 @@
 # Environment: SWAPAWARE_DEV_DIR (state, default /var/tmp/swapaware-dev), SWAPAWARE_VENV
 # (default <repo>/.venv), SWAPAWARE_GRPC_PORT (default 50551) and the port variables of
 # contrib/dev-cluster/cluster.sh. SWAPAWARE_DEV_TLS=0 turns TLS off (plaintext gRPC; default 1: a
-# private CA and the service's certificate in $STATE/tls, made with the openssl CLI). Runs as root on Debian 12 or 13 (or in a release's root, contrib/matrix/). Running `up` twice is harmless.
+# private CA and the service's certificate in $STATE/tls, made with the openssl CLI).
+# SWAPAWARE_DEV_TABLE=1 turns the admission table on (default 0: every job takes the Admit round
+# trip): the service publishes it at $STATE/run/admission.json ([admission] table_path) and the
+# plugin's swapaware_plugin.conf names it (cluster.sh, SWAPAWARE_TABLE). Runs as root on Debian 12 or 13 (or in a release's root, contrib/matrix/). Running `up` twice is harmless.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,6 +28,8 @@ CONF=$STATE/etc/swapaware.toml
 DEV_TLS=${SWAPAWARE_DEV_TLS:-1}
 [[ $DEV_TLS == [01] ]] || { printf '[dev-stack] ERROR: SWAPAWARE_DEV_TLS must be 0 or 1, got %s\n' "$DEV_TLS" >&2; exit 1; }
 TLSDIR=$STATE/tls
+DEV_TABLE=${SWAPAWARE_DEV_TABLE:-0}
+[[ $DEV_TABLE == [01] ]] || { printf '[dev-stack] ERROR: SWAPAWARE_DEV_TABLE must be 0 or 1, got %s\n' "$DEV_TABLE" >&2; exit 1; }
 # The fake GPUs as cluster.sh makes them (gres.conf and the agents' fake NVML agree): GiB per GPU,
 # GiB per shard.
 read -r GPU_GIB SHARD_GIB _ < <("$CLUSTER" gpus | sed 's/[a-z_]*=//g')
@@ -32,6 +37,7 @@ GPU_GIB_MAX=$(tr ',' '\n' <<<"$GPU_GIB" | sort -n | tail -n1)
 RUN=$STATE/run
 LOGDIR=$STATE/log
 SOCK=$RUN/swapaware.sock
+TABLE=$RUN/admission.json  # the admission table, with SWAPAWARE_DEV_TABLE=1
 # What belongs to a compute node, as the node sees it ($STATE/node: each node has its own).
 NODE=$STATE/node
 AGENT_SOCK=$NODE/agent.sock
@@ -122,6 +128,19 @@ EOF
     fi
 }
 
+admission_section() {
+    if [[ $DEV_TABLE == 1 ]]; then
+        cat <<EOF
+[admission]
+# SWAPAWARE_DEV_TABLE=1: the service publishes the admission table here and the plugin decides
+# from it (swapaware_plugin.conf table=, written by cluster.sh from SWAPAWARE_TABLE).
+table_path = "$TABLE"
+EOF
+    else
+        printf '# [admission] off: SWAPAWARE_DEV_TABLE=1 publishes the admission table\n'
+    fi
+}
+
 write_config() {
     mkdir -p "$STATE/etc" "$STATE/bin" "$RUN" "$LOGDIR" "$STATE/lib"
     local addr
@@ -175,6 +194,8 @@ replay_interval_s = 1.0
 replay_max_backoff_s = 4.0
 
 $(tls_section)
+
+$(admission_section)
 EOF
     local hook
     open_log "$LOGDIR/hooks.log"
@@ -303,7 +324,7 @@ cmd_up() {
     stop_agents  # of an earlier cluster with other nodes
     SWAPAWARE_LUA_DIR=$ROOT/slurm_plugin SWAPAWARE_PROLOG=$STATE/bin/prolog SWAPAWARE_EPILOG=$STATE/bin/epilog \
         SWAPAWARE_TASK_PROLOG=$STATE/bin/task-prolog \
-        SWAPAWARE_SOCKET=$SOCK "$CLUSTER" up
+        SWAPAWARE_SOCKET=$SOCK SWAPAWARE_DEV_TABLE=$DEV_TABLE SWAPAWARE_TABLE=$TABLE "$CLUSTER" up
     # Agents before any job can start (nothing is submitted before `up` returns); the service
     # after the cluster: it reads Slurm's release and its first queue snapshot before it answers.
     start_agents

@@ -230,11 +230,12 @@ class PolicyHandler:
         return f"dry run, nothing recorded: only slurmctld's Admit is recorded, and {v.reason}"
 
     def _decide(self, job: pb.JobFacts, replaces: str = "", whole_because: Reason | None = None, *,
-                queue: QueueState | None | object = MONITOR, decision_id: str | None = None):
+                queue: QueueState | None | object = MONITOR, decision_id: str | None = None,
+                stats_of: Callable[[dict], dict] | None = None):
         """(decision, request, history keys) of ``job`` now. ``queue``: the queue snapshot to decide
         with (MONITOR: the queue monitor's newest; None: none); ``decision_id``: the id to give it
-        (None: a new one). Admit, re-decisions and the admission table (adapters/admission_publish.py)
-        all decide here."""
+        (None: a new one); ``stats_of``: reads the history keys' statistics (None: the store).
+        Admit, re-decisions and the admission table (adapters/admission_publish.py) all decide here."""
         if queue is MONITOR:
             queue = self.queue.snapshot() if self.queue is not None else None
         fields = gres_fields(job)
@@ -253,7 +254,7 @@ class PolicyHandler:
         if parts:  # the GPUs its partitions hold, of the type it asks for
             jr = dataclasses.replace(jr, gpu_shard_counts=parts.shard_counts(job.partition, jr.gpu.gpu_type))
         keys = history_keys(jr)
-        stats = self.store.stats(keys)
+        stats = (stats_of or self.store.stats)(keys)
         d = policy.decide(jr, stats, self.cfg, decision_id=decision_id or self.new_id(), now=self.clock(),
                           job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
                           queue=queue, replaces=replaces,

@@ -66,23 +66,38 @@ class TableArchive:
         self._blob_ids: dict[bytes, int] = {}  # digest -> id, what this process has put or seen
         self._chunk_ids: dict[bytes, int] = {}
         self._cache: OrderedDict[tuple[str, int], dict[tuple[int, str], int]] = OrderedDict()
+        # the last put's records (put with token_version): (id, entry, state) -> (record, blob id)
+        self._objects: dict[tuple[int, int, str], tuple[DecisionRecord, int]] = {}
+        self._objects_version: str | None = None
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
     # ------------------------------------------------------------------ put
-    def put(self, version: str, templates: Mapping[tuple[int, str], DecisionRecord]) -> None:
+    def put(self, version: str, templates: Mapping[tuple[int, str], DecisionRecord], *,
+            token_version: str | None = None) -> None:
         """Keep ``templates`` ((entry, state) -> record with the table token in its decision's
-        AdminComment) as ``version``; a version put again is replaced."""
+        AdminComment) as ``version``; a version put again is replaced. ``token_version``: the
+        version the records' tokens name, when not ``version`` (the publisher builds a record once
+        and keeps it while its decision holds; a record object put again under the same slot is
+        not encoded again)."""
         triples = []
+        seen: dict[tuple[int, int, str], tuple[DecisionRecord, int]] = {}
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 for (entry, state), rec in templates.items():
                     if not 0 <= entry <= MAX_ENTRY or state not in STATE_LETTER:
                         raise ValueError(f"bad table slot ({entry}, {state!r})")
-                    triples.append((entry, STATE_LETTER[state], self._blob(version, entry, state, rec)))
+                    slot = (id(rec), entry, state)
+                    hit = self._objects.get(slot)
+                    if hit is not None and hit[0] is rec and token_version == self._objects_version:
+                        blob_id = hit[1]
+                    else:
+                        blob_id = self._blob(token_version or version, entry, state, rec)
+                    seen[slot] = (rec, blob_id)
+                    triples.append((entry, STATE_LETTER[state], blob_id))
                 triples.sort()
                 slots = []
                 by_chunk: dict[int, list] = {}
@@ -98,7 +113,9 @@ class TableArchive:
                 self._db.execute("ROLLBACK")
                 self._blob_ids.clear()
                 self._chunk_ids.clear()
+                self._objects.clear()
                 raise
+            self._objects, self._objects_version = (seen, token_version) if token_version else ({}, None)
             self._forget(version)
 
     def touch(self, version: str, at: float | None = None) -> bool:
@@ -180,6 +197,7 @@ class TableArchive:
     def prune(self, older_than: float) -> int:
         """Drop the versions last published before ``older_than``, then the chunks and templates
         no remaining version names. Returns how many versions were dropped."""
+        gone: list[str] = []
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -193,8 +211,10 @@ class TableArchive:
                 self._db.execute("ROLLBACK")
                 raise
             finally:
-                self._blob_ids.clear()
-                self._chunk_ids.clear()
+                if gone:
+                    self._blob_ids.clear()
+                    self._chunk_ids.clear()
+                    self._objects.clear()
                 self._cache.clear()
         return len(gone)
 

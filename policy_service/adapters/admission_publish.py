@@ -32,8 +32,9 @@ from typing import Callable
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.admission_archive import TableArchive
 from policy_service.config import Config, PolicyMode
-from policy_service.core import admission
+from policy_service.core import admission, estimator
 from policy_service.core.mode import apply_mode
+from policy_service.core.types import KeyLevel
 from policy_service.handler import HandlerError, PolicyHandler, decision_record
 
 log = logging.getLogger("swapaware.admission")
@@ -69,11 +70,23 @@ class _Known:
     """A key's decisions as last built."""
 
     context: tuple  # (mode, enforcement, partitions) they were built under
-    learned: tuple  # observations learned under its history keys then
+    learned: tuple  # observations learned then under the history keys they read (deps)
+    deps: tuple
     keys: dict
     request: object
     facts: pb.JobFacts  # the template's facts (uid and work_dir cleared: not part of the key)
     decisions: dict  # gate state -> Decision (PLACEHOLDER_ID, mode applied)
+    entry: tuple | None = None  # AdmissionPublisher._fragment's, once built
+
+
+def _read_keys_of(keys: dict, stats: dict, cfg: Config) -> tuple:
+    """The history keys whose statistics a decision read: class and user+name (penalty,
+    utilisation, site factor), and the estimator's fallback up to the key it took its estimate
+    from (all of them when none had enough runs)."""
+    order = list(KeyLevel)
+    level = estimator.usable_level(stats, cfg.estimator)
+    read = set(order if level is None else order[:order.index(level) + 1]) | {KeyLevel.CLASS, KeyLevel.USER_NAME}
+    return tuple(keys[lv] for lv in order if lv in read and lv in keys)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +112,7 @@ class AdmissionPublisher:
         self._published: Publication | None = None
         self._published_at = 0.0
         self._content = b""  # digest of what the published version holds
-        self._entries: dict = {}
+        self._entries_text = "{}"
         self._inputs: tuple | None = None  # what the last build depended on
         self._built_at = float("-inf")
         self._gate_written: tuple | None = None
@@ -204,22 +217,33 @@ class AdmissionPublisher:
         if n is None:
             if len(self._numbers) > admission.MAX_ENTRY:
                 self._numbers.clear()  # only after ten million distinct keys in one run
+                for known in self._known.values():
+                    known.entry = None
             n = self._numbers[key] = len(self._numbers)
         return n
 
     # ------------------------------------------------------------------ deciding
     def _decisions(self, key: str, facts_pb: bytes, context: tuple, queues: dict) -> _Known | None:
+        """A key's decisions under each gate state: those of the last build while nothing they
+        read changed, else decided again."""
         h = self.handler
         known = self._known.get(key)
-        if known is not None and known.context == context and known.learned == self._learned(known.keys):
+        if known is not None and known.context == context and known.learned == self._learned(known.deps):
             return known
         facts = pb.JobFacts.FromString(facts_pb)
         if not admission.publishable(facts):
             return None
+        read: dict = {}
+
+        def stats_of(keys):  # one read of the history for all the states
+            if "stats" not in read:
+                read["stats"] = h.store.stats(keys)
+            return read["stats"]
+
         out, jr, keys = {}, None, {}
         for state, queue in queues.items():
             try:
-                d, jr, keys = h._decide(facts, queue=queue, decision_id=admission.PLACEHOLDER_ID)
+                d, jr, keys = h._decide(facts, queue=queue, decision_id=admission.PLACEHOLDER_ID, stats_of=stats_of)
             except HandlerError:
                 return None  # refused as Admit refuses it: the RPC path answers
             except Exception as exc:  # one odd record must not keep the others from the table
@@ -229,13 +253,14 @@ class AdmissionPublisher:
                                              decided_at=0.0)
         facts.uid = 0
         facts.work_dir = ""
-        known = _Known(context, self._learned(keys), keys, jr, facts, out)
+        deps = _read_keys_of(keys, read.get("stats", {}), self.cfg)
+        known = _Known(context, self._learned(deps), deps, keys, jr, facts, out)
         self._known[key] = known
         return known
 
-    def _learned(self, keys: dict) -> tuple:
+    def _learned(self, deps: tuple) -> tuple:
         learned = self.handler.learned
-        return tuple(learned[v] for v in keys.values())
+        return tuple(learned[k] for k in deps)
 
     # ------------------------------------------------------------------ publishing
     def publish(self, why: str, inputs: tuple | None = None) -> Publication:
@@ -250,16 +275,17 @@ class AdmissionPublisher:
         mode = inputs[0]
         context = inputs[:3]
         queues = admission.state_queues(self.cfg)
-        max_chars = self.cfg.policy.admin_comment_max_chars
         keys = self._read_keys(now)
         content = hashlib.blake2b(repr((mode.value, self.handler.dialect.name)).encode(), digest_size=16)
-        built: list[tuple[str, int, _Known]] = []
+        built: list[tuple[str, _Known]] = []
         for n, (key, facts_pb) in enumerate(keys):
             known = self._decisions(key, facts_pb, context, queues)
             if known is not None:
-                i = self._number(key)
-                built.append((key, i, known))
-                content.update(repr((key, i, [(s, d.rewrite) for s, d in known.decisions.items()])).encode())
+                if known.entry is None or known.entry[0] != self._number(key):
+                    known.entry = self._fragment(self._number(key), known)
+                if known.entry[1]:
+                    built.append((key, known))
+                    content.update(f"{key}\0{known.entry[1]}".encode())
             if n % 256 == 255:
                 time.sleep(0)  # let Admit's threads in
         for key in set(self._known) - {k for k, _ in keys}:
@@ -268,44 +294,47 @@ class AdmissionPublisher:
         reused = self._published is not None and digest == self._content and self._published.version
         version = reused or os.urandom(8).hex()
         if reused:
-            entries, templates = self._entries, None
-        else:
-            entries, templates = self._build(version, built, max_chars)
-        doc = admission.table_file(version, now, now + self.cfg.admission.valid_s, self.handler.dialect.name,
-                                   mode.value, self.cfg.policy.queue_per_qos, entries)
-        data = json.dumps(doc, separators=(",", ":")).encode()
-        if templates is not None:
-            self.archive.put(version, templates)  # archived before any job can name it
-        else:
+            entries_text = self._entries_text
             self.archive.touch(version)
+        else:
+            provisional = f"id={admission.PLACEHOLDER_ID} tbl={_PROVISIONAL}:"
+            named = f"id={admission.PLACEHOLDER_ID} tbl={version}:"
+            entries_text = "{" + ",".join(f"{json.dumps(key)}:{known.entry[1].replace(provisional, named)}"
+                                          for key, known in built) + "}"
+            templates = {slot: rec for _, known in built for slot, rec in known.entry[2].items()}
+            self.archive.put(version, templates, token_version=_PROVISIONAL)  # archived before a job can name it
+        head = json.dumps(admission.table_file(version, now, now + self.cfg.admission.valid_s,
+                                               self.handler.dialect.name, mode.value, self.cfg.policy.queue_per_qos,
+                                               {}), separators=(",", ":"))
+        assert head.endswith('"entries":{}}')
+        data = (head[:-3] + entries_text + "}").encode()
         write_atomically(self.table, data)
         self._prune(now)
-        pub = Publication(version, len(entries), len(templates) if templates is not None else 0, len(data),
+        pub = Publication(version, len(built), sum(len(k.entry[2]) for _, k in built), len(data),
                           time.monotonic() - started, bool(reused))
-        self._published, self._published_at, self._content, self._entries = pub, now, digest, entries
+        self._published, self._published_at, self._content, self._entries_text = pub, now, digest, entries_text
         self._inputs, self._built_at, self.last = inputs, now, pub
         log.info("admission table %s %s (%s): %d entries, %d bytes, %.2f s", version,
                  "re-published" if reused else "published", why, pub.entries, pub.bytes, pub.built_s)
         return pub
 
-    def _build(self, version: str, built: list, max_chars: int) -> tuple[dict, dict]:
-        entries: dict[str, dict] = {}
+    def _fragment(self, i: int, known: _Known) -> tuple[int, str, dict]:
+        """(entry number, the entry's JSON, its templates) under the provisional version: the
+        version's own id replaces it in the text (and the archive swaps it in the templates)."""
+        max_chars = self.cfg.policy.admin_comment_max_chars
+        rewrites = {s: d.rewrite for s, d in known.decisions.items()}
+        entry: dict = {"i": i}
         templates: dict = {}
-        for key, i, known in built:
-            rewrites = {s: d.rewrite for s, d in known.decisions.items()}
-            entry: dict = {"i": i}
-            for state, ref in admission.entry_refs(version, i, rewrites).items():
-                d = known.decisions[next(iter(known.decisions)) if state == admission.ALL_STATES else state]
-                rw = admission.tokenised(d.rewrite, ref, max_chars)
-                decision = admission.table_decision(rw) if rw is not None else None
-                if decision is None:
-                    continue
-                entry[state] = decision
-                templates[(i, state)] = decision_record(dataclasses.replace(d, rewrite=rw), known.request,
-                                                        known.keys, known.facts)
-            if len(entry) > 1:
-                entries[key] = entry
-        return entries, templates
+        for state, ref in admission.entry_refs(_PROVISIONAL, i, rewrites).items():
+            d = known.decisions[next(iter(known.decisions)) if state == admission.ALL_STATES else state]
+            rw = admission.tokenised(d.rewrite, ref, max_chars)
+            decision = admission.table_decision(rw) if rw is not None else None
+            if decision is None:
+                continue
+            entry[state] = decision
+            templates[(i, state)] = decision_record(dataclasses.replace(d, rewrite=rw), known.request,
+                                                    known.keys, known.facts)
+        return i, json.dumps(entry, separators=(",", ":")) if len(entry) > 1 else "", templates
 
     def _prune(self, now: float) -> None:
         keep_s = self.cfg.admission.valid_s + self.cfg.service.reconcile_window_s

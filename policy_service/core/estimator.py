@@ -43,6 +43,11 @@ def _usable(level: KeyLevel, stats: ClassStats | None, cfg: EstimatorConfig) -> 
     return stats.samples >= need
 
 
+def usable_level(stats: Mapping[KeyLevel, ClassStats], cfg: EstimatorConfig) -> KeyLevel | None:
+    """The narrowest key whose history the estimate is taken from (None: none has enough runs)."""
+    return next((lv for lv in KeyLevel if _usable(lv, stats.get(lv), cfg)), None)
+
+
 def _conformal_ratio(ratios: tuple[float, ...], q: float) -> float:
     """The ceil((n+1)q)-th smallest of n ratios (split-conformal quantile); the largest when n
     is too small for q."""
@@ -92,7 +97,7 @@ def estimate(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Estimat
              gpu: GpuConfig) -> DemandEstimate:
     """Predict the job's peak GPU memory with a safety margin, and say why."""
     reasons: list[Reason] = []
-    level = next((lv for lv in KeyLevel if _usable(lv, stats.get(lv), cfg)), None)
+    level = usable_level(stats, cfg)
     class_stats = stats.get(KeyLevel.CLASS)
     observed_max = max((_observed_max(s, cfg) for s in (class_stats, stats.get(KeyLevel.USER_NAME)) if s),
                        default=0)
