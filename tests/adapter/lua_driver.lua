@@ -3,13 +3,7 @@
 package.path = arg[1] .. "/?.lua;" .. package.path
 local cjson = require("cjson")
 local socket = require("socket")
-local logs, user = {}, {}
-slurm = {
-  SUCCESS = 0, ERROR = -1,
-  log_info = function(fmt, ...) table.insert(logs, "info: " .. string.format(fmt, ...)) end,
-  log_error = function(fmt, ...) table.insert(logs, "error: " .. string.format(fmt, ...)) end,
-  log_user = function(fmt, ...) table.insert(user, string.format(fmt, ...)) end,
-}
+local S = dofile(string.match(debug.getinfo(1, "S").source, "^@(.*)/[^/]*$") .. "/../slurm_stub.lua")
 local M = require("swapaware")
 M.load_settings(arg[2])
 local jobs = cjson.decode(io.read("*a"))
@@ -36,4 +30,4 @@ for i, jd in ipairs(jobs) do
     results[i] = { rc = rc, job = jd, elapsed_s = elapsed, fingerprint = fp, facts = facts }
   end
 end
-io.write(cjson.encode({ results = results, logs = logs, user = user }))
+io.write(cjson.encode({ results = results, logs = S.logs, user = S.user }))

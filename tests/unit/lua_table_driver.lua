@@ -11,13 +11,7 @@ elseif hide == "cjson" then
   package.loaded["cjson"] = nil
   package.preload["cjson"] = function() error("hidden by the test") end
 end
-local logs, user = {}, {}
-slurm = {
-  SUCCESS = 0, ERROR = -1,
-  log_info = function(fmt, ...) table.insert(logs, "info: " .. string.format(fmt, ...)) end,
-  log_error = function(fmt, ...) table.insert(logs, "error: " .. string.format(fmt, ...)) end,
-  log_user = function(fmt, ...) table.insert(user, string.format(fmt, ...)) end,
-}
+local S = dofile(string.match(debug.getinfo(1, "S").source, "^@(.*)/[^/]*$") .. "/../slurm_stub.lua")
 local M = require("swapaware")
 local T = require("swapaware_table")
 M.load_settings(arg[2])
@@ -29,10 +23,10 @@ M.call = function(path, line, timeout_s)
 end
 
 local function answer(t)
-  t.logs, t.user, t.rpc_calls, t.counters = logs, user, rpc_calls, T.counters
+  t.logs, t.user, t.rpc_calls, t.counters = S.logs, S.user, rpc_calls, T.counters
   io.write(cjson.encode(t), "\n")
   io.flush()
-  logs, user = {}, {}
+  S.logs, S.user = {}, {}
 end
 
 for line in io.lines() do
