@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2
 
 from policy_service.access import Authorizer
 from policy_service.adapters.admission_archive import TableArchive, archive_path
+from policy_service.adapters.admission_catchup import attach as attach_catchup
 from policy_service.adapters.admission_publish import AdmissionPublisher
 from policy_service.adapters.grpc_server import start_grpc
 from policy_service.adapters.history import HistoryStore
@@ -165,9 +166,13 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         svc.admission_publisher = AdmissionPublisher(handler, cfg, svc.admission_archive).start()
         log.info("admission table: published at %s (gate %s.gate), rebuilt at most every %.0f s",
                  cfg.admission.table_path, cfg.admission.table_path, cfg.admission.refresh_s)
+    catchup = None
+    if cfg.admission.table_path and slurm is not None:  # the plugin's table-made decisions, learned from Slurm
+        catchup = attach_catchup(handler, slurm, monitor, svc.admission_archive, svc._watch_stop,
+                                 poll_s=cfg.policy.queue_poll_s, window_s=cfg.service.reconcile_window_s)
     if slurm is not None:
         Reconciler(store, slurm, cfg.service.reconcile_window_s, cfg.service.reconcile_settle_s,
-                   time.time).start(cfg.service.reconcile_s, svc._watch_stop)
+                   time.time, catchup).start(cfg.service.reconcile_s, svc._watch_stop)
     return svc
 
 

@@ -30,6 +30,9 @@ from policy_service.handler import decision_to_proto
 from policy_service.metrics import ServiceMetrics
 from policy_service.server import start_service
 
+from tests.waiting import wait_for
+
+from .conftest import SlurmJobs
 from .test_service import facts
 
 VERSION, OTHER = "0123456789abcdef", "fedcba9876543210"
@@ -338,3 +341,49 @@ def test_an_observation_of_a_table_made_job_ties_to_the_caught_up_decision(svc, 
     assert rows(svc.store, d_id) == 1
     # the class learned from the run, as from any decision's
     assert svc.store.stats({k: v for k, v in row.keys.items()})
+
+
+# ----------------------------------------------------------------------------- the service
+@dataclasses.dataclass
+class TableSlurm(SlurmJobs):
+    """The adapter suite's Slurm stand-in, with every job's AdminComment as squeue and sacct show it."""
+
+    shown: list[CommentedJob] = dataclasses.field(default_factory=list)
+    sweeps: int = 0
+
+    def live_commented_jobs(self) -> list[CommentedJob]:
+        return [j for j in self.shown if j.state != "COMPLETED"]
+
+    def accounted_commented_jobs(self, since: float) -> list[CommentedJob]:
+        self.sweeps += 1
+        return [dataclasses.replace(j, source="sacct") for j in self.shown]
+
+
+def test_the_service_catches_up_while_it_runs_and_once_across_a_restart(service_env, tmp_path):
+    env = dict(service_env, SWAPAWARE_ADMISSION__TABLE_PATH=str(tmp_path / "admission.json"),
+               SWAPAWARE_POLICY__QUEUE_POLL_S="0.1", SWAPAWARE_SERVICE__RECONCILE_S="0.1")
+    slurm = TableSlurm()
+    svc = start_service(load_config(env=env), slurm=slurm)
+    try:
+        ref = TableRef(VERSION, 9, "unknown")
+        tpl = template_of(svc.handler, facts(name="svc-job", uid=1000), ref)
+        svc.admission_archive.put(VERSION, {(9, "unknown"): tpl})
+        ids = [lua_id(40 + i) for i in range(6)]
+        slurm.shown = [job(200 + i, made_comment(tpl, d), state="COMPLETED" if i % 2 else "RUNNING")
+                       for i, d in enumerate(ids)]
+        wait_for(lambda: svc.store.known_decisions(ids) == set(ids), 10, "the jobs' decisions in the history")
+        m = svc.handler.metrics
+        assert caught(m, "squeue") == 3 and caught(m, "sacct") == 3  # running ones by the poll, ended ones by sacct
+    finally:
+        svc.stop(0)
+    slurm.sweeps = 0
+    again = start_service(load_config(env=env), slurm=slurm)
+    try:
+        wait_for(lambda: slurm.sweeps >= 2, 10, "two sweeps after the restart")
+        again.handler.flush()
+        assert [rows(again.store, d) for d in ids] == [1] * 6
+        assert sum(again.handler.metrics.registry.get_sample_value(
+            "swapaware_decisions_caught_up_total", {"source": s, "archived": "true"}) or 0
+            for s in ("squeue", "sacct", "event")) == 0
+    finally:
+        again.stop(0)
