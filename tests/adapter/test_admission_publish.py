@@ -244,3 +244,31 @@ def test_archive_keeps_one_copy_across_versions_and_prunes_what_no_version_names
     assert (count("blobs"), count("chunks")) == (n, 4)  # v1's last entry and chunk went; v3's entry is v2's first
     assert arc.prune(3500.0) == 2 and (count("blobs"), count("chunks"), count("versions")) == (0, 0, 0)
     arc.close()
+
+
+def test_a_key_is_decided_again_once_its_class_learned_and_others_are_kept(svc, slurm_jobs):
+    s, client = svc
+    slurm_jobs.pending = queued(2)  # "normal": a learned class shares
+    job = facts(name="fresh")
+    # bob's job has no history at all: its decision read every key of his, none of them alice's
+    other = pb.JobFacts(user="bob", account="bobs", partition="gpu2", job_name="bystander",
+                        tres_per_node="gres:gpu:1", script_fingerprint="00000001deadbeef")
+    same_account = facts(name="neighbour", user="carol")  # carol's read account "proj", which alice's run taught
+    client.admit(job)
+    client.admit(other)
+    client.admit(same_account)
+    p = s.admission_publisher
+    p.publish("test")
+    before = table(s)["entries"]
+    assert parse_admin_comment(before[admission.table_key(job)]["*"]["set"]["admin_comment"])["action"] == "whole_gpu"
+    kept = p._known[admission.table_key(other)]
+    neighbour = p._known[admission.table_key(same_account)]
+    run_job(client, slurm_jobs, 7, job, peak=2 * GIB)  # the class learns one run (min_samples 1 here)
+    wait_for(lambda: gate_state(s) == "normal", 10.0, "gate normal")
+    p.publish("test")
+    entry = table(s)["entries"][admission.table_key(job)]
+    decision = entry.get("normal", entry.get("*"))
+    rpc = client.admit(job, dry_run=True).decision
+    assert rpc.action == pb.ACTION_SHARE and table_set(decision) == rpc_set(rpc)
+    assert p._known[admission.table_key(other)] is kept  # bob's key read nothing alice's run changed
+    assert p._known[admission.table_key(same_account)] is not neighbour
