@@ -155,6 +155,10 @@ class AdmissionPublisher:
                 self._remove("policy.mode = off")
             return
         why = self._why(inputs, now)
+        if why and self._inputs is not None and inputs[0] is not self._inputs[0]:
+            # the table of the old mode goes at once: jobs take the round trip (the new mode) until
+            # the new table is built
+            self._remove(f"policy.mode is now {mode.value}", gate=False)
         if why:
             self._publish(why, inputs)
         self._write_gate()
@@ -348,8 +352,8 @@ class AdmissionPublisher:
         if dropped:
             log.info("admission archive: %d version(s) published before %.0f dropped", dropped, older_than)
 
-    def _remove(self, why: str) -> None:
-        for path in (self.table, self.gate):
+    def _remove(self, why: str, gate: bool = True) -> None:
+        for path in (self.table, self.gate) if gate else (self.table,):
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -369,7 +373,7 @@ class AdmissionPublisher:
         doc = admission.gate_file(snap, self.cfg, now)
         seen = (doc["valid_until"], doc["other"], tuple(sorted(doc["views"].items())))
         last = self._gate_written
-        if (last is not None and abs(seen[0] - last[0]) < 0.5 and seen[1:] == last[1:]  # the same snapshot
+        if (last is not None and abs(seen[0] - last[0]) < 0.01 and seen[1:] == last[1:]  # the same snapshot
                 and self.gate.exists()):
             return False
         write_atomically(self.gate, json.dumps(doc, separators=(",", ":")).encode())

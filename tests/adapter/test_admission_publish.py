@@ -2,6 +2,7 @@
 with the Slurm stand-in holding the pending queue: the table's decision for a key is what Admit
 answers for the same facts in the gate state the gate file names."""
 import json
+import logging
 import os
 import sqlite3
 import stat
@@ -180,8 +181,9 @@ def test_an_unchanged_table_keeps_its_version_and_a_change_adds_only_its_templat
     assert [v for v, _ in s.admission_archive.versions()][:2] == [two.version, one.version]
 
 
-def test_mode_off_removes_the_table_and_enforce_brings_it_back(svc, slurm_jobs):
+def test_mode_off_removes_the_table_and_enforce_brings_it_back(svc, slurm_jobs, caplog):
     s, client = svc
+    caplog.set_level(logging.INFO, logger="swapaware.admission")
     client.admit(facts(name="a"))
     p = s.admission_publisher
     wait_for(lambda: p.table.exists(), 10.0, "first publication")
@@ -193,6 +195,12 @@ def test_mode_off_removes_the_table_and_enforce_brings_it_back(svc, slurm_jobs):
     for state, decision in entry.items():
         if state != "i":
             assert set(decision["set"]) == {"admin_comment"} and "mode=shadow" in decision["set"]["admin_comment"]
+    s.handler.set_mode(PolicyMode.ENFORCE)
+    wait_for(lambda: p.table.exists() and table(s)["mode"] == "enforce", 10.0, "enforce table")
+    lines = [r.getMessage() for r in caplog.records if r.name == "swapaware.admission"]
+    gone = next(i for i, m in enumerate(lines) if "removed (policy.mode is now enforce)" in m)
+    built = next(i for i, m in enumerate(lines) if "published (policy.mode is enforce)" in m)
+    assert gone < built  # the shadow table went before the enforce one was built
 
 
 def test_a_key_whose_strings_hold_the_separator_is_not_published(svc, slurm_jobs):
