@@ -1,0 +1,118 @@
+"""Admission table: build time, file size and a plain-Python json.load time at N keys.
+
+    .venv/bin/python bench/admission_table.py --keys 10000 100000
+
+A real history (SQLite in a temporary directory) holds N recorded decisions with distinct table
+keys over 1,000 job classes (100 users x 10 job names, each learned: 2 GiB peaks, so they share),
+varied by time limit and QoS; the publisher (adapters/admission_publish.py) builds the class table
+through the handler's own decide path, with the default [policy] (4 reachable gate states).
+Printed per N: the cold build (every key decided), a re-publication with nothing changed (same
+version), a rebuild after one class learned an observation (one class's keys decided again, a new
+version written and archived), the table's size, json.load of it, and the archive's size.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb  # noqa: E402
+from policy_service.adapters.admission_archive import TableArchive, archive_path  # noqa: E402
+from policy_service.adapters.admission_publish import AdmissionPublisher  # noqa: E402
+from policy_service.adapters.decision_log import DecisionRecord  # noqa: E402
+from policy_service.adapters.history import HistoryStore  # noqa: E402
+from policy_service.adapters.history_schema import stats_to_json  # noqa: E402
+from policy_service.config import AdmissionConfig, Config  # noqa: E402
+from policy_service.core.types import ClassStats, KeyLevel  # noqa: E402
+from policy_service.handler import PolicyHandler  # noqa: E402
+
+GIB = 1024 ** 3
+USERS, NAMES = 100, 10
+
+
+def facts(i: int) -> pb.JobFacts:
+    cls = i % (USERS * NAMES)
+    return pb.JobFacts(user=f"user{cls // NAMES:03d}", uid=10000 + cls // NAMES, account="proj", partition="gpu",
+                       job_name=f"train{cls % NAMES}", tres_per_node="gres/gpu:1", script_fingerprint="00000001deadbeef",
+                       time_limit_min=1 + (i // (USERS * NAMES)) % 1440, qos=("normal", "high")[(i // 1440000) % 2],
+                       work_dir="/home/x", min_nodes=1, num_tasks=1, is_batch=True)
+
+
+def setup(tmp: Path, n: int) -> tuple[PolicyHandler, AdmissionPublisher]:
+    cfg = Config(admission=AdmissionConfig(table_path=str(tmp / "admission.json"), max_entries=max(n, 1)))
+    cfg = dataclasses.replace(cfg, service=dataclasses.replace(cfg.service, db_path=tmp / "history.sqlite3"))
+    store = HistoryStore(tmp / "history.sqlite3", accept_empty=True)
+    handler = PolicyHandler(cfg, store, None)
+    learned = ClassStats(samples=3, runs=3, ewma_peak_bytes=2 * GIB, max_peak_bytes=2 * GIB, last_peak_bytes=2 * GIB)
+    db = sqlite3.connect(str(tmp / "history.sqlite3"))
+    classes = {}
+    for c in range(USERS * NAMES):
+        _, _, keys = handler._decide(facts(c))
+        classes[keys[KeyLevel.CLASS]] = keys
+    db.executemany("INSERT INTO class_stats (level, key, stats_json, updated_at) VALUES (?, ?, ?, 0)",
+                   [(KeyLevel.CLASS.value, k, stats_to_json(learned)) for k in classes])
+    db.commit()
+    now = time.time()
+    store.record([DecisionRecord(f"{i:016x}", now - n + i, "k", "u", "a", "p", "n", "share", 1, "m", {},
+                                 facts(i).SerializeToString(), b"") for i in range(n)])
+    return handler, AdmissionPublisher(handler, cfg, TableArchive(archive_path(str(tmp / "history.sqlite3"))))
+
+
+def timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--keys", type=int, nargs="+", default=[10000, 100000])
+    args = ap.parse_args()
+    for n in args.keys:
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            handler, pub = setup(tmp, n)
+            cold, t_cold = timed(lambda: pub.publish("bench: cold"))
+            same, t_same = timed(lambda: pub.publish("bench: unchanged"))
+            first = next(iter(pub._known.values()))
+            # one class learned an observation that changes its decisions (peaks now 5 GiB)
+            db = sqlite3.connect(str(tmp / "history.sqlite3"))
+            db.execute("UPDATE class_stats SET stats_json = ? WHERE level = ? AND key = ?",
+                       (stats_to_json(ClassStats(samples=4, runs=4, ewma_peak_bytes=5 * GIB, max_peak_bytes=5 * GIB,
+                                                 last_peak_bytes=5 * GIB)),
+                        KeyLevel.CLASS.value, first.keys[KeyLevel.CLASS]))
+            db.commit()
+            db.close()
+            handler.learned.update(first.keys.values())
+            one, t_one = timed(lambda: pub.publish("bench: one class learned"))
+            data = pub.table.read_bytes()
+            loaded = json.loads(data)
+            # json.load in a fresh interpreter (this one holds the publisher's caches: its garbage
+            # collector would be timed too)
+            t_load = float(subprocess.run(
+                [sys.executable, "-c", "import json, sys, time; t = time.perf_counter(); json.load(open(sys.argv[1])); "
+                 "print(time.perf_counter() - t)", str(pub.table)], capture_output=True, text=True,
+                check=True).stdout)
+            states = sum(len(e) - 1 for e in loaded["entries"].values())
+            arc = os.path.getsize(archive_path(str(tmp / "history.sqlite3")))
+            print(f"keys={n} entries={cold.entries} decisions={states} "
+                  f"build_cold_s={t_cold:.2f} republish_unchanged_s={t_same:.2f} (same version: {same.reused}) "
+                  f"rebuild_one_class_s={t_one:.2f} (new version: {one.version != cold.version}) "
+                  f"table_bytes={len(data)} ({len(data) / n:.0f} per key) json_load_s={t_load:.3f} "
+                  f"archive_bytes={arc} ({arc / 2:.0f} per version for 2 versions)", flush=True)
+            pub.archive.close()
+            handler.close()
+            handler.store.close()
+
+
+if __name__ == "__main__":
+    main()
