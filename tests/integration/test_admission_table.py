@@ -47,6 +47,14 @@ def plugin_table(stack, table: Path) -> Iterator[None]:
         reload_plugin(stack)
 
 
+def plugin_release(stack) -> str:
+    """swapaware_plugin.conf's slurm_release (cluster.sh writes it with SWAPAWARE_DEV_TABLE=1): the
+    dialect a table must name; "" when absent (not checked)."""
+    conf = (stack.state / "etc" / "swapaware_plugin.conf").read_text()
+    found = re.findall(r"^slurm_release=(.*)$", conf, re.M)
+    return found[-1].strip() if found else ""
+
+
 def recorded_facts(stack, decision_id: str):
     from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 
@@ -73,7 +81,7 @@ def test_a_job_the_table_holds_is_decided_in_slurmctld_without_the_service(stack
     shards = stack.gres("shard", 2)
     template = f"swapaware:v1 id=IDIDIDIDIDIDIDID tbl={VERSION}:0000001a mode=enforce action=share shards=2"
     doc = {"format": "swapaware-admission/1", "version": VERSION, "generated_at": time.time(),
-           "valid_until": time.time() + 3600, "dialect": "", "mode": "enforce", "per_qos": False,
+           "valid_until": time.time() + 3600, "dialect": plugin_release(stack), "mode": "enforce", "per_qos": False,
            "entries": {key: {"i": 1, "*": {"set": {"tres_per_node": shards, "tres_per_job": "", "site_factor": 0,
                                                    "admin_comment": template}}}}}
     table = stack.state / "run" / f"admission-{name}.json"
