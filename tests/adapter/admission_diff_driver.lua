@@ -1,0 +1,47 @@
+-- Differential test driver (test_admission_differential.py): the real slurm_plugin/swapaware.lua
+-- with its admission table path, one Lua state for a whole file of job_descs, as slurmctld keeps one.
+-- usage: lua5.1 admission_diff_driver.lua <plugin_dir> <settings_dir> <jobs.jsonl> [facts]
+-- Each input line {"job": <job_desc>, "uid": n}; each output line {"key", "facts"} and, unless
+-- "facts" is given, "rpc" (the job took the RPC path), "set" (what the table path applied, via
+-- M.apply) and "user" (messages to the user). The RPC path's transport (M.call) is counted and
+-- answered with a decision that changes nothing.
+package.path = arg[1] .. "/?.lua;" .. package.path
+local cjson = require("cjson")
+local user = {}
+slurm = {
+  SUCCESS = 0, ERROR = -1,
+  log_info = function() end,
+  log_error = function(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end,
+  log_user = function(fmt, ...) table.insert(user, string.format(fmt, ...)) end,
+}
+local M = require("swapaware")
+local T = require("swapaware_table")
+M.load_settings(arg[2])
+local rpc = 0
+M.call = function()
+  rpc = rpc + 1
+  return '{"response":{"decision":{"decisionId":"rpc","rewrite":{}}}}'
+end
+local applied = nil
+local apply = M.apply
+M.apply = function(job_desc, plan)
+  applied = plan.set
+  return apply(job_desc, plan)
+end
+local only_facts = arg[4] == "facts"
+for line in io.lines(arg[3]) do
+  local req = cjson.decode(line)
+  local job = req.job
+  local facts = M.facts(job, req.uid)
+  local out = { key = T.key(facts), facts = facts }
+  if not only_facts then
+    local before = rpc
+    applied, user = nil, {}
+    M.submit(job, {}, req.uid)
+    out.rpc = rpc > before
+    if not out.rpc then out.set = applied end
+    out.user = user
+  end
+  io.write(cjson.encode(out), "\n")
+end
+io.write(cjson.encode({ counters = T.counters }), "\n")

@@ -1,0 +1,371 @@
+"""Same decisions (issue 21, item 3): the admission table path against the service's own Admit.
+
+The same generated jobs (tests/admission_jobs.py: seeded, every request shape, QoS, class state
+and option) go to
+  (a) the table path: the real publisher (adapters/admission_publish.py) of a real service over a
+      real SQLite history, taught through the handler's own Admit / JobStarted / JobFinished path,
+      read by the real lua5.1 running the real swapaware.lua + swapaware_table.lua (one Lua state
+      per batch, tests/adapter/admission_diff_driver.lua), and
+  (b) PolicyHandler.admit() of that service with the facts the plugin built (M.facts) and the same
+      queue state (the queue monitor's snapshot the gate file was written from).
+For every job the Lua path either declined (took the RPC path) or set exactly what Admit's reply
+sets (tres_* fields, tres_bind, site factor, every AdminComment field but id and tbl, the user's
+message). It declines exactly for the keys the table does not hold, and every job whose key the
+table holds is decided by the table. Queue states: no snapshot yet, short, mixed (per QoS: short,
+normal and long at once), long, and stale (a gate file past valid_until: "unknown" in Lua, a stale
+snapshot in decide()); modes enforce and shadow. The hit rate per shape is printed (-s)."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.slurm import PendingJob
+from policy_service.config import PolicyMode, load_config
+from policy_service.core import admission
+from policy_service.core.policy import parse_admin_comment
+from policy_service.handler import HandlerError
+from policy_service.server import start_service
+from tests import admission_jobs as gen
+from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("admission_diff_driver.lua")
+GIB = 1024 ** 3
+UID = 1000
+SEED = 21
+POOL = 1500  # distinct jobs (keys)
+POLL_S = 1.5  # policy.queue_poll_s: the gate file is valid 3 x this after its snapshot
+SET_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket", "tres_bind")
+
+if shutil.which("lua5.1") is None or subprocess.run(["lua5.1", "-e", 'require("posix.sys.stat") require("cjson")'],
+                                                     capture_output=True).returncode != 0:
+    if os.environ.get("CI"):
+        raise RuntimeError("lua5.1 with lua-posix and lua-cjson is missing: contrib/dev-cluster/cluster.sh install")
+    pytest.skip("lua5.1 with lua-posix and lua-cjson not installed", allow_module_level=True)
+
+# (mode, queue) in the order they run; "none": no snapshot was ever taken, "stale": the last one
+# is older than 3 x queue_poll_s (the publisher rewrites the gate file naming every view
+# "unknown"), "stopped": the same with the publisher stopped first (the service died): the gate
+# file still names the last states, past its valid_until
+PHASES = (("enforce", "none"), ("enforce", "short"), ("enforce", "mixed"), ("enforce", "long"),
+          ("enforce", "stale"), ("shadow", "short"), ("shadow", "mixed"), ("shadow", "long"), ("shadow", "stopped"))
+JOBS_PER_PHASE = 1400  # 12,600 in all
+
+
+def pending(gpus_by_qos: dict[str, int]) -> list[PendingJob]:
+    out, n = [], 0
+    for qos, gpus in gpus_by_qos.items():
+        for _ in range(gpus):
+            n += 1
+            out.append(PendingJob(9000 + n, "gres:gpu:1", "", "", 1, 1, "Resources", qos))
+    return out
+
+
+# 4 GPUs; share_min_queue 0.25, overcommit_compute_min_queue 0.75 (the fixture's env)
+QUEUES = {
+    "short": pending({}),
+    # ahead of high and protected: 0 (short); of normal: 2 of 4 (normal); of low and of any QoS
+    # not in the QoS table, the whole queue: 4 of 4 (long)
+    "mixed": pending({"normal": 2, "low": 2}),
+    "long": pending({"high": 8}),
+}
+
+
+@pytest.fixture
+def svc(service_env, slurm_jobs, tmp_path):
+    (tmp_path / "run").mkdir()
+    env = dict(service_env, SWAPAWARE_ADMISSION__TABLE_PATH=str(tmp_path / "run" / "admission.json"),
+               SWAPAWARE_ADMISSION__REFRESH_S="1000", SWAPAWARE_ADMISSION__VALID_S="3000",
+               SWAPAWARE_POLICY__SHARE_MIN_QUEUE="0.25", SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE="0.75",
+               SWAPAWARE_POLICY__QUEUE_POLL_S=str(POLL_S), SWAPAWARE_POLICY__WHOLE_GPU_QOS=gen.PROTECTED_QOS,
+               SWAPAWARE_ESTIMATOR__MIN_SAMPLES="3")
+    slurm_jobs.qos_table = dict(gen.QOS_PRIORITIES)
+    slurm_jobs.pending = None  # squeue fails until a phase gives it a queue: no snapshot yet
+    s = start_service(load_config(env=env), slurm=slurm_jobs)
+    try:
+        yield s
+    finally:
+        s.stop(0)
+
+
+def plugin_conf(tmp_path: Path, table: Path) -> Path:
+    conf = tmp_path / "etc"
+    conf.mkdir(exist_ok=True)
+    (conf / "swapaware_plugin.conf").write_text(
+        f"socket={tmp_path}/none.sock\ntable={table}\ntable_check_ms=0\ntable_uids=0,{os.getuid()}\n"
+        "slurm_release=22.05\n")
+    return conf
+
+
+def run_lua(tmp_path: Path, conf: Path, jobs: list[dict], facts_only: bool = False) -> tuple[list[dict], dict]:
+    """One Lua state over ``jobs``: one answer per job, and the table path's counters."""
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(json.dumps({"job": j, "uid": UID}) + "\n" for j in jobs))
+    args = ["lua5.1", str(DRIVER), str(ROOT / "slurm_plugin"), str(conf), str(path)] + (["facts"] if facts_only else [])
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(lines) == len(jobs) + 1, proc.stderr
+    for out in lines[:-1]:
+        out["user"] = out.get("user") or []  # lua-cjson writes an empty list as {}
+    return lines[:-1], lines[-1]["counters"]
+
+
+def to_facts(lua_facts: dict) -> pb.JobFacts:
+    return json_format.ParseDict(lua_facts, pb.JobFacts())
+
+
+# ----------------------------------------------------------------------------- the history
+def train(s, slurm_jobs, base_facts: dict[str, pb.JobFacts]) -> None:
+    """Teach each class state through the handler's own Admit / JobStarted / JobFinished path
+    (users of state "unknown" run nothing)."""
+    h = s.handler
+    job_id = 100
+    enforcement = pb.NodeEnforcement(backend="nvml-cgroup", hard_cap=True, victim=True)
+
+    def run(facts, peak, util=None, oom=False):
+        nonlocal job_id
+        job_id += 1
+        d = h.admit(pb.AdmitRequest(job=facts)).decision
+        slurm_jobs.comments[job_id] = d.rewrite.admin_comment
+        start = 1000.0 + 100 * job_id
+        h.job_started(pb.JobStartedRequest(job_id=job_id, node="n1", gpu_indices=[job_id % 4], started_at=start,
+                                           event_id=f"s{job_id}", enforcement=enforcement))
+        fin = pb.JobFinishedRequest(job_id=job_id, node="n1", gpu_indices=[job_id % 4], finished_at=start + 60,
+                                    exit_code=1 if oom else 0, event_id=f"f{job_id}", oom_detected=oom,
+                                    peak_gpu_bytes=peak, telemetry_source="fake-nvml")
+        if util is not None:
+            fin.gpus.append(pb.GpuUsage(gpu_index=job_id % 4, peak_bytes=peak, util_mean_pct=util,
+                                        total_bytes=80 * GIB))
+        assert h.job_finished(fin).applied
+        return d
+
+    for user, facts in base_facts.items():
+        state = user.rstrip("0123456789")
+        if state == "few":
+            run(facts, 3 * GIB)
+        elif state == "enough":
+            for peak in (3.0, 3.2, 2.8, 3.1):
+                run(facts, int(peak * GIB))
+        elif state == "oom":
+            for _ in range(4):
+                run(facts, 2 * GIB)
+            assert run(facts, 4 * GIB, oom=True).action == pb.ACTION_SHARE  # a shared run's OOM: the penalty
+        elif state == "util":
+            for _ in range(4):
+                run(facts, 2 * GIB, util=62.0)
+    h.flush()
+
+
+# ----------------------------------------------------------------------------- comparing
+def plain(comment: str) -> dict:
+    fields = parse_admin_comment(comment)
+    fields.pop("id", None)
+    fields.pop("tbl", None)
+    return fields
+
+
+def admit_set(d: pb.Decision) -> dict:
+    """The job_desc assignments swapaware.lua's M.validate makes of Admit's reply."""
+    rw = d.rewrite
+    out = {f: getattr(rw, f) for f in SET_FIELDS if rw.HasField(f)}
+    if rw.HasField("site_factor"):
+        out["site_factor"] = rw.site_factor
+    if rw.HasField("admin_comment"):
+        out["admin_comment"] = plain(rw.admin_comment)
+    return out
+
+
+def lua_set(applied: dict) -> dict:
+    out = dict(applied)
+    out["admin_comment"] = plain(out["admin_comment"])
+    return out
+
+
+_TOKEN = re.compile(r"^swapaware:v1 id=([0-9a-f]{16}) tbl=([0-9a-f]{16}):([0-9]{7})([snlua]) ")
+
+
+def wait_gate(s, want: dict, what: str) -> dict:
+    """The gate file once it names ``want`` ({"views": ..., "other": ...})."""
+    gate = s.admission_publisher.gate
+
+    def read():
+        try:
+            doc = json.loads(gate.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return doc if {"views": doc["views"], "other": doc["other"]} == want else None
+    return wait_for(read, 20.0, f"gate file {what}: {want}")
+
+
+def gate_state(doc: dict, qos: str, per_qos: bool, now: float) -> str:
+    """The state the plugin reads for a job of ``qos`` (swapaware_table.lua's T.gate_state)."""
+    if now > doc["valid_until"]:
+        return "unknown"
+    return doc["views"].get(qos if per_qos else "", doc["other"])
+
+
+def queue_state_of(h) -> tuple[dict, str]:
+    """The gate states decide() sees now (views and other), from the queue monitor's snapshot."""
+    doc = admission.gate_file(h.queue.snapshot(), h.cfg, time.time())
+    return doc["views"], doc["other"]
+
+
+# ----------------------------------------------------------------------------- the test
+def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path):
+    s = svc
+    h, publisher = s.handler, s.admission_publisher
+    conf = plugin_conf(tmp_path, publisher.table)
+    t0 = time.monotonic()
+
+    pool = gen.spec_pool(SEED, POOL)
+    users = sorted({gen.class_user(state, n) for state in gen.CLASS_STATES for n in range(gen.USERS_PER_STATE)})
+    base_jobs = [gen.job_desc("gres_untyped", u, "", "plain") for u in users]
+    facts_out, _ = run_lua(tmp_path, conf, [sp.job for sp in pool] + base_jobs, facts_only=True)
+    pool_facts = [to_facts(o["facts"]) for o in facts_out[:len(pool)]]
+    pool_keys = [o["key"] for o in facts_out[:len(pool)]]
+    assert len(set(pool_keys)) == len(pool)  # distinct specs are distinct keys
+    for f, key in zip(pool_facts, pool_keys):
+        assert admission.table_key(f) == key  # the plugin's key is the service's
+    train(s, slurm_jobs, {u: to_facts(o["facts"]) for u, o in zip(users, facts_out[len(pool):])})
+
+    # the keys the history holds: trained ones and the held specs (Admit recorded them)
+    refused = set()
+    for sp, f, key in zip(pool, pool_facts, pool_keys):
+        if sp.held and sp.shape != "no_gpu":
+            try:
+                h.admit(pb.AdmitRequest(job=f))
+            except HandlerError:
+                refused.add(key)
+    h.flush()
+    recorded = {admission.table_key(pb.JobFacts.FromString(r.facts_pb)) for r in h.store.decisions()}
+    t_setup = time.monotonic() - t0
+
+    order = gen.draw_jobs(pool, JOBS_PER_PHASE * len(PHASES), SEED + 1)
+    per_qos = h.cfg.policy.queue_per_qos
+    stats = collections.defaultdict(collections.Counter)  # shape -> counts
+    by_state = collections.Counter()
+    by_class = collections.defaultdict(collections.Counter)
+    actions = collections.Counter()
+    by_option, by_qos, sources = collections.Counter(), collections.Counter(), collections.Counter()
+    mismatches: list = []
+    mode = None
+    t_lua = t_admit = 0.0
+    for n, (phase_mode, queue) in enumerate(PHASES):
+        if queue in QUEUES:
+            slurm_jobs.pending = QUEUES[queue]
+            want = {"short": ({"high": "short", "low": "short", "normal": "short", gen.PROTECTED_QOS: "short"},
+                              "short"),
+                    "mixed": ({"high": "short", "low": "long", "normal": "normal", gen.PROTECTED_QOS: "short"},
+                              "long"),
+                    "long": ({"high": "long", "low": "long", "normal": "long", gen.PROTECTED_QOS: "long"},
+                             "long")}[queue]
+            gate_doc = wait_gate(s, {"views": want[0], "other": want[1]}, queue)
+        else:
+            if queue == "stopped":
+                publisher.stop()  # nothing rewrites the gate file from now on
+                last = json.loads(publisher.gate.read_text())
+            if queue in ("stale", "stopped"):
+                slurm_jobs.pending = None  # squeue fails from now on: the last snapshot ages
+            wait_for(lambda: publisher.gate.exists() and time.time() > json.loads(
+                publisher.gate.read_text())["valid_until"] + 0.05, 20.0, "the gate file past valid_until")
+            snap = h.queue.snapshot()
+            assert snap is None if queue == "none" else snap.age_s > 3 * h.cfg.policy.queue_poll_s
+            gate_doc = json.loads(publisher.gate.read_text())
+            if queue == "stopped":  # the Lua's "unknown" comes from valid_until alone
+                assert gate_doc == last and "unknown" not in set(gate_doc["views"].values()) | {gate_doc["other"]}
+        if phase_mode != mode:
+            mode = phase_mode
+            h.set_mode(PolicyMode(mode))
+            publisher.publish(f"differential test: mode {mode}")
+        table = json.loads(publisher.table.read_text())
+        assert table["mode"] == mode and table["per_qos"] == per_qos
+        entries = table["entries"]
+        if n == 0:  # every recorded key Admit did not refuse is published
+            missing = {k for k in recorded if k not in entries} - refused
+            assert not missing, f"{len(missing)} recorded keys are not in the table"
+        idx = order[n * JOBS_PER_PHASE:(n + 1) * JOBS_PER_PHASE]
+        started = time.monotonic()
+        outs, counters = run_lua(tmp_path, conf, [pool[i].job for i in idx])
+        t_lua += time.monotonic() - started
+        now = time.time()
+        after = json.loads(publisher.gate.read_text())  # the gate did not move while the batch ran
+        assert (now > after["valid_until"]) == (queue not in QUEUES)
+        if queue in QUEUES:
+            assert (after["views"], after["other"]) == (gate_doc["views"], gate_doc["other"])
+        started = time.monotonic()
+        for i, out in zip(idx, outs):
+            sp, key = pool[i], pool_keys[i]
+            assert out["key"] == key
+            st = stats[sp.shape]
+            st["jobs"] += 1
+            if not any("gpu" in sp.job.get(f, "") for f in ("tres_per_node", "tres_per_job", "tres_per_task")):
+                # no GPU asked (no GPU, or shards already): the plugin lets it through, asking nobody
+                assert not out["rpc"] and out.get("set") is None
+                continue
+            state = gate_state(gate_doc, sp.qos, per_qos, now)
+            entry = entries.get(key)
+            decision = None if entry is None else entry.get(state, entry.get(admission.ALL_STATES))
+            st["held"] += decision is not None
+            if out["rpc"]:
+                st["rpc"] += 1
+                assert decision is None, (sp, state, "the table holds it but the plugin took the RPC path")
+                continue
+            assert decision is not None, (sp, state, "decided by the table without an entry")
+            st["hit"] += 1
+            by_state[state] += 1
+            by_class[sp.class_state]["hit"] += 1
+            by_option[sp.variant] += 1
+            by_qos[sp.qos] += 1
+            assert "set" in out, (sp, state, out)
+            m = _TOKEN.match(out["set"]["admin_comment"])
+            assert m and m.group(2) == table["version"] and int(m.group(3)) == entry["i"], out["set"]["admin_comment"]
+            assert m.group(4) in (admission.STATE_LETTER[state], "a"), (state, m.group(4))
+            d = h.admit(pb.AdmitRequest(job=to_facts(out["facts"]), dry_run=True)).decision
+            got, want_set = lua_set(out["set"]), admit_set(d)
+            if got != want_set or out["user"] != ([d.rewrite.user_message] if d.rewrite.user_message else []):
+                mismatches.append((mode, queue, state, sp.shape, sp.class_state, sp.qos, sp.variant, got, want_set,
+                                   out["user"], d.rewrite.user_message))
+            actions[(mode, got["admin_comment"].get("action"))] += 1
+            sources[(sp.class_state, got["admin_comment"].get("src"))] += 1
+        t_admit += time.monotonic() - started
+        assert counters["table_hit"] == sum(1 for o in outs if not o["rpc"] and o.get("set") is not None)
+        if queue not in QUEUES:  # still past valid_until after Admit decided: the same state
+            assert time.time() > json.loads(publisher.gate.read_text())["valid_until"]
+        else:
+            assert queue_state_of(h) == (gate_doc["views"], gate_doc["other"])
+
+    print(f"\nadmission differential: {len(order)} jobs of {len(pool)} keys, {len(PHASES)} phases "
+          f"(setup {t_setup:.1f} s, lua {t_lua:.1f} s, admit {t_admit:.1f} s)")
+    print(f"{'shape':18} {'jobs':>6} {'held':>6} {'hit':>6} {'rpc':>6} {'hit%':>6}")
+    for shape in gen.SHAPES:
+        st = stats[shape]
+        gpu_jobs = st["jobs"] if shape not in ("no_gpu", "shards") else 0
+        print(f"{shape:18} {st['jobs']:6d} {st['held']:6d} {st['hit']:6d} {st['rpc']:6d} "
+              f"{(100 * st['hit'] / gpu_jobs if gpu_jobs else 0):6.1f}")
+    print("hits by gate state:", dict(by_state), " by class state:", {k: v["hit"] for k, v in by_class.items()})
+    print("hits by option:", dict(by_option), " by qos:", dict(by_qos))
+    print("actions:", dict(actions))
+    print("estimate sources by class state:", dict(sorted(sources.items())))
+    assert not mismatches, f"{len(mismatches)} jobs decided differently, first: {mismatches[:3]}"
+    # the table covered a meaningful share: every common shape and class state hit in every gate state
+    gpu = sum(stats[sh]["jobs"] for sh in gen.SHAPES if sh not in ("no_gpu", "shards"))
+    hits = sum(stats[sh]["hit"] for sh in gen.SHAPES)
+    assert gpu >= 10_000 and hits >= gpu / 2, (hits, gpu)
+    for shape in gen.COMMON_SHAPES:
+        assert stats[shape]["hit"] > 0 and stats[shape]["rpc"] > 0, shape
+    assert set(by_state) == {"short", "normal", "long", "unknown"}
+    assert set(by_class) == set(gen.CLASS_STATES) and set(by_option) == set(gen.VARIANTS)
+    assert set(by_qos) == set(gen.QOSES)
+    # the decisions differ from one another (the table is not one answer for all)
+    assert {a for (m_, a) in actions if m_ == "enforce"} >= {"share", "whole_gpu"}
