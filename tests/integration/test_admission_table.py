@@ -115,3 +115,40 @@ def test_a_job_the_table_holds_is_decided_in_slurmctld_without_the_service(stack
         lines = [ln for ln in log.read_text(errors="replace").splitlines()
                  if str(table) in ln and "group or other writable" in ln]
         assert len(lines) == 1, lines
+
+
+def test_the_services_published_table_decides_a_job_in_slurmctld(stack):
+    """End to end: the service (table_path set, refresh 2 s) publishes the key of a job it decided;
+    the same job submitted again is decided by slurmctld's Lua from that table."""
+    from policy_service.core.admission import table_key
+
+    table = stack.state / "run" / "admission-e2e.json"
+    name = f"tble2e-{uuid.uuid4().hex[:6]}"
+    args = ("--gres=gpu:1", f"--job-name={name}", *WHERE)
+    with stack.service_with(SWAPAWARE_ADMISSION__TABLE_PATH=str(table), SWAPAWARE_ADMISSION__REFRESH_S="2"), \
+            plugin_table(stack, table):
+        rpc = decision_of(job_field(stack.held(SCRIPT, *args), "AdminComment"))
+        key = table_key(recorded_facts(stack, rpc["id"]))
+
+        def published():
+            try:
+                doc = json.loads(table.read_text())
+            except (OSError, ValueError):
+                return None
+            return doc if key in doc["entries"] else None
+
+        doc = wait_for(published, 60, f"the key of {name} in {table}", 0.5)
+        assert table.stat().st_mode & 0o022 == 0 and table.stat().st_uid == 0
+
+        def by_table():
+            shown = stack.held(SCRIPT, *args)
+            return shown if " tbl=" in job_field(shown, "AdminComment") else None
+
+        comment = job_field(wait_for(by_table, 30, "a job decided from the published table", 1.0), "AdminComment")
+        d = decision_of(comment)
+        version, entry = d["tbl"][:16], int(d["tbl"][17:-1])
+        assert re.fullmatch(r"[0-9a-f]{16}", d["id"]) and d["id"] != rpc["id"], comment
+        assert d["action"] == rpc["action"] and d["shards"] == rpc["shards"] and d["why"] == rpc["why"], (rpc, d)
+        # the publication read above or a later one: its entry for this key is the one named
+        named = [v for v in (doc, json.loads(table.read_text())) if v["version"] == version]
+        assert named and named[0]["entries"][key]["i"] == entry, (comment, doc["version"])
