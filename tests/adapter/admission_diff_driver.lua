@@ -1,7 +1,7 @@
 -- Differential test driver (test_admission_differential.py): the real slurm_plugin/swapaware.lua
 -- with its admission table path, one Lua state for a whole file of job_descs, as slurmctld keeps one.
 -- usage: lua5.1 admission_diff_driver.lua <plugin_dir> <settings_dir> <jobs.jsonl> [facts]
--- Each input line {"job": <job_desc>, "uid": n}; each output line {"key", "facts"} and, unless
+-- Each input line {"job": <job_desc>, "uid": n}; each output line {"key", "facts", "wants_gpu"} and, unless
 -- "facts" is given, "rpc" (the job took the RPC path), "set" (what the table path applied, via
 -- M.apply) and "user" (messages to the user). The RPC path's transport (M.call) is counted and
 -- answered with a decision that changes nothing.
@@ -33,7 +33,7 @@ for line in io.lines(arg[3]) do
   local req = cjson.decode(line)
   local job = req.job
   local facts = M.facts(job, req.uid)
-  local out = { key = T.key(facts), facts = facts }
+  local out = { key = T.key(facts), facts = facts, wants_gpu = M.wants_gpu(job) }
   if not only_facts then
     local before = rpc
     applied, user = nil, {}

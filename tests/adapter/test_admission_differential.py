@@ -13,7 +13,8 @@ sets (tres_* fields, tres_bind, site factor, every AdminComment field but id and
 message). It declines exactly for the keys the table does not hold, and every job whose key the
 table holds is decided by the table. Queue states: no snapshot yet, short, mixed (per QoS: short,
 normal and long at once), long, and stale (a gate file past valid_until: "unknown" in Lua, a stale
-snapshot in decide()); modes enforce and shadow. The hit rate per shape is printed (-s)."""
+snapshot in decide()); modes enforce and shadow; the GRES spelling and dialect of 22.05, 24.11
+and 26.05. The hit rate per shape is printed (-s)."""
 from __future__ import annotations
 
 import collections
@@ -59,7 +60,8 @@ if shutil.which("lua5.1") is None or subprocess.run(["lua5.1", "-e", 'require("p
 # file still names the last states, past its valid_until
 PHASES = (("enforce", "none"), ("enforce", "short"), ("enforce", "mixed"), ("enforce", "long"),
           ("enforce", "stale"), ("shadow", "short"), ("shadow", "mixed"), ("shadow", "long"), ("shadow", "stopped"))
-JOBS_PER_PHASE = 1400  # 12,600 in all
+# (release, jobs per phase): 12,600 jobs spelled as 22.05 spells them, 4,500 each as 24.11 and 26.05 do
+RELEASES = (("22.05", 1400), ("24.11", 500), ("26.05", 500))
 
 
 def pending(gpus_by_qos: dict[str, int]) -> list[PendingJob]:
@@ -81,10 +83,15 @@ QUEUES = {
 }
 
 
+@pytest.fixture(params=RELEASES, ids=[r for r, _ in RELEASES])
+def release(request):
+    return request.param
+
+
 @pytest.fixture
-def svc(service_env, slurm_jobs, tmp_path):
+def svc(service_env, slurm_jobs, tmp_path, release):
     (tmp_path / "run").mkdir()
-    env = dict(service_env, SWAPAWARE_ADMISSION__TABLE_PATH=str(tmp_path / "run" / "admission.json"),
+    env = dict(service_env, SWAPAWARE_SERVICE__SLURM_RELEASE=release[0], SWAPAWARE_ADMISSION__TABLE_PATH=str(tmp_path / "run" / "admission.json"),
                SWAPAWARE_ADMISSION__REFRESH_S="1000", SWAPAWARE_ADMISSION__VALID_S="3000",
                SWAPAWARE_POLICY__SHARE_MIN_QUEUE="0.25", SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE="0.75",
                SWAPAWARE_POLICY__QUEUE_POLL_S=str(POLL_S), SWAPAWARE_POLICY__WHOLE_GPU_QOS=gen.PROTECTED_QOS,
@@ -98,12 +105,12 @@ def svc(service_env, slurm_jobs, tmp_path):
         s.stop(0)
 
 
-def plugin_conf(tmp_path: Path, table: Path) -> Path:
+def plugin_conf(tmp_path: Path, table: Path, release: str) -> Path:
     conf = tmp_path / "etc"
     conf.mkdir(exist_ok=True)
     (conf / "swapaware_plugin.conf").write_text(
         f"socket={tmp_path}/none.sock\ntable={table}\ntable_check_ms=0\ntable_uids=0,{os.getuid()}\n"
-        "slurm_release=22.05\n")
+        f"slurm_release={release}\n")
     return conf
 
 
@@ -222,15 +229,16 @@ def queue_state_of(h) -> tuple[dict, str]:
 
 
 # ----------------------------------------------------------------------------- the test
-def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path):
+def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, release):
     s = svc
+    release, jobs_per_phase = release
     h, publisher = s.handler, s.admission_publisher
-    conf = plugin_conf(tmp_path, publisher.table)
+    conf = plugin_conf(tmp_path, publisher.table, release)
     t0 = time.monotonic()
 
-    pool = gen.spec_pool(SEED, POOL)
+    pool = gen.spec_pool(SEED, POOL, release)
     users = sorted({gen.class_user(state, n) for state in gen.CLASS_STATES for n in range(gen.USERS_PER_STATE)})
-    base_jobs = [gen.job_desc("gres_untyped", u, "", "plain") for u in users]
+    base_jobs = [gen.job_desc("gres_untyped", u, "", "plain", release=release) for u in users]
     facts_out, _ = run_lua(tmp_path, conf, [sp.job for sp in pool] + base_jobs, facts_only=True)
     pool_facts = [to_facts(o["facts"]) for o in facts_out[:len(pool)]]
     pool_keys = [o["key"] for o in facts_out[:len(pool)]]
@@ -251,7 +259,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path):
     recorded = {admission.table_key(pb.JobFacts.FromString(r.facts_pb)) for r in h.store.decisions()}
     t_setup = time.monotonic() - t0
 
-    order = gen.draw_jobs(pool, JOBS_PER_PHASE * len(PHASES), SEED + 1)
+    order = gen.draw_jobs(pool, jobs_per_phase * len(PHASES), SEED + 1)
     per_qos = h.cfg.policy.queue_per_qos
     stats = collections.defaultdict(collections.Counter)  # shape -> counts
     by_state = collections.Counter()
@@ -264,6 +272,8 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path):
     for n, (phase_mode, queue) in enumerate(PHASES):
         if queue in QUEUES:
             slurm_jobs.pending = QUEUES[queue]
+            h.queue.poll_once()  # the snapshot and the gate file now, rather than at the monitor's
+            publisher.write_gate()  # next poll and the publisher's next tick
             want = {"short": ({"high": "short", "low": "short", "normal": "short", gen.PROTECTED_QOS: "short"},
                               "short"),
                     "mixed": ({"high": "short", "low": "long", "normal": "normal", gen.PROTECTED_QOS: "short"},
@@ -289,12 +299,12 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path):
             h.set_mode(PolicyMode(mode))
             publisher.publish(f"differential test: mode {mode}")
         table = json.loads(publisher.table.read_text())
-        assert table["mode"] == mode and table["per_qos"] == per_qos
+        assert (table["mode"], table["per_qos"], table["dialect"]) == (mode, per_qos, release)
         entries = table["entries"]
         if n == 0:  # every recorded key Admit did not refuse is published
             missing = {k for k in recorded if k not in entries} - refused
             assert not missing, f"{len(missing)} recorded keys are not in the table"
-        idx = order[n * JOBS_PER_PHASE:(n + 1) * JOBS_PER_PHASE]
+        idx = order[n * jobs_per_phase:(n + 1) * jobs_per_phase]
         started = time.monotonic()
         outs, counters = run_lua(tmp_path, conf, [pool[i].job for i in idx])
         t_lua += time.monotonic() - started
@@ -309,7 +319,8 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path):
             assert out["key"] == key
             st = stats[sp.shape]
             st["jobs"] += 1
-            if not any("gpu" in sp.job.get(f, "") for f in ("tres_per_node", "tres_per_job", "tres_per_task")):
+            assert out["wants_gpu"] == (sp.shape not in ("no_gpu", "shards")), sp
+            if not out["wants_gpu"]:
                 # no GPU asked (no GPU, or shards already): the plugin lets it through, asking nobody
                 assert not out["rpc"] and out.get("set") is None
                 continue
@@ -345,7 +356,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path):
         else:
             assert queue_state_of(h) == (gate_doc["views"], gate_doc["other"])
 
-    print(f"\nadmission differential: {len(order)} jobs of {len(pool)} keys, {len(PHASES)} phases "
+    print(f"\nadmission differential, Slurm {release}: {len(order)} jobs of {len(pool)} keys, {len(PHASES)} phases "
           f"(setup {t_setup:.1f} s, lua {t_lua:.1f} s, admit {t_admit:.1f} s)")
     print(f"{'shape':18} {'jobs':>6} {'held':>6} {'hit':>6} {'rpc':>6} {'hit%':>6}")
     for shape in gen.SHAPES:
@@ -361,7 +372,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path):
     # the table covered a meaningful share: every common shape and class state hit in every gate state
     gpu = sum(stats[sh]["jobs"] for sh in gen.SHAPES if sh not in ("no_gpu", "shards"))
     hits = sum(stats[sh]["hit"] for sh in gen.SHAPES)
-    assert gpu >= 10_000 and hits >= gpu / 2, (hits, gpu)
+    assert gpu >= 0.7 * len(order) and hits >= gpu / 2, (hits, gpu)
     for shape in gen.COMMON_SHAPES:
         assert stats[shape]["hit"] > 0 and stats[shape]["rpc"] > 0, shape
     assert set(by_state) == {"short", "normal", "long", "unknown"}
