@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2
 from policy_service.access import Authorizer
 from policy_service.adapters.admission_archive import TableArchive, archive_path
 from policy_service.adapters.admission_catchup import attach as attach_catchup
+from policy_service.adapters.admission_catchup import chain
 from policy_service.adapters.admission_publish import AdmissionPublisher
 from policy_service.adapters.grpc_server import start_grpc
 from policy_service.adapters.history import HistoryStore
@@ -164,6 +165,8 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     if cfg.admission.table_path:
         svc.admission_archive = TableArchive(archive_path(str(cfg.service.db_path)))
         svc.admission_publisher = AdmissionPublisher(handler, cfg, svc.admission_archive).start()
+        if monitor is not None:  # the gate file follows each queue snapshot, first
+            monitor.on_poll = chain(svc.admission_publisher.on_queue_poll, monitor.on_poll)
         log.info("admission table: published at %s (gate %s.gate), rebuilt at most every %.0f s",
                  cfg.admission.table_path, cfg.admission.table_path, cfg.admission.refresh_s)
     catchup = None

@@ -10,7 +10,8 @@ A background thread, never on Admit's path:
   * rebuilt at most every refresh_s, when something it depends on changed (observations learned,
     new decisions, mode, nodes' enforcement, partitions), at once when the mode changed, and
     re-published at least every valid_s / 2 (the same version when nothing it holds changed);
-  * the gate file is rewritten whenever the queue monitor's snapshot changed (after each poll);
+  * the gate file is rewritten after each queue poll (QueueMonitor.on_poll, ``on_queue_poll``),
+    and checked by the thread's ticks (queue_poll_s / 4, at most 1 s);
   * each version's templates go to the TableArchive (catch-up records table-made decisions from it);
   * policy.mode = off: the class table is removed (every job takes the Admit round trip).
 Files are written atomically (temporary file in the same directory, fsync, rename), mode 0644.
@@ -118,7 +119,10 @@ class AdmissionPublisher:
         self._gate_written: tuple | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._lock = threading.RLock()  # one pass at a time (the thread, a test, the CLI)
+        self._lock = threading.RLock()  # one build at a time (the thread, a test)
+        # the gate file: written after each queue poll by the monitor's thread, which never waits
+        # for a build
+        self._gate_lock = threading.Lock()
         self.last: Publication | None = None
 
     # ------------------------------------------------------------------ the thread
@@ -144,16 +148,24 @@ class AdmissionPublisher:
     def tick(self) -> None:
         """One pass: rebuild the class table when due, rewrite the gate when the queue changed."""
         with self._lock:
-            self._tick()
+            if not self._tick():
+                return
+        self.write_gate()
 
-    def _tick(self) -> None:
+    def on_queue_poll(self, pending, state) -> None:
+        """QueueMonitor.on_poll: the gate file follows each new snapshot at once."""
+        if self.handler.mode is not PolicyMode.OFF:
+            self.write_gate()
+
+    def _tick(self) -> bool:
+        """False when nothing is published (policy.mode = off)."""
         now = self.clock()
         inputs = self._depends()
         mode = inputs[0]
         if mode is PolicyMode.OFF:
             if self._published is not None or self.table.exists():
                 self._remove("policy.mode = off")
-            return
+            return False
         why = self._why(inputs, now)
         if why and self._inputs is not None and inputs[0] is not self._inputs[0]:
             # the table of the old mode goes at once: jobs take the round trip (the new mode) until
@@ -161,7 +173,7 @@ class AdmissionPublisher:
             self._remove(f"policy.mode is now {mode.value}", gate=False)
         if why:
             self._publish(why, inputs)
-        self._write_gate()
+        return True
 
     def _depends(self) -> tuple:
         h = self.handler
@@ -353,18 +365,21 @@ class AdmissionPublisher:
             log.info("admission archive: %d version(s) published before %.0f dropped", dropped, older_than)
 
     def _remove(self, why: str, gate: bool = True) -> None:
-        for path in (self.table, self.gate) if gate else (self.table,):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+        with self._gate_lock:
+            for path in (self.table, self.gate) if gate else (self.table,):
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+            if gate:
+                self._gate_written = None
         log.warning("admission table %s removed (%s): every job takes the Admit round trip", self.table, why)
-        self._published, self._inputs, self._gate_written = None, None, None
+        self._published, self._inputs = None, None
 
     # ------------------------------------------------------------------ the gate
     def write_gate(self) -> bool:
         """Rewrite the gate file when the queue's state or snapshot changed; True when written."""
-        with self._lock:
+        with self._gate_lock:
             return self._write_gate()
 
     def _write_gate(self) -> bool:

@@ -6,6 +6,7 @@ import logging
 import os
 import sqlite3
 import stat
+import time
 
 import pytest
 
@@ -280,3 +281,21 @@ def test_a_key_is_decided_again_once_its_class_learned_and_others_are_kept(svc, 
     assert rpc.action == pb.ACTION_SHARE and table_set(decision) == rpc_set(rpc)
     assert p._known[admission.table_key(other)] is kept  # bob's key read nothing alice's run changed
     assert p._known[admission.table_key(same_account)] is not neighbour
+
+
+def test_the_gate_file_follows_each_queue_poll_at_once(env, slurm_jobs, tmp_path):
+    (tmp_path / "run").mkdir()
+    # the monitor's own polls 300 s apart: only the test's poll moves the snapshot
+    s = start_service(load_config(env=dict(env, SWAPAWARE_POLICY__QUEUE_POLL_S="300")), slurm=slurm_jobs)
+    try:
+        p = s.admission_publisher
+        wait_for(lambda: p.gate.exists(), 10.0, "first gate file")
+        first = json.loads(p.gate.read_text())
+        assert first["other"] == "short"  # the first snapshot: nothing waits
+        slurm_jobs.pending = queued(2)
+        s.queue_monitor.poll_once()  # returns once the gate file is written (on_poll)
+        gate = json.loads(p.gate.read_text())
+        assert gate["other"] == "normal" and gate["valid_until"] > first["valid_until"]
+        assert gate["valid_until"] == pytest.approx(time.time() + 900.0, abs=2.0)
+    finally:
+        s.stop(0)
