@@ -273,7 +273,7 @@ def attach(handler, slurm, monitor, archive, stop: threading.Event, *, poll_s: f
     catchup = AdmissionCatchup(handler.store, handler.decisions, archive, slurm, metrics=handler.metrics,
                                window_s=window_s)
     handler.correlation.catch_up = catchup.of_instances
-    if monitor is not None:
-        monitor.on_poll = chain(monitor.on_poll, catchup.on_queue_poll)
+    if monitor is not None:  # first: a pending job's re-decision (adapters/redecide.py) reads its decision
+        monitor.on_poll = chain(catchup.on_queue_poll, monitor.on_poll)
     catchup.start(None if monitor is not None else poll_s, stop)
     return catchup
