@@ -60,6 +60,7 @@ if shutil.which("lua5.1") is None or subprocess.run(["lua5.1", "-e", 'require("p
 # file still names the last states, past its valid_until
 PHASES = (("enforce", "none"), ("enforce", "short"), ("enforce", "mixed"), ("enforce", "long"),
           ("enforce", "stale"), ("shadow", "short"), ("shadow", "mixed"), ("shadow", "long"), ("shadow", "stopped"))
+LEARN_BEFORE = "stale"  # the enforce phase before which more is learned and the table published again
 # (release, jobs per phase): 12,600 jobs spelled as 22.05 spells them, 4,500 each as 24.11 and 26.05 do
 RELEASES = (("22.05", 1400), ("24.11", 500), ("26.05", 500))
 
@@ -133,11 +134,13 @@ def to_facts(lua_facts: dict) -> pb.JobFacts:
 
 
 # ----------------------------------------------------------------------------- the history
-def train(s, slurm_jobs, base_facts: dict[str, pb.JobFacts]) -> None:
-    """Teach each class state through the handler's own Admit / JobStarted / JobFinished path
-    (users of state "unknown" run nothing)."""
+def train(s, slurm_jobs, base_facts: dict[str, pb.JobFacts], round_: int = 0) -> None:
+    """Teach the class states through the handler's own Admit / JobStarted / JobFinished path.
+    Round 0 makes them (users of state "unknown" run nothing); round 1, after the table was
+    published, moves some (few -> enough, an OOM of a shared run for "enough", the first runs
+    of "unknown0", compute-bound runs for "util"), so the publisher must decide those keys again."""
     h = s.handler
-    job_id = 100
+    job_id = 100 + 1000 * round_
     enforcement = pb.NodeEnforcement(backend="nvml-cgroup", hard_cap=True, victim=True)
 
     def run(facts, peak, util=None, oom=False):
@@ -159,18 +162,30 @@ def train(s, slurm_jobs, base_facts: dict[str, pb.JobFacts]) -> None:
 
     for user, facts in base_facts.items():
         state = user.rstrip("0123456789")
-        if state == "few":
-            run(facts, 3 * GIB)
+        if round_ == 0:
+            if state == "few":
+                run(facts, 3 * GIB)
+            elif state == "enough":
+                for peak in (3.0, 3.2, 2.8, 3.1):
+                    run(facts, int(peak * GIB))
+            elif state == "oom":
+                for _ in range(4):
+                    run(facts, 2 * GIB)
+                assert run(facts, 4 * GIB, oom=True).action == pb.ACTION_SHARE  # a shared run's OOM: the penalty
+            elif state == "util":
+                for _ in range(4):
+                    run(facts, 2 * GIB, util=62.0)
+        elif state == "few":
+            for _ in range(2):
+                run(facts, 3 * GIB)
         elif state == "enough":
-            for peak in (3.0, 3.2, 2.8, 3.1):
-                run(facts, int(peak * GIB))
-        elif state == "oom":
-            for _ in range(4):
-                run(facts, 2 * GIB)
-            assert run(facts, 4 * GIB, oom=True).action == pb.ACTION_SHARE  # a shared run's OOM: the penalty
+            run(facts, 5 * GIB, oom=True)
+        elif user == "unknown0":
+            for _ in range(3):
+                run(facts, 1 * GIB)
         elif state == "util":
-            for _ in range(4):
-                run(facts, 2 * GIB, util=62.0)
+            for _ in range(2):
+                run(facts, 2 * GIB, util=96.0)
     h.flush()
 
 
@@ -222,6 +237,12 @@ def gate_state(doc: dict, qos: str, per_qos: bool, now: float) -> str:
     return doc["views"].get(qos if per_qos else "", doc["other"])
 
 
+def unversioned(table: Path) -> dict[str, str]:
+    """The class table's entries without the version in their tokens."""
+    return {k: re.sub(r"tbl=[0-9a-f]{16}:", "tbl=", json.dumps(v, sort_keys=True))
+            for k, v in json.loads(table.read_text())["entries"].items()}
+
+
 def queue_state_of(h) -> tuple[dict, str]:
     """The gate states decide() sees now (views and other), from the queue monitor's snapshot."""
     doc = admission.gate_file(h.queue.snapshot(), h.cfg, time.time())
@@ -245,7 +266,8 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
     assert len(set(pool_keys)) == len(pool)  # distinct specs are distinct keys
     for f, key in zip(pool_facts, pool_keys):
         assert admission.table_key(f) == key  # the plugin's key is the service's
-    train(s, slurm_jobs, {u: to_facts(o["facts"]) for u, o in zip(users, facts_out[len(pool):])})
+    base_facts = {u: to_facts(o["facts"]) for u, o in zip(users, facts_out[len(pool):])}
+    train(s, slurm_jobs, base_facts)
 
     # the keys the history holds: trained ones and the held specs (Admit recorded them)
     refused = set()
@@ -268,6 +290,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
     by_option, by_qos, sources = collections.Counter(), collections.Counter(), collections.Counter()
     mismatches: list = []
     mode = None
+    relearned = 0
     t_lua = t_admit = 0.0
     for n, (phase_mode, queue) in enumerate(PHASES):
         if queue in QUEUES:
@@ -298,6 +321,13 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
             mode = phase_mode
             h.set_mode(PolicyMode(mode))
             publisher.publish(f"differential test: mode {mode}")
+        elif queue == LEARN_BEFORE:  # classes learned since: the publisher decides their keys again
+            before = unversioned(publisher.table)
+            train(s, slurm_jobs, base_facts, round_=1)
+            publisher.publish("differential test: classes learned")
+            after = unversioned(publisher.table)
+            relearned = sum(1 for k, v in after.items() if k in before and v != before[k])
+            assert relearned > 0  # what was learned changed some keys' decisions
         table = json.loads(publisher.table.read_text())
         assert (table["mode"], table["per_qos"], table["dialect"]) == (mode, per_qos, release)
         entries = table["entries"]
@@ -358,6 +388,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
 
     print(f"\nadmission differential, Slurm {release}: {len(order)} jobs of {len(pool)} keys, {len(PHASES)} phases "
           f"(setup {t_setup:.1f} s, lua {t_lua:.1f} s, admit {t_admit:.1f} s)")
+    print(f"entries decided again after learning: {relearned}")
     print(f"{'shape':18} {'jobs':>6} {'held':>6} {'hit':>6} {'rpc':>6} {'hit%':>6}")
     for shape in gen.SHAPES:
         st = stats[shape]
@@ -380,3 +411,43 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
     assert set(by_qos) == set(gen.QOSES)
     # the decisions differ from one another (the table is not one answer for all)
     assert {a for (m_, a) in actions if m_ == "enforce"} >= {"share", "whole_gpu"}
+
+
+def record_view(decision_pb: bytes) -> dict:
+    """A recorded decision as its user and `swapaware explain` see it, less what differs by
+    construction between a table-made one and Admit's (id, time, the table token)."""
+    d = pb.Decision.FromString(decision_pb)
+    d.ClearField("decision_id")
+    d.ClearField("decided_at")  # catch-up fills both in from Slurm
+    d.rewrite.admin_comment = " ".join(f"{k}={v}" for k, v in sorted(plain(d.rewrite.admin_comment).items()))
+    return json_format.MessageToDict(d)
+
+
+@pytest.mark.xfail(strict=True, reason="core/admission.state_queues decides each gate state with a made-up queue "
+                   "(pending = pressure of 1 GPU): the archived template, which catch-up records for a table-made "
+                   "decision, says 'pending GPU jobs ask for 0.00 of 1 GPUs' where Admit says '... of 4 GPUs' "
+                   "(/work/notes/issue21-bugs.md)")
+@pytest.mark.parametrize("release", [("22.05", 0)], indirect=True)
+def test_the_archived_template_is_what_admit_records(svc, slurm_jobs, release):
+    """What catch-up records for a table-made decision (the archived template) is what Admit
+    records for the same job in the same queue state, but for its id, time and table token."""
+    s = svc
+    h, publisher = s.handler, s.admission_publisher
+    job = pb.JobFacts(user="enough0", account="proj", partition="gpu", job_name="train", tres_per_node="gres:gpu:1",
+                      script_fingerprint="00000001deadbeef")
+    train(s, slurm_jobs, {"enough0": job})  # a class that shares where the queue lets it
+    pub = publisher.publish("test")
+    entry = json.loads(publisher.table.read_text())["entries"][admission.table_key(job)]
+    seen = set()
+    for queue in ("short", "mixed", "long"):
+        slurm_jobs.pending = QUEUES[queue]
+        h.queue.poll_once()
+        state = queue_state_of(h)[1]  # the whole queue's (the job gives no QoS)
+        slot = state if state in entry else admission.ALL_STATES
+        template = s.admission_archive.lookup(pub.version, entry["i"], slot)
+        d = h.admit(pb.AdmitRequest(job=job)).decision
+        h.flush()
+        recorded = h.store.decision(d.decision_id)
+        seen.add(state)
+        assert record_view(template.decision_pb) == record_view(recorded.decision_pb), state
+    assert seen == {"short", "long"}
