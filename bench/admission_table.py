@@ -1,6 +1,7 @@
 """Admission table: build time, file size and a plain-Python json.load time at N keys.
 
     .venv/bin/python bench/admission_table.py --keys 10000 100000
+    .venv/bin/python bench/admission_table.py --keys 10000 --admit-latency
 
 A real history (SQLite in a temporary directory) holds N recorded decisions with distinct table
 keys over 1,000 job classes (100 users x 10 job names, each learned: 2 GiB peaks, so they share),
@@ -9,6 +10,8 @@ through the handler's own decide path, with the default [policy] (4 reachable ga
 Printed per N: the cold build (every key decided), a re-publication with nothing changed (same
 version), a rebuild after one class learned an observation (one class's keys decided again, a new
 version written and archived), the table's size, json.load of it, and the archive's size.
+--admit-latency: Admit's latency in the same process (the service's GIL switch interval), idle and
+while the publisher's thread builds the table from cold.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +38,7 @@ from policy_service.adapters.history_schema import stats_to_json  # noqa: E402
 from policy_service.config import AdmissionConfig, Config  # noqa: E402
 from policy_service.core.types import ClassStats, KeyLevel  # noqa: E402
 from policy_service.handler import PolicyHandler  # noqa: E402
+from policy_service.server import GIL_SWITCH_INTERVAL_S  # noqa: E402
 
 GIB = 1024 ** 3
 USERS, NAMES = 100, 10
@@ -73,26 +78,79 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
+def admit_latency(handler: PolicyHandler, seconds: float, busy: threading.Event | None = None) -> list[float]:
+    """Latencies (s) of Admit for a learned job, one after another, for ``seconds`` (or while
+    ``busy`` is set)."""
+    req = pb.AdmitRequest(job=facts(1))
+    out = []
+    end = time.perf_counter() + seconds
+    while (busy.is_set() if busy is not None else time.perf_counter() < end):
+        t = time.perf_counter()
+        handler.admit(req)
+        out.append(time.perf_counter() - t)
+        time.sleep(0.001)  # slurmctld's submissions arrive spread out, not back to back
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
+
+
+def latency_during_build(n: int) -> None:
+    """Admit's latency (this process's handler, the service's GIL switch interval) while nothing
+    else runs, and while the publisher builds the table of ``n`` keys from cold."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    with tempfile.TemporaryDirectory() as d:
+        handler, pub = setup(Path(d), n)
+        idle = admit_latency(handler, 5.0)
+        busy = threading.Event()
+        busy.set()
+
+        def build():
+            try:
+                pub.publish("bench: cold, beside Admit")
+            finally:
+                busy.clear()
+
+        t = threading.Thread(target=build)
+        t.start()
+        during = admit_latency(handler, 0, busy)
+        t.join()
+        print(f"keys={n} admit_us idle p50={pct(idle, .5):.0f} p99={pct(idle, .99):.0f} max={max(idle) * 1e6:.0f} "
+              f"(n={len(idle)}); during cold build p50={pct(during, .5):.0f} p99={pct(during, .99):.0f} "
+              f"max={max(during) * 1e6:.0f} (n={len(during)})", flush=True)
+        pub.archive.close()
+        handler.close()
+        handler.store.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--keys", type=int, nargs="+", default=[10000, 100000])
+    ap.add_argument("--admit-latency", action="store_true",
+                    help="instead: Admit's latency idle and while the table is built (at each --keys)")
     args = ap.parse_args()
+    if args.admit_latency:
+        for n in args.keys:
+            latency_during_build(n)
+        return
     for n in args.keys:
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
             handler, pub = setup(tmp, n)
             cold, t_cold = timed(lambda: pub.publish("bench: cold"))
             same, t_same = timed(lambda: pub.publish("bench: unchanged"))
-            first = next(iter(pub._known.values()))
+            _, _, first = handler._decide(facts(0))  # its history keys
             # one class learned an observation that changes its decisions (peaks now 5 GiB)
             db = sqlite3.connect(str(tmp / "history.sqlite3"))
             db.execute("UPDATE class_stats SET stats_json = ? WHERE level = ? AND key = ?",
                        (stats_to_json(ClassStats(samples=4, runs=4, ewma_peak_bytes=5 * GIB, max_peak_bytes=5 * GIB,
                                                  last_peak_bytes=5 * GIB)),
-                        KeyLevel.CLASS.value, first.keys[KeyLevel.CLASS]))
+                        KeyLevel.CLASS.value, first[KeyLevel.CLASS]))
             db.commit()
             db.close()
-            handler.learned.update(first.keys.values())
+            handler.learned.update(first.values())
             one, t_one = timed(lambda: pub.publish("bench: one class learned"))
             data = pub.table.read_bytes()
             loaded = json.loads(data)

@@ -51,6 +51,18 @@ def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
+def stored_template(version: str, entry: int, state: str, rec: DecisionRecord) -> tuple[bytes, bytes]:
+    """(digest, body) of a template as the archive stores it: its table token (of ``version``,
+    ``entry``, ``state``) swapped for the placeholder, so that what versions and states hold alike
+    is stored once."""
+    token = TableRef(version, entry, state).token.encode()
+    if len(token) != len(_PLACEHOLDER) or token not in rec.decision_pb:
+        raise ValueError(f"the template for ({entry}, {state!r}) does not carry {token!r}")
+    plain = dataclasses.replace(rec, decision_pb=rec.decision_pb.replace(token, _PLACEHOLDER))
+    body = zlib.compress(plain.encode()[8:], 1)
+    return _digest(body), body
+
+
 class TableArchive:
     """put / lookup / prune over one SQLite file; safe to share between threads."""
 
@@ -66,46 +78,37 @@ class TableArchive:
         self._blob_ids: dict[bytes, int] = {}  # digest -> id, what this process has put or seen
         self._chunk_ids: dict[bytes, int] = {}
         self._cache: OrderedDict[tuple[str, int], dict[tuple[int, str], int]] = OrderedDict()
-        # the last put's records (put with token_version): (id, entry, state) -> (record, blob id)
-        self._objects: dict[tuple[int, int, str], tuple[DecisionRecord, int]] = {}
-        self._objects_version: str | None = None
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
     # ------------------------------------------------------------------ put
-    def put(self, version: str, templates: Mapping[tuple[int, str], DecisionRecord], *,
-            token_version: str | None = None) -> None:
+    def put(self, version: str, templates: Mapping[tuple[int, str], DecisionRecord]) -> None:
         """Keep ``templates`` ((entry, state) -> record with the table token in its decision's
-        AdminComment) as ``version``; a version put again is replaced. ``token_version``: the
-        version the records' tokens name, when not ``version`` (the publisher builds a record once
-        and keeps it while its decision holds; a record object put again under the same slot is
-        not encoded again)."""
+        AdminComment) as ``version``; a version put again is replaced."""
+        self.put_stored(version, {(entry, state): stored_template(version, entry, state, rec)
+                                  for (entry, state), rec in templates.items()})
+
+    def put_stored(self, version: str, templates: Mapping[tuple[int, str], tuple[bytes, bytes]]) -> None:
+        """``put`` of templates already in their stored form (``stored_template``: the publisher
+        keeps them so, built once while a key's decisions hold)."""
         triples = []
-        seen: dict[tuple[int, int, str], tuple[DecisionRecord, int]] = {}
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                for (entry, state), rec in templates.items():
+                for (entry, state), (digest, body) in templates.items():
                     if not 0 <= entry <= MAX_ENTRY or state not in STATE_LETTER:
                         raise ValueError(f"bad table slot ({entry}, {state!r})")
-                    slot = (id(rec), entry, state)
-                    hit = self._objects.get(slot)
-                    if hit is not None and hit[0] is rec and token_version == self._objects_version:
-                        blob_id = hit[1]
-                    else:
-                        blob_id = self._blob(token_version or version, entry, state, rec)
-                    seen[slot] = (rec, blob_id)
-                    triples.append((entry, STATE_LETTER[state], blob_id))
+                    triples.append((entry, STATE_LETTER[state], self._row("blobs", self._blob_ids, body, digest)))
                 triples.sort()
                 slots = []
                 by_chunk: dict[int, list] = {}
                 for t in triples:
                     by_chunk.setdefault(t[0] // CHUNK, []).append(t)
                 for number, rows in sorted(by_chunk.items()):
-                    body = b"".join(_TRIPLE.pack(e, ord(g), b) for e, g, b in rows)
-                    slots.append(_SLOT.pack(number, self._row("chunks", self._chunk_ids, zlib.compress(body, 1))))
+                    body = zlib.compress(b"".join(_TRIPLE.pack(e, ord(g), b) for e, g, b in rows), 1)
+                    slots.append(_SLOT.pack(number, self._row("chunks", self._chunk_ids, body, _digest(body))))
                 self._db.execute("INSERT OR REPLACE INTO versions (version, put_at, chunks) VALUES (?, ?, ?)",
                                  (version, self.clock(), b"".join(slots)))
                 self._db.execute("COMMIT")
@@ -113,9 +116,7 @@ class TableArchive:
                 self._db.execute("ROLLBACK")
                 self._blob_ids.clear()
                 self._chunk_ids.clear()
-                self._objects.clear()
                 raise
-            self._objects, self._objects_version = (seen, token_version) if token_version else ({}, None)
             self._forget(version)
 
     def touch(self, version: str, at: float | None = None) -> bool:
@@ -126,15 +127,7 @@ class TableArchive:
                                    (self.clock() if at is None else at, version))
             return cur.rowcount > 0
 
-    def _blob(self, version: str, entry: int, state: str, rec: DecisionRecord) -> int:
-        token = TableRef(version, entry, state).token.encode()
-        if len(token) != len(_PLACEHOLDER):
-            raise ValueError(f"table token {token!r} is not {len(_PLACEHOLDER)} bytes")
-        plain = dataclasses.replace(rec, decision_pb=rec.decision_pb.replace(token, _PLACEHOLDER))
-        return self._row("blobs", self._blob_ids, zlib.compress(plain.encode()[8:], 1))
-
-    def _row(self, table: str, known: dict[bytes, int], body: bytes) -> int:
-        digest = _digest(body)
+    def _row(self, table: str, known: dict[bytes, int], body: bytes, digest: bytes) -> int:
         row_id = known.get(digest)
         if row_id is None:
             row = self._db.execute(f"SELECT id FROM {table} WHERE digest = ?", (digest,)).fetchone()
@@ -214,7 +207,6 @@ class TableArchive:
                 if gone:
                     self._blob_ids.clear()
                     self._chunk_ids.clear()
-                    self._objects.clear()
                 self._cache.clear()
         return len(gone)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.admission_archive import TableArchive
+from policy_service.adapters.admission_archive import TableArchive, stored_template
 from policy_service.config import Config, PolicyMode
 from policy_service.core import admission, estimator
 from policy_service.core.mode import apply_mode
@@ -68,16 +68,16 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 @dataclasses.dataclass
 class _Known:
-    """A key's decisions as last built."""
+    """A key's entry as last built. Only strings and bytes are kept (no decision objects): the
+    garbage collector's full passes, which run in whichever thread allocates (Admit's too), stay
+    short however many keys are held."""
 
-    context: tuple  # (mode, enforcement, partitions) they were built under
-    learned: tuple  # observations learned then under the history keys they read (deps)
+    context: tuple  # (mode, enforcement, partitions) it was built under
+    learned: tuple  # observations learned then under the history keys its decisions read (deps)
     deps: tuple
-    keys: dict
-    request: object
-    facts: pb.JobFacts  # the template's facts (uid and work_dir cleared: not part of the key)
-    decisions: dict  # gate state -> Decision (PLACEHOLDER_ID, mode applied)
-    entry: tuple | None = None  # AdmissionPublisher._fragment's, once built
+    entry: int  # its entry number
+    text: str  # the entry's JSON under the provisional version ("" : nothing publishable)
+    templates: tuple  # ((entry, state), (digest, body)) as the archive stores them
 
 
 def _read_keys_of(keys: dict, stats: dict, cfg: Config) -> tuple:
@@ -233,18 +233,17 @@ class AdmissionPublisher:
         if n is None:
             if len(self._numbers) > admission.MAX_ENTRY:
                 self._numbers.clear()  # only after ten million distinct keys in one run
-                for known in self._known.values():
-                    known.entry = None
             n = self._numbers[key] = len(self._numbers)
         return n
 
     # ------------------------------------------------------------------ deciding
-    def _decisions(self, key: str, facts_pb: bytes, context: tuple, queues: dict) -> _Known | None:
-        """A key's decisions under each gate state: those of the last build while nothing they
-        read changed, else decided again."""
+    def _decisions(self, key: str, facts_pb: bytes, i: int, context: tuple, queues: dict) -> _Known | None:
+        """A key's entry (number ``i``): the last build's while nothing its decisions read changed,
+        else decided again under each gate state."""
         h = self.handler
         known = self._known.get(key)
-        if known is not None and known.context == context and known.learned == self._learned(known.deps):
+        if (known is not None and known.entry == i and known.context == context
+                and known.learned == self._learned(known.deps)):
             return known
         facts = pb.JobFacts.FromString(facts_pb)
         if not admission.publishable(facts):
@@ -267,10 +266,11 @@ class AdmissionPublisher:
                 return None
             out[state] = dataclasses.replace(apply_mode(d, context[0], self.cfg.policy.admin_comment_max_chars),
                                              decided_at=0.0)
-        facts.uid = 0
+        facts.uid = 0  # not part of the key: catch-up fills in the job's own
         facts.work_dir = ""
         deps = _read_keys_of(keys, read.get("stats", {}), self.cfg)
-        known = _Known(context, self._learned(deps), deps, keys, jr, facts, out)
+        text, templates = self._fragment(i, out, jr, keys, facts)
+        known = _Known(context, self._learned(deps), deps, i, text, templates)
         self._known[key] = known
         return known
 
@@ -295,13 +295,10 @@ class AdmissionPublisher:
         content = hashlib.blake2b(repr((mode.value, self.handler.dialect.name)).encode(), digest_size=16)
         built: list[tuple[str, _Known]] = []
         for n, (key, facts_pb) in enumerate(keys):
-            known = self._decisions(key, facts_pb, context, queues)
-            if known is not None:
-                if known.entry is None or known.entry[0] != self._number(key):
-                    known.entry = self._fragment(self._number(key), known)
-                if known.entry[1]:
-                    built.append((key, known))
-                    content.update(f"{key}\0{known.entry[1]}".encode())
+            known = self._decisions(key, facts_pb, self._number(key), context, queues)
+            if known is not None and known.text:
+                built.append((key, known))
+                content.update(f"{key}\0{known.text}".encode())
             if n % 256 == 255:
                 time.sleep(0)  # let Admit's threads in
         for key in set(self._known) - {k for k, _ in keys}:
@@ -315,10 +312,10 @@ class AdmissionPublisher:
         else:
             provisional = f"id={admission.PLACEHOLDER_ID} tbl={_PROVISIONAL}:"
             named = f"id={admission.PLACEHOLDER_ID} tbl={version}:"
-            entries_text = "{" + ",".join(f"{json.dumps(key)}:{known.entry[1].replace(provisional, named)}"
+            entries_text = "{" + ",".join(f"{json.dumps(key)}:{known.text.replace(provisional, named)}"
                                           for key, known in built) + "}"
-            templates = {slot: rec for _, known in built for slot, rec in known.entry[2].items()}
-            self.archive.put(version, templates, token_version=_PROVISIONAL)  # archived before a job can name it
+            templates = {slot: stored for _, known in built for slot, stored in known.templates}
+            self.archive.put_stored(version, templates)  # archived before a job can name it
         head = json.dumps(admission.table_file(version, now, now + self.cfg.admission.valid_s,
                                                self.handler.dialect.name, mode.value, self.cfg.policy.queue_per_qos,
                                                {}), separators=(",", ":"))
@@ -326,7 +323,7 @@ class AdmissionPublisher:
         data = (head[:-3] + entries_text + "}").encode()
         write_atomically(self.table, data)
         self._prune(now)
-        pub = Publication(version, len(built), sum(len(k.entry[2]) for _, k in built), len(data),
+        pub = Publication(version, len(built), sum(len(k.templates) for _, k in built), len(data),
                           time.monotonic() - started, bool(reused))
         self._published, self._published_at, self._content, self._entries_text = pub, now, digest, entries_text
         self._inputs, self._built_at, self.last = inputs, now, pub
@@ -334,23 +331,23 @@ class AdmissionPublisher:
                  "re-published" if reused else "published", why, pub.entries, pub.bytes, pub.built_s)
         return pub
 
-    def _fragment(self, i: int, known: _Known) -> tuple[int, str, dict]:
-        """(entry number, the entry's JSON, its templates) under the provisional version: the
-        version's own id replaces it in the text (and the archive swaps it in the templates)."""
+    def _fragment(self, i: int, decisions: dict, jr, keys: dict, facts: pb.JobFacts) -> tuple[str, tuple]:
+        """(the entry's JSON, its templates in stored form) under the provisional version: the
+        publication's version replaces it in the text; the archive stores templates without it."""
         max_chars = self.cfg.policy.admin_comment_max_chars
-        rewrites = {s: d.rewrite for s, d in known.decisions.items()}
+        rewrites = {s: d.rewrite for s, d in decisions.items()}
         entry: dict = {"i": i}
-        templates: dict = {}
+        templates = []
         for state, ref in admission.entry_refs(_PROVISIONAL, i, rewrites).items():
-            d = known.decisions[next(iter(known.decisions)) if state == admission.ALL_STATES else state]
+            d = decisions[next(iter(decisions)) if state == admission.ALL_STATES else state]
             rw = admission.tokenised(d.rewrite, ref, max_chars)
             decision = admission.table_decision(rw) if rw is not None else None
             if decision is None:
                 continue
             entry[state] = decision
-            templates[(i, state)] = decision_record(dataclasses.replace(d, rewrite=rw), known.request,
-                                                    known.keys, known.facts)
-        return i, json.dumps(entry, separators=(",", ":")) if len(entry) > 1 else "", templates
+            rec = decision_record(dataclasses.replace(d, rewrite=rw), jr, keys, facts)
+            templates.append(((i, state), stored_template(_PROVISIONAL, i, state, rec)))
+        return json.dumps(entry, separators=(",", ":")) if len(entry) > 1 else "", tuple(templates)
 
     def _prune(self, now: float) -> None:
         keep_s = self.cfg.admission.valid_s + self.cfg.service.reconcile_window_s
