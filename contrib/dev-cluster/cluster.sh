@@ -543,16 +543,21 @@ restart_ctld() {
     log "starting slurmctld"
     launch_slurmctld
     wait_daemon slurmctld "$LOG/slurmctld.log" ctld_ok || die "slurmctld not answering; see $LOG/slurmctld.log"
-    # A restarted slurmctld shows a node as 'unk' until its slurmd re-registers
-    # (about 4 s); SIGHUP (reconfigure) makes slurmd register at once.
+    # A restarted slurmctld knows its nodes from its state file, but not how their slurmd sees
+    # them until each registers again: SlurmdStartTime reads None until then (measured on 22.05;
+    # the node shows 'unk' or already 'idle'), and Slurm 22.05 does not save a
+    # node's GRES configuration flags with its state (23.02 does, "Save and restore GRES
+    # config_flags on slurmctld restart"). So the restart returns once every slurmd has
+    # registered; SIGHUP (reconfigure) makes it register at once.
     local name pid
     for name in $(compute_nodes); do
         pid=$(pid_in_node "$name" slurmd "$(slurmd_pidfile "$name")")
-        if [[ -n $pid ]] && ! node_ready_named "$name"; then
-            kill -HUP "$pid" 2>/dev/null || true
-            wait_for "node $name idle after slurmctld restart" "$TIMEOUT_S" node_ready_named "$name" ||
-                log "WARNING: node $name is '$(node_state_of "$name")' after the restart; see $LOG/slurmctld.log"
-        fi
+        [[ -n $pid ]] || continue
+        node_registered_named "$name" 1 && continue
+        log "node $name has not registered with the restarted slurmctld yet: SIGHUP to its slurmd"
+        kill -HUP "$pid" 2>/dev/null || true
+        wait_for "node $name to register with the restarted slurmctld" "$TIMEOUT_S" node_registered_named "$name" 1 ||
+            log "WARNING: node $name is '$(node_state_of "$name")' and has not registered after the restart; see $LOG/slurmctld.log"
     done
 }
 
