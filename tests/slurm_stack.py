@@ -137,7 +137,16 @@ class Stack:
         queue = self.run("squeue", "-o", "%i %j %T %r %b", check=False).stdout
         used = [ln.strip() for ln in self.run("scontrol", "show", "node", "-d", check=False).stdout.splitlines()
                 if ln.strip().startswith(("NodeName", "Gres", "State"))]
-        return f"squeue:\n{queue}nodes:\n" + "\n".join(used)
+        return f"squeue:\n{queue}nodes:\n" + "\n".join(used) + self._ctld_log_errors()
+
+    def _ctld_log_errors(self, keep: int = 40) -> str:
+        """slurmctld's last error and GRES lines (why GPUs stay allocated to no job)."""
+        try:
+            lines = (self.state / "log" / "slurmctld.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        picked = [ln for ln in lines if "error" in ln or "gres" in ln.lower() or "started on cluster" in ln]
+        return "\nslurmctld.log (errors, GRES, starts):\n" + "\n".join(picked[-keep:])
 
     def sacct_admin_comment(self, job_id: int) -> str:
         r = self.run("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "admincomment")
