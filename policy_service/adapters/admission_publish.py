@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.admission_archive import TableArchive, stored_template
@@ -43,12 +43,15 @@ log = logging.getLogger("swapaware.admission")
 _PROVISIONAL = "0" * 16
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: a reader sees the old file or the new one, never a part."""
+def write_atomically(path: Path, data: bytes | Iterable[bytes]) -> int:
+    """Replace ``path`` with ``data`` (bytes, or pieces of it written one after another): a reader
+    sees the old file or the new one, never a part. Returns the bytes written."""
     fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.")
+    size = 0
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for piece in (data,) if isinstance(data, bytes) else data:
+                size += f.write(piece)
             f.flush()
             os.fsync(f.fileno())
             os.fchmod(f.fileno(), 0o644)
@@ -64,6 +67,25 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+    return size
+
+
+def _pieces(head: str, built: list, version: str) -> Iterator[bytes]:
+    """The class table's JSON in pieces of about 1 MiB (``head``: the document with empty
+    entries): no copy of the whole table is made, so no single step holds the GIL for long."""
+    assert head.endswith('"entries":{}}')
+    provisional = f"id={admission.PLACEHOLDER_ID} tbl={_PROVISIONAL}:"
+    named = f"id={admission.PLACEHOLDER_ID} tbl={version}:"
+    batch, size = [head[:-3].encode(), b"{"], 0
+    for n, (key, known) in enumerate(built):
+        piece = f"{',' if n else ''}{json.dumps(key)}:{known.text.replace(provisional, named)}".encode()
+        batch.append(piece)
+        size += len(piece)
+        if size >= 1 << 20:
+            yield b"".join(batch)
+            batch, size = [], 0
+    batch.append(b"}}")
+    yield b"".join(batch)
 
 
 @dataclasses.dataclass
@@ -113,7 +135,6 @@ class AdmissionPublisher:
         self._published: Publication | None = None
         self._published_at = 0.0
         self._content = b""  # digest of what the published version holds
-        self._entries_text = "{}"
         self._inputs: tuple | None = None  # what the last build depended on
         self._built_at = float("-inf")
         self._gate_written: tuple | None = None
@@ -307,25 +328,18 @@ class AdmissionPublisher:
         reused = self._published is not None and digest == self._content and self._published.version
         version = reused or os.urandom(8).hex()
         if reused:
-            entries_text = self._entries_text
             self.archive.touch(version)
         else:
-            provisional = f"id={admission.PLACEHOLDER_ID} tbl={_PROVISIONAL}:"
-            named = f"id={admission.PLACEHOLDER_ID} tbl={version}:"
-            entries_text = "{" + ",".join(f"{json.dumps(key)}:{known.text.replace(provisional, named)}"
-                                          for key, known in built) + "}"
             templates = {slot: stored for _, known in built for slot, stored in known.templates}
             self.archive.put_stored(version, templates)  # archived before a job can name it
         head = json.dumps(admission.table_file(version, now, now + self.cfg.admission.valid_s,
                                                self.handler.dialect.name, mode.value, self.cfg.policy.queue_per_qos,
                                                {}), separators=(",", ":"))
-        assert head.endswith('"entries":{}}')
-        data = (head[:-3] + entries_text + "}").encode()
-        write_atomically(self.table, data)
+        size = write_atomically(self.table, _pieces(head, built, version))
         self._prune(now)
-        pub = Publication(version, len(built), sum(len(k.templates) for _, k in built), len(data),
+        pub = Publication(version, len(built), sum(len(k.templates) for _, k in built), size,
                           time.monotonic() - started, bool(reused))
-        self._published, self._published_at, self._content, self._entries_text = pub, now, digest, entries_text
+        self._published, self._published_at, self._content = pub, now, digest
         self._inputs, self._built_at, self.last = inputs, now, pub
         log.info("admission table %s %s (%s): %d entries, %d bytes, %.2f s", version,
                  "re-published" if reused else "published", why, pub.entries, pub.bytes, pub.built_s)
