@@ -6,8 +6,9 @@ here and records it with the job's own id, time and uid.
 
 SQLite beside the history (``<db_path>.admission``, 0600), content-deduplicated, since
 consecutive versions are nearly identical:
-  blobs    one row per distinct template, stored with its table token swapped for a placeholder
-           of the same length (every token has the same length, so the protobuf bytes stay valid)
+  blobs    one row per distinct entry: its states' templates together (they share most of their
+           bytes), each with its table token swapped for a placeholder of the same length (every
+           token has the same length, so the protobuf bytes stay valid)
   chunks   one row per distinct run of CHUNK entries' (entry, state, blob) triples
   versions per version: when it was last published and the list of its chunks
 A version costs its chunk list plus what changed. ``prune`` drops versions last published
@@ -25,7 +26,7 @@ import time
 import zlib
 from collections import OrderedDict
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from policy_service.adapters.decision_log import DecisionRecord
 from policy_service.core.admission import LETTER_STATE, MAX_ENTRY, STATE_LETTER, TOKEN_CHARS, TableRef
@@ -33,6 +34,7 @@ from policy_service.core.admission import LETTER_STATE, MAX_ENTRY, STATE_LETTER,
 CHUNK = 1024  # entries per chunk
 _TRIPLE = struct.Struct("<IBq")  # entry, state letter, blob id
 _SLOT = struct.Struct("<Iq")  # chunk number, chunk id
+_FRAME = struct.Struct("<BI")  # state letter, length of the template that follows
 _PLACEHOLDER = b"tbl=" + b"@" * (TOKEN_CHARS - 4)
 
 SCHEMA = """
@@ -51,16 +53,30 @@ def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def stored_template(version: str, entry: int, state: str, rec: DecisionRecord) -> tuple[bytes, bytes]:
-    """(digest, body) of a template as the archive stores it: its table token (of ``version``,
-    ``entry``, ``state``) swapped for the placeholder, so that what versions and states hold alike
-    is stored once."""
-    token = TableRef(version, entry, state).token.encode()
-    if len(token) != len(_PLACEHOLDER) or token not in rec.decision_pb:
-        raise ValueError(f"the template for ({entry}, {state!r}) does not carry {token!r}")
-    plain = dataclasses.replace(rec, decision_pb=rec.decision_pb.replace(token, _PLACEHOLDER))
-    body = zlib.compress(plain.encode()[8:], 1)
+def stored_entry(version: str, entry: int, records: Mapping[str, DecisionRecord]) -> tuple[bytes, bytes]:
+    """(digest, body) of one entry's templates (gate state -> record) as the archive stores them:
+    together (an entry's states share most of their bytes), each with its table token (of
+    ``version``, ``entry``, its state) swapped for the placeholder, so that what versions hold
+    alike is stored once."""
+    frames = []
+    for state in sorted(records, key=lambda st: STATE_LETTER[st]):
+        rec = records[state]
+        token = TableRef(version, entry, state).token.encode()
+        if len(token) != len(_PLACEHOLDER) or token not in rec.decision_pb:
+            raise ValueError(f"the template for ({entry}, {state!r}) does not carry {token!r}")
+        plain = dataclasses.replace(rec, decision_pb=rec.decision_pb.replace(token, _PLACEHOLDER)).encode()[8:]
+        frames.append(_FRAME.pack(ord(STATE_LETTER[state]), len(plain)) + plain)
+    body = zlib.compress(b"".join(frames), 1)
     return _digest(body), body
+
+
+def _frames(body: bytes) -> Iterator[tuple[str, bytes]]:
+    data, at = zlib.decompress(body), 0
+    while at < len(data):
+        letter, size = _FRAME.unpack_from(data, at)
+        at += _FRAME.size
+        yield chr(letter), data[at:at + size]
+        at += size
 
 
 class TableArchive:
@@ -87,20 +103,24 @@ class TableArchive:
     def put(self, version: str, templates: Mapping[tuple[int, str], DecisionRecord]) -> None:
         """Keep ``templates`` ((entry, state) -> record with the table token in its decision's
         AdminComment) as ``version``; a version put again is replaced."""
-        self.put_stored(version, {(entry, state): stored_template(version, entry, state, rec)
-                                  for (entry, state), rec in templates.items()})
+        by_entry: dict[int, dict[str, DecisionRecord]] = {}
+        for (entry, state), rec in templates.items():
+            by_entry.setdefault(entry, {})[state] = rec
+        self.put_stored(version, {entry: (tuple(recs), *stored_entry(version, entry, recs))
+                                  for entry, recs in by_entry.items()})
 
-    def put_stored(self, version: str, templates: Mapping[tuple[int, str], tuple[bytes, bytes]]) -> None:
-        """``put`` of templates already in their stored form (``stored_template``: the publisher
-        keeps them so, built once while a key's decisions hold)."""
+    def put_stored(self, version: str, entries: Mapping[int, tuple[tuple[str, ...], bytes, bytes]]) -> None:
+        """``put`` of entries already in their stored form: entry -> (its states, and the digest
+        and body ``stored_entry`` made; the publisher keeps them, built once while an entry holds)."""
         triples = []
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                for (entry, state), (digest, body) in templates.items():
-                    if not 0 <= entry <= MAX_ENTRY or state not in STATE_LETTER:
-                        raise ValueError(f"bad table slot ({entry}, {state!r})")
-                    triples.append((entry, STATE_LETTER[state], self._row("blobs", self._blob_ids, body, digest)))
+                for entry, (states, digest, body) in entries.items():
+                    if not 0 <= entry <= MAX_ENTRY or not states or any(st not in STATE_LETTER for st in states):
+                        raise ValueError(f"bad table slot ({entry}, {states!r})")
+                    blob_id = self._row("blobs", self._blob_ids, body, digest)
+                    triples.extend((entry, STATE_LETTER[st], blob_id) for st in states)
                 triples.sort()
                 slots = []
                 by_chunk: dict[int, list] = {}
@@ -159,7 +179,11 @@ class TableArchive:
             row = self._db.execute("SELECT body FROM blobs WHERE id = ?", (blob_id,)).fetchone()
         if row is None:
             return None
-        rec = DecisionRecord.decode(zlib.decompress(row[0]))
+        letter = STATE_LETTER[state]
+        plain = next((frame for g, frame in _frames(row[0]) if g == letter), None)
+        if plain is None:
+            return None
+        rec = DecisionRecord.decode(plain)
         token = TableRef(version, entry, state).token.encode()
         return dataclasses.replace(rec, decision_pb=rec.decision_pb.replace(_PLACEHOLDER, token))
 

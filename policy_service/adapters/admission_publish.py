@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.admission_archive import TableArchive, stored_template
+from policy_service.adapters.admission_archive import TableArchive, stored_entry
 from policy_service.config import Config, PolicyMode
 from policy_service.core import admission, estimator
 from policy_service.core.mode import apply_mode
@@ -99,7 +99,7 @@ class _Known:
     deps: tuple
     entry: int  # its entry number
     text: str  # the entry's JSON under the provisional version ("" : nothing publishable)
-    templates: tuple  # ((entry, state), (digest, body)) as the archive stores them
+    templates: tuple  # (its states, digest, body) as the archive stores them (admission_archive.stored_entry)
 
 
 def _read_keys_of(keys: dict, stats: dict, cfg: Config) -> tuple:
@@ -330,14 +330,14 @@ class AdmissionPublisher:
         if reused:
             self.archive.touch(version)
         else:
-            templates = {slot: stored for _, known in built for slot, stored in known.templates}
-            self.archive.put_stored(version, templates)  # archived before a job can name it
+            self.archive.put_stored(version, {known.entry: known.templates for _, known in built})  # before a
+            # job can name it
         head = json.dumps(admission.table_file(version, now, now + self.cfg.admission.valid_s,
                                                self.handler.dialect.name, mode.value, self.cfg.policy.queue_per_qos,
                                                {}), separators=(",", ":"))
         size = write_atomically(self.table, _pieces(head, built, version))
         self._prune(now)
-        pub = Publication(version, len(built), sum(len(k.templates) for _, k in built), size,
+        pub = Publication(version, len(built), sum(len(k.templates[0]) for _, k in built), size,
                           time.monotonic() - started, bool(reused))
         self._published, self._published_at, self._content = pub, now, digest
         self._inputs, self._built_at, self.last = inputs, now, pub
@@ -347,11 +347,12 @@ class AdmissionPublisher:
 
     def _fragment(self, i: int, decisions: dict, jr, keys: dict, facts: pb.JobFacts) -> tuple[str, tuple]:
         """(the entry's JSON, its templates in stored form) under the provisional version: the
-        publication's version replaces it in the text; the archive stores templates without it."""
+        publication's version replaces it in the text; the archive stores templates without it.
+        ("", ()) when no state has a publishable decision."""
         max_chars = self.cfg.policy.admin_comment_max_chars
         rewrites = {s: d.rewrite for s, d in decisions.items()}
         entry: dict = {"i": i}
-        templates = []
+        records = {}
         for state, ref in admission.entry_refs(_PROVISIONAL, i, rewrites).items():
             d = decisions[next(iter(decisions)) if state == admission.ALL_STATES else state]
             rw = admission.tokenised(d.rewrite, ref, max_chars)
@@ -359,9 +360,10 @@ class AdmissionPublisher:
             if decision is None:
                 continue
             entry[state] = decision
-            rec = decision_record(dataclasses.replace(d, rewrite=rw), jr, keys, facts)
-            templates.append(((i, state), stored_template(_PROVISIONAL, i, state, rec)))
-        return json.dumps(entry, separators=(",", ":")) if len(entry) > 1 else "", tuple(templates)
+            records[state] = decision_record(dataclasses.replace(d, rewrite=rw), jr, keys, facts)
+        if not records:
+            return "", ()
+        return json.dumps(entry, separators=(",", ":")), (tuple(records), *stored_entry(_PROVISIONAL, i, records))
 
     def _prune(self, now: float) -> None:
         keep_s = self.cfg.admission.valid_s + self.cfg.service.reconcile_window_s
