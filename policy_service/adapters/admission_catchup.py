@@ -7,8 +7,8 @@ AdminComment from Slurm and, for each table-made decision the history does not h
 template the service published for (version, entry, gate state) in the archive
 (adapters/admission_archive.py), fills in the job's decision id (in the record, its decision and
 that decision's AdminComment), its submit time as the decision's time and the job's uid from
-Slurm (a hook event's job: the template's, which came from a decision of the same user name), and
-records it through the handler's DecisionLog: journaled, then in the history, like every decision.
+Slurm (a hook event's job, which correlation reads without it: the template's, 0, which
+authz.owns reads as "no uid": the job's user is then its user name), and records it through the handler's DecisionLog: journaled, then in the history, like every decision.
 
 Sources: ``from_live`` after every queue poll (``squeue -t all``: pending, running, and jobs that
 ended within MinJobAge); ``sweep`` at start and with every reconcile round (the same squeue and

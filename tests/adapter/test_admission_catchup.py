@@ -336,7 +336,7 @@ def test_an_observation_of_a_table_made_job_ties_to_the_caught_up_decision(svc, 
     (obs,) = svc.store.observations(decision_id=d_id)
     assert obs.job_id == 101
     row = svc.store.decision(d_id)
-    assert row.decided_at == slurm_jobs.submits[101][1] and row.facts.uid == 1000  # the template's: events carry no uid
+    assert row.decided_at == slurm_jobs.submits[101][1] and row.facts.uid == 1000  # the template's (no uid here)
     assert caught(h.metrics, "event") == 1
     assert rows(svc.store, d_id) == 1
     # the class learned from the run, as from any decision's
