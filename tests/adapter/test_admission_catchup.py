@@ -387,3 +387,28 @@ def test_the_service_catches_up_while_it_runs_and_once_across_a_restart(service_
             for s in ("squeue", "sacct", "event")) == 0
     finally:
         again.stop(0)
+
+
+def test_a_reconcile_round_sweeps_once_for_both_catch_up_and_the_held_check(svc, table):
+    """With catch-up the round's one squeue and one sacct (over the whole window) serve both: the
+    table-made decision is recorded, the Admit-made one Slurm holds is marked held, and one no job
+    names never held."""
+    archive, ref, tpl = table
+    h = svc.handler
+    kept = h.admit(pb.AdmitRequest(job=facts(name="rpc", uid=1000))).decision
+    orphan = h.admit(pb.AdmitRequest(job=facts(name="rpc", uid=1000))).decision
+    h.flush()
+    cli = CommentsCli()
+    d_id = lua_id(7)
+    cli.live = [job(300, kept.rewrite.admin_comment)]
+    cli.accounted = [job(301, made_comment(tpl, d_id), state="COMPLETED", source="sacct")]
+    catchup = catchup_of(svc, archive, cli, window_s=3600)
+    rec = Reconciler(svc.store, cli, window_s=3600, settle_s=60, clock=lambda: kept.decided_at + 120,
+                     catchup=catchup)
+    done = rec.run_once()
+    assert (done.checked, done.held, done.never_held) == (2, 1, (orphan.decision_id,))
+    assert [c[0] for c in cli.calls] == ["squeue", "sacct"]
+    assert cli.calls[1][cli.calls[1].index("-S") + 1] == sacct_argv(kept.decided_at + 120 - 3600)[7]
+    h.flush()
+    assert svc.store.decision(d_id) is not None and caught(h.metrics, "sacct") == 1
+    assert svc.store.decision_status(kept.decision_id) == "held"

@@ -104,6 +104,9 @@ def test_a_burst_decided_from_the_table_reaches_the_history_once_across_a_sigkil
             print(f"\n{len(made)} table-made decisions ({len(in_slurm)} in all), service SIGKILLed and down "
                   f"{restarted_at - killed_at:.1f} s mid-burst; {missing} not in the history when the burst ended, "
                   f"all {caught_s:.1f} s later ({after_restart:.1f} s after the restart)")
+            starts = [ln for ln in (stack.state / "log" / "swapaware.log").read_text(errors="replace").splitlines()
+                      if "catch-up at start" in ln]
+            print(starts[-1] if starts else "no catch-up at start logged")
             with stack.history() as db:
                 reasons = [r.code for (blob,) in db.execute("SELECT decision_pb FROM decisions WHERE job_name=?", (name,))
                            for r in pb.Decision.FromString(blob).reasons]
