@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.admission_archive import TableArchive, stored_entry
@@ -88,13 +88,12 @@ def _pieces(head: str, built: list, version: str) -> Iterator[bytes]:
     yield b"".join(batch)
 
 
-@dataclasses.dataclass
-class _Known:
-    """A key's entry as last built. Only strings and bytes are kept (no decision objects): the
-    garbage collector's full passes, which run in whichever thread allocates (Admit's too), stay
-    short however many keys are held."""
+class _Known(NamedTuple):
+    """A key's entry as last built: numbers, strings and bytes only (no decision objects), kept
+    as a plain tuple so that the garbage collector stops tracking it; its full passes, which run
+    in whichever thread allocates (Admit's too), then stay short however many keys are held."""
 
-    context: tuple  # (mode, enforcement, partitions) it was built under
+    context: int  # the generation of (mode, enforcement, partitions) it was built under
     learned: tuple  # observations learned then under the history keys its decisions read (deps)
     deps: tuple
     entry: int  # its entry number
@@ -131,7 +130,11 @@ class AdmissionPublisher:
         self._facts: dict[str, tuple[float, bytes]] = {}  # key -> (newest decided_at, facts_pb)
         self._last_rowid = 0
         self._numbers: dict[str, int] = {}  # key -> entry number, stable while the process runs
-        self._known: dict[str, _Known] = {}
+        # key -> _Known as a plain tuple: the collector stops tracking a tuple of atoms (it never
+        # stops tracking a NamedTuple's instance)
+        self._known: dict[str, tuple] = {}
+        self._context: tuple | None = None  # (mode, enforcement, partitions) of the last build
+        self._context_number = 0
         self._published: Publication | None = None
         self._published_at = 0.0
         self._content = b""  # digest of what the published version holds
@@ -259,11 +262,13 @@ class AdmissionPublisher:
 
     # ------------------------------------------------------------------ deciding
     def _decisions(self, key: str, facts_pb: bytes, i: int, context: tuple, queues: dict) -> _Known | None:
+        generation = self._generation(context)
         """A key's entry (number ``i``): the last build's while nothing its decisions read changed,
         else decided again under each gate state."""
         h = self.handler
-        known = self._known.get(key)
-        if (known is not None and known.entry == i and known.context == context
+        held = self._known.get(key)
+        known = _Known._make(held) if held is not None else None
+        if (known is not None and known.entry == i and known.context == generation
                 and known.learned == self._learned(known.deps)):
             return known
         facts = pb.JobFacts.FromString(facts_pb)
@@ -291,9 +296,15 @@ class AdmissionPublisher:
         facts.work_dir = ""
         deps = _read_keys_of(keys, read.get("stats", {}), self.cfg)
         text, templates = self._fragment(i, out, jr, keys, facts)
-        known = _Known(context, self._learned(deps), deps, i, text, templates)
-        self._known[key] = known
+        known = _Known(generation, self._learned(deps), deps, i, text, templates)
+        self._known[key] = tuple(known)
         return known
+
+    def _generation(self, context: tuple) -> int:
+        """A number for ``context``, new whenever it changed."""
+        if context != self._context:
+            self._context, self._context_number = context, self._context_number + 1
+        return self._context_number
 
     def _learned(self, deps: tuple) -> tuple:
         learned = self.handler.learned
