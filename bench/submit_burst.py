@@ -6,6 +6,15 @@ their ratios against plugin-off, errors, `squeue` latency sampled during the bur
 modes with swapaware's plugin on: the decisions the history recorded in the round against the
 AdminComments Slurm holds (equal: nothing lost, nothing extra).
 
+--modes table: the plugin decides from the service's published admission table (the dev stack up
+with SWAPAWARE_DEV_TABLE=1). Every mode submits the same 20 job names, whose classes are put in
+the table before the rounds (one round-trip decision each, then the table waited for:
+bench/table_mode.py), so in mode table every job is a table hit; the history learns those
+decisions from Slurm afterwards (catch-up after each queue poll), and the bench waits for it:
+"catch-up s" is how long after the block's last sbatch the history held every AdminComment id.
+Modes on, hung and table run the plugin under a job_submit.lua that times swapaware.submit
+inside slurmctld (lua-socket's clock, logged every 16 calls): "Lua us/job".
+
 The dev stack's service polls the queue every 2 s (its tests wait for snapshots); each poll is an
 `squeue` that holds slurmctld's job read lock while it packs every job record, which during a
 10,000-job burst is a cost the product's default (policy.queue_poll_s = 15) pays a seventh as
@@ -14,6 +23,8 @@ burst and puts the dev stack's own setting back at the end.
 
     bash contrib/dev-stack.sh up
     .venv/bin/python bench/submit_burst.py --jobs 10000 --rounds 5
+    SWAPAWARE_DEV_TABLE=1 bash contrib/dev-stack.sh up
+    .venv/bin/python bench/submit_burst.py --jobs 600 --rounds 2 --modes off,noop,on,table
 """
 from __future__ import annotations
 
@@ -32,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from submit_overhead import CLUSTER, STACK, set_mode, sh  # noqa: E402  (the modes are switched the same way)
+from table_mode import BATCH, lua_us, log_size, set_table, table_on, timed_lua_dir, warm  # noqa: E402
 
 from policy_service.config import PolicyConfig  # noqa: E402
 
@@ -42,7 +54,8 @@ MODES = ("off", "on", "hung")
 NOOP_LUA = ("function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS end\n"
             "function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end\n")
 STOPPED = ("off", "hung", "noop")  # modes during which the service process is stopped
-DECIDING = ("on", "hung")  # modes whose job_submit.lua is swapaware's: decisions checked against Slurm
+DECIDING = ("on", "hung", "table")  # modes whose job_submit.lua is swapaware's: decisions checked against Slurm
+NAMES = 20  # job names (classes) every mode submits: {run_tag}-0 .. -19
 
 
 def stack_env() -> dict[str, str]:
@@ -61,7 +74,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def submit(env: dict[str, str], tag: str, i: int) -> tuple[float, str]:
     t0 = time.perf_counter()
-    r = subprocess.run(["sbatch", "--hold", "--gres=gpu:1", f"--job-name={tag}-{i % 20}", "--wrap=true",
+    r = subprocess.run(["sbatch", "--hold", "--gres=gpu:1", f"--job-name={tag}-{i % NAMES}", "--wrap=true",
                         "--output=/dev/null"], env=env, capture_output=True, text=True, timeout=120)
     return time.perf_counter() - t0, "" if r.returncode == 0 else (r.stderr.strip() or f"exit {r.returncode}")
 
@@ -73,15 +86,19 @@ def squeue_sampler(env: dict[str, str], stop: threading.Event, out: list[float])
         out.append(time.perf_counter() - t0)
 
 
-def held_comments(env: dict[str, str], tag: str) -> set[str]:
-    out = sh("squeue", "-h", "-t", "PD", "-n", ",".join(f"{tag}-{k}" for k in range(20)), "-O",
+def held_comments(env: dict[str, str], tag: str) -> tuple[set[str], int]:
+    """The decision ids of the pending jobs of ``tag``, and how many were made from the table."""
+    out = sh("squeue", "-h", "-t", "PD", "-n", ",".join(f"{tag}-{k}" for k in range(NAMES)), "-O",
              "admin_comment:400", env=env)
-    return {m.group(1) for m in ID_RE.finditer(out)}
+    return {m.group(1) for m in ID_RE.finditer(out)}, out.count(" tbl=")
 
 
-def recorded(db: Path, tag: str) -> set[str]:
+def recorded(db: Path, tag: str, since: float) -> set[str]:
+    """The decisions of ``tag``'s job names decided (Slurm's SubmitTime for table decisions, whole
+    seconds) since ``since``."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        return {r[0] for r in conn.execute("SELECT decision_id FROM decisions WHERE job_name LIKE ?", (f"{tag}-%",))}
+        return {r[0] for r in conn.execute("SELECT decision_id FROM decisions WHERE job_name LIKE ? AND decided_at >= ?",
+                                           (f"{tag}-%", int(since) - 1))}
 
 
 def service_pid(env: dict[str, str]) -> int:
@@ -98,8 +115,12 @@ def submit_rpc_us(env: dict[str, str]) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int) -> dict:
+def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int, catchup_s: float,
+          before: frozenset[str] = frozenset()) -> dict:
+    """One block of ``n`` submissions in ``mode``. ``before``: the ids of the block just before
+    with the same job names (decided within a second of this one's start, not extra)."""
     sh("sdiag", "-r", env=env)
+    since, log_at = time.time(), log_size(env)
     stop, sq = threading.Event(), []
     sampler = threading.Thread(target=squeue_sampler, args=(env, stop, sq), daemon=True)
     sampler.start()
@@ -116,19 +137,24 @@ def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int) -> 
             os.kill(service_pid(env), signal.SIGCONT)
         stop.set()
         sampler.join()
+    ended = time.monotonic()
     count, mean_us = submit_rpc_us(env)
+    lua_n, lua_sum = lua_us(env, log_at)
     out = {"lat": [r[0] for r in results], "errors": [r[1] for r in results if r[1]], "squeue": sq,
-           "rpc_us": [mean_us] * count}
+           "rpc_us": [mean_us] * count, "lua_n": lua_n, "lua_us": lua_sum, "ids": frozenset()}
     if mode in DECIDING:
         db = Path(env["SWAPAWARE_DEV_DIR"]) / "lib" / "history.sqlite3"
-        comments = held_comments(env, tag)
-        # Wait for the writer to catch up, and (hung) for what the service decides of the requests
-        # slurmctld gave up on while it was stopped: those are the decisions Slurm never held.
-        deadline = time.monotonic() + (30 if mode == "on" else 5)
-        while time.monotonic() < deadline and (mode == "hung" or not comments <= recorded(db, tag)):
+        comments, by_table = held_comments(env, tag)
+        # Wait for the writer (table: the catch-up after the service's next queue poll) to catch
+        # up, and (hung) for what the service decides of the requests slurmctld gave up on while it
+        # was stopped: those are the decisions Slurm never held.
+        deadline = ended + {"on": 30, "hung": 5}.get(mode, catchup_s)
+        while time.monotonic() < deadline and (mode == "hung" or not comments <= recorded(db, tag, since)):
             time.sleep(0.2)
-        hist = recorded(db, tag)
-        out.update(comments=len(comments), recorded=len(hist), lost=len(comments - hist), extra=len(hist - comments))
+        caught = time.monotonic() - ended
+        hist = recorded(db, tag, since) - before
+        out.update(comments=len(comments), recorded=len(hist), lost=len(comments - hist), extra=len(hist - comments),
+                   by_table=by_table, catchup_s=[caught], ids=frozenset(comments))
     subprocess.run(["scancel", "--user=root", "--state=PENDING"], env=env, timeout=300)
     return out
 
@@ -138,25 +164,36 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10_000, help="submissions in all (split over modes and rounds)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--submitters", type=int, default=8)
-    ap.add_argument("--modes", default=",".join(MODES), help=f"modes to run, from {MODES + ('noop',)}; off first")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"modes to run, from {MODES + ('noop', 'table')}; off first")
     ap.add_argument("--queue-poll-s", type=float, default=PolicyConfig().queue_poll_s,
                     help="the service's policy.queue_poll_s during the burst (default: the product's)")
+    ap.add_argument("--catchup-timeout-s", type=float, default=300,
+                    help="mode table: how long to wait after a block for the history to hold its decisions")
     args = ap.parse_args()
     env = stack_env()
+    after = "table" if table_on(env) else "on"   # the plugin's mode put back at the end
     restart_service(env, {"SWAPAWARE_POLICY__QUEUE_POLL_S": str(args.queue_poll_s)})
     try:
-        run(args, env)
+        with tempfile.TemporaryDirectory() as d:
+            run(args, env, timed_lua_dir(Path(d)))
     finally:
         restart_service(env, {})
+        set_table(env, after == "table")
+        set_mode("on", env)
 
 
-def switch(mode: str, env: dict[str, str]) -> None:
-    if mode != "noop":
-        set_mode("off" if mode == "off" else "on", env)
-        return
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "job_submit.lua").write_text(NOOP_LUA)
-        sh("bash", str(CLUSTER), "plugin", "on", env={**env, "SWAPAWARE_LUA_DIR": d})
+def switch(mode: str, env: dict[str, str], lua_dir: Path) -> None:
+    """off: no plugin; noop: a job_submit.lua that returns at once; on / hung: swapaware's plugin
+    (timed, from ``lua_dir``), every GPU job a round trip; table: the same deciding from the table."""
+    if mode == "off":
+        set_mode("off", env)
+    elif mode == "noop":
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "job_submit.lua").write_text(NOOP_LUA)
+            sh("bash", str(CLUSTER), "plugin", "on", env={**env, "SWAPAWARE_LUA_DIR": d})
+    else:
+        set_table(env, mode == "table")
+        set_mode("on", env, lua_dir)
 
 
 def restart_service(env: dict[str, str], extra: dict[str, str]) -> None:
@@ -164,43 +201,65 @@ def restart_service(env: dict[str, str], extra: dict[str, str]) -> None:
     sh("bash", str(STACK), "service-start", env={**env, **extra})
 
 
-def run(args: argparse.Namespace, env: dict[str, str]) -> None:
+def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path) -> None:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    if not modes or modes[0] != "off" or not set(modes) <= {*MODES, "noop"}:
-        raise SystemExit(f"--modes: off first, then any of on, hung, noop (got {args.modes!r})")
+    if not modes or modes[0] != "off" or not set(modes) <= {*MODES, "noop", "table"}:
+        raise SystemExit(f"--modes: off first, then any of on, hung, noop, table (got {args.modes!r})")
     per_block = max(1, args.jobs // (len(modes) * args.rounds))
     stats = {m: {"lat": [], "errors": [], "squeue": [], "rpc_us": [], "comments": 0, "recorded": 0, "lost": 0,
-                 "extra": 0}
+                 "extra": 0, "lua_n": 0, "lua_us": 0.0, "by_table": 0, "catchup_s": []}
              for m in modes}
-    run_tag = f"burst{int(time.time()) % 100000}"
+    tag = f"burst{int(time.time()) % 100000}"   # every block submits the job names {tag}-0 .. -{NAMES - 1}
+    if "table" in modes:
+        switch("on", env, lua_dir)
+        took = warm(env, [f"{tag}-{k}" for k in range(NAMES)])
+        print(f"table warm: the published table held the {NAMES} job classes {took:.1f} s after their "
+              f"round-trip decisions", file=sys.stderr)
     for r in range(args.rounds):
         for mode in (modes if r % 2 == 0 else tuple(reversed(modes))):
-            switch(mode, env)
-            block(env, mode, args.submitters, f"{run_tag}w{r}{mode}", args.submitters)  # warm-up, not counted
-            res = block(env, mode, per_block, f"{run_tag}r{r}{mode}", args.submitters)
+            switch(mode, env, lua_dir)
+            # not counted; BATCH calls: the timed job_submit.lua (a new Lua state at each switch)
+            # logs its first sum at the warm-up's end, so the block's sums are its own
+            warmup = block(env, mode, max(args.submitters, BATCH), tag, args.submitters, args.catchup_timeout_s)
+            res = block(env, mode, per_block, tag, args.submitters, args.catchup_timeout_s, warmup["ids"])
             for k, v in res.items():
-                stats[mode][k] += v
-            print(f"round {r + 1}/{args.rounds} {mode:4s}: p50 {1e3 * percentile(res['lat'], 0.5):.1f} ms, "
-                  f"p99 {1e3 * percentile(res['lat'], 0.99):.1f} ms, errors {len(res['errors'])}", file=sys.stderr)
-    set_mode("on", env)
+                if k != "ids":
+                    stats[mode][k] += v
+            catchup = f", caught up {res['catchup_s'][0]:.1f} s" if mode in DECIDING else ""
+            print(f"round {r + 1}/{args.rounds} {mode:5s}: p50 {1e3 * percentile(res['lat'], 0.5):.1f} ms, "
+                  f"p99 {1e3 * percentile(res['lat'], 0.99):.1f} ms, errors {len(res['errors'])}{catchup}",
+                  file=sys.stderr)
+    report(args, modes, per_block, stats)
+
+
+def report(args: argparse.Namespace, modes: tuple[str, ...], per_block: int, stats: dict) -> None:
     base50, base99 = percentile(stats["off"]["lat"], 0.5), percentile(stats["off"]["lat"], 0.99)
+    rpc_off = mean(stats["off"]["rpc_us"])
     print(f"{per_block * args.rounds} sbatch per mode from {args.submitters} submitters, {args.rounds} interleaved rounds; "
           f"the service polls the queue every {args.queue_poll_s:g} s; off = plugin off and service stopped")
     print(f"{'mode':5s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50/off':>8s} {'p99/off':>8s} {'errors':>7s} "
-          f"{'squeue p50/p99 ms':>18s} {'submit RPC us':>14s} {'AdminComments':>14s} {'recorded':>9s} {'lost':>5s} {'extra':>6s}")
+          f"{'squeue p50/p99 ms':>18s} {'submit RPC us':>14s} {'RPC/off':>8s} {'Lua us/job':>11s} "
+          f"{'AdminComments':>14s} {'by table':>9s} {'recorded':>9s} {'lost':>5s} {'extra':>6s} {'catch-up s max':>15s}")
     for mode in modes:
         s = stats[mode]
         p50, p99 = percentile(s["lat"], 0.5), percentile(s["lat"], 0.99)
         sq = f"{1e3 * percentile(s['squeue'], 0.5):.0f}/{1e3 * percentile(s['squeue'], 0.99):.0f}"
-        rpc = sum(s["rpc_us"]) / len(s["rpc_us"]) if s["rpc_us"] else float("nan")
+        rpc = mean(s["rpc_us"])
+        lua = f"{s['lua_us'] / s['lua_n']:11.1f}" if s["lua_n"] else f"{'-':>11s}"
         tail = ("" if mode not in DECIDING else
-                f" {s['comments']:14d} {s['recorded']:9d} {s['lost']:5d} {s['extra']:6d}")
+                f" {s['comments']:14d} {s['by_table']:9d} {s['recorded']:9d} {s['lost']:5d} {s['extra']:6d} "
+                f"{max(s['catchup_s']):15.1f}")
         print(f"{mode:5s} {1e3 * p50:8.1f} {1e3 * p99:8.1f} {p50 / base50:8.3f} {p99 / base99:8.3f} "
-              f"{len(s['errors']):7d} {sq:>18s} {rpc:14.0f}{tail}")
+              f"{len(s['errors']):7d} {sq:>18s} {rpc:14.0f} {rpc / rpc_off:8.3f} {lua}{tail}")
         for e in sorted(set(s["errors"]))[:3]:
             print(f"      error: {e[:200]}")
-    print("submit RPC us: mean time of a submission inside slurmctld (sdiag), job_submit and lock waits included")
-    print("target: p99 on/off <= 1.15; lost = extra = 0")
+    print("submit RPC us: mean time of a submission inside slurmctld (sdiag), job_submit and lock waits included; "
+          "Lua us/job: swapaware.submit timed inside slurmctld")
+    print("targets: table: submit RPC/off <= 1.15, p50/off and p99/off <= 1.05, Lua <= 100 us/job; lost = extra = 0")
+
+
+def mean(v: list[float]) -> float:
+    return sum(v) / len(v) if v else float("nan")
 
 
 if __name__ == "__main__":

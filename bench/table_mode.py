@@ -1,0 +1,177 @@
+"""What the submit benches (submit_burst.py, submit_overhead.py) share for the admission table path
+and for timing the plugin's Lua inside slurmctld.
+
+- The dev stack must be up with SWAPAWARE_DEV_TABLE=1: the service publishes the table
+  ([admission] table_path) and swapaware_plugin.conf names it (table=). Mode ``on`` (the round
+  trip) comments the conf's table= out, mode ``table`` puts it back; slurmctld reads the conf
+  when it loads job_submit.lua (every mode switch restarts it).
+- ``warm``: one RPC decision per job name the bench submits, then wait until the published table
+  holds each job's key (the facts the service recorded, through core.admission.table_key): in
+  mode ``table`` every job of the bench is of a class the table knows.
+- ``timed_lua_dir``: the plugin's Lua files with a job_submit.lua that times swapaware.submit
+  (lua-socket's clock) and logs the sum every BATCH calls to slurmctld.log; ``lua_us`` reads the
+  mean per call back from the log after an offset. The timing adds two clock reads per job.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / "slurm_plugin"
+BATCH = 16
+LUA_RE = re.compile(r"swapaware-bench lua n=(\d+) us=([0-9.]+)")
+ID_RE = re.compile(r"swapaware:v1 id=([0-9a-f]{16})")
+TIMED = f"""
+local bench_clock = require("socket").gettime
+local bench_n, bench_s = 0, 0
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local t0 = bench_clock()
+  local rc = swapaware.submit(job_desc, part_list, submit_uid)
+  bench_s = bench_s + (bench_clock() - t0)
+  bench_n = bench_n + 1
+  if bench_n == {BATCH} then
+    slurm.log_info("swapaware-bench lua n=%d us=%.1f", bench_n, bench_s * 1e6)
+    bench_n, bench_s = 0, 0
+  end
+  return rc
+end
+"""
+
+
+def dev_dir(env: dict[str, str]) -> Path:
+    return Path(env["SWAPAWARE_DEV_DIR"])
+
+
+def plugin_conf(env: dict[str, str]) -> Path:
+    return dev_dir(env) / "etc" / "swapaware_plugin.conf"
+
+
+def ctld_log(env: dict[str, str]) -> Path:
+    return dev_dir(env) / "log" / "slurmctld.log"
+
+
+def table_path(env: dict[str, str]) -> Path:
+    """The table swapaware_plugin.conf names (commented out or not)."""
+    found = re.findall(r"^(?:#bench-rpc )?table=(/\S+)$", plugin_conf(env).read_text(), re.M)
+    if not found:
+        raise SystemExit(f"{plugin_conf(env)} names no table: bring the dev stack up with SWAPAWARE_DEV_TABLE=1")
+    return Path(found[-1])
+
+
+def table_on(env: dict[str, str]) -> bool:
+    """Whether swapaware_plugin.conf names a table now (the mode to put back after a bench)."""
+    return re.search(r"^table=/", plugin_conf(env).read_text(), re.M) is not None
+
+
+def set_table(env: dict[str, str], on: bool) -> None:
+    """swapaware_plugin.conf's table= on (mode table) or commented out (mode on: the round trip);
+    read by slurmctld at its next load of job_submit.lua. Off without a table named: nothing to do."""
+    if on or table_on(env):
+        table_path(env)
+    conf = plugin_conf(env)
+    text = conf.read_text()
+    text = re.sub(r"^(?:#bench-rpc )?table=", "table=" if on else "#bench-rpc table=", text, flags=re.M)
+    conf.write_text(text)
+
+
+def timed_lua_dir(dst: Path) -> Path:
+    """``dst`` with the plugin's Lua files, job_submit.lua timing swapaware.submit."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in PLUGIN.glob("*.lua"):
+        text = f.read_text()
+        if f.name == "job_submit.lua":
+            head, sep, tail = text.partition("function slurm_job_submit(")
+            body_end = tail.index("\nend\n") + len("\nend\n")
+            assert sep, "job_submit.lua defines slurm_job_submit"
+            text = head + TIMED + tail[body_end:]
+        (dst / f.name).write_text(text)
+    return dst
+
+
+def log_size(env: dict[str, str]) -> int:
+    return ctld_log(env).stat().st_size
+
+
+def lua_us(env: dict[str, str], offset: int) -> tuple[int, float]:
+    """(calls, summed microseconds) the timed job_submit.lua logged since ``offset``."""
+    with open(ctld_log(env), "rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    n = s = 0.0
+    for m in LUA_RE.finditer(text):
+        n += int(m.group(1))
+        s += float(m.group(2))
+    return int(n), s
+
+
+def submit_held(env: dict[str, str], name: str) -> str:
+    r = subprocess.run(["sbatch", "--parsable", "--hold", "--gres=gpu:1", f"--job-name={name}", "--wrap=true",
+                        "--output=/dev/null"], env=env, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise SystemExit(f"sbatch failed: {r.stderr.strip()}")
+    return r.stdout.strip().split(";")[0]
+
+
+def admin_comment(env: dict[str, str], job: str) -> str:
+    from policy_service.adapters.slurm_text import scontrol_field
+
+    r = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True, timeout=60)
+    return scontrol_field(r.stdout, "AdminComment") or ""
+
+
+def history_db(env: dict[str, str]) -> Path:
+    return dev_dir(env) / "lib" / "history.sqlite3"
+
+
+def wait(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def facts_of(env: dict[str, str], decision_id: str):
+    from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+
+    def row():
+        with sqlite3.connect(f"file:{history_db(env)}?mode=ro", uri=True) as db:
+            return db.execute("SELECT facts_pb FROM decisions WHERE decision_id=?", (decision_id,)).fetchone()
+
+    return pb.JobFacts.FromString(wait(row, 60, f"decision {decision_id} in the history")[0])
+
+
+def warm(env: dict[str, str], names: list[str], timeout_s: float = 180) -> float:
+    """One RPC decision per name (the plugin on, table= off), then wait until the published table
+    holds every name's key. Returns the seconds the table took to hold them."""
+    from policy_service.core.admission import table_key
+
+    keys = {}
+    for name in names:
+        job = submit_held(env, name)
+        try:
+            m = ID_RE.search(admin_comment(env, job))
+            if not m:
+                raise SystemExit(f"job {job} ({name}) got no decision from the service")
+            keys[name] = table_key(facts_of(env, m.group(1)))
+        finally:
+            subprocess.run(["scancel", job], env=env, timeout=60)
+    path, t0 = table_path(env), time.monotonic()
+
+    def held() -> bool:
+        try:
+            entries = json.loads(path.read_text())["entries"]
+        except (OSError, ValueError, KeyError):
+            return False
+        return all(k in entries for k in keys.values())
+
+    wait(held, timeout_s, f"{path} to hold the keys of {len(names)} job names", 1.0)
+    return time.monotonic() - t0
