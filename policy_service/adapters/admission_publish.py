@@ -33,9 +33,8 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.admission_archive import TableArchive, stored_entry
 from policy_service.config import Config, PolicyMode
-from policy_service.core import admission, estimator
+from policy_service.core import admission
 from policy_service.core.mode import apply_mode
-from policy_service.core.types import KeyLevel
 from policy_service.handler import HandlerError, PolicyHandler, decision_record
 
 log = logging.getLogger("swapaware.admission")
@@ -101,16 +100,6 @@ class _Known(NamedTuple):
     templates: tuple  # (its states, digest, body) as the archive stores them (admission_archive.stored_entry)
 
 
-def _read_keys_of(keys: dict, stats: dict, cfg: Config) -> tuple:
-    """The history keys whose statistics a decision read: class and user+name (penalty,
-    utilisation, site factor), and the estimator's fallback up to the key it took its estimate
-    from (all of them when none had enough runs)."""
-    order = list(KeyLevel)
-    level = estimator.usable_level(stats, cfg.estimator)
-    read = set(order if level is None else order[:order.index(level) + 1]) | {KeyLevel.CLASS, KeyLevel.USER_NAME}
-    return tuple(keys[lv] for lv in order if lv in read and lv in keys)
-
-
 @dataclasses.dataclass(frozen=True)
 class Publication:
     version: str
@@ -162,11 +151,18 @@ class AdmissionPublisher:
 
     def _loop(self) -> None:
         every = min(1.0, self.cfg.policy.queue_poll_s / 4)
+        failing = ""
         while not self._stop.is_set():
             try:
                 self.tick()
-            except Exception:  # never let the table take the service down: the next tick retries
-                log.exception("admission table not published")
+                if failing:
+                    log.warning("admission table published again")
+                failing = ""
+            except Exception as exc:  # never let the table take the service down: the next tick retries
+                why = f"{type(exc).__name__}: {exc}"
+                if why != failing:  # one log line per distinct failure, not one per tick
+                    log.exception("admission table not published (retried every %.1f s)", every)
+                failing = why
             self._stop.wait(every)
 
     def tick(self) -> None:
@@ -236,11 +232,16 @@ class AdmissionPublisher:
         self.handler.flush()  # decisions handed out so far are in the history
         db = self._reader()
         try:
+            if db.execute("SELECT COALESCE(MAX(rowid), 0) FROM decisions").fetchone()[0] < self._last_rowid:
+                self._last_rowid = 0  # another history file (restored): read it all again
             rows = db.execute("SELECT rowid, decided_at, facts_pb FROM decisions WHERE rowid > ? ORDER BY rowid",
                               (self._last_rowid,))
             for rowid, at, facts_pb in rows:
                 self._last_rowid = rowid
-                key = admission.table_key(pb.JobFacts.FromString(facts_pb))
+                try:
+                    key = admission.table_key(pb.JobFacts.FromString(facts_pb))
+                except Exception:  # noqa: BLE001 - a record that does not parse is not published
+                    continue
                 seen = self._facts.get(key)
                 if seen is None or at >= seen[0]:
                     self._facts[key] = (at, facts_pb)
@@ -294,7 +295,7 @@ class AdmissionPublisher:
                                              decided_at=0.0)
         facts.uid = 0  # not part of the key: catch-up fills in the job's own
         facts.work_dir = ""
-        deps = _read_keys_of(keys, read.get("stats", {}), self.cfg)
+        deps = admission.keys_read(keys, read.get("stats", {}), self.cfg)
         text, templates = self._fragment(i, out, jr, keys, facts)
         known = _Known(generation, self._learned(deps), deps, i, text, templates)
         self._known[key] = tuple(known)

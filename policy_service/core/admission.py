@@ -30,8 +30,9 @@ from typing import Mapping
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.config import Config
+from policy_service.core.estimator import usable_level
 from policy_service.core.policy import parse_admin_comment, queue_gate_state
-from policy_service.core.types import QueueState, Rewrite
+from policy_service.core.types import ClassStats, KeyLevel, QueueState, Rewrite
 
 TABLE_FORMAT = "swapaware-admission/1"
 GATE_FORMAT = "swapaware-gate/1"
@@ -217,3 +218,14 @@ def table_file(version: str, generated_at: float, valid_until: float, dialect: s
     """The class table as the JSON object the plugin reads."""
     return {"format": TABLE_FORMAT, "version": version, "generated_at": generated_at, "valid_until": valid_until,
             "dialect": dialect, "mode": mode, "per_qos": per_qos, "entries": entries}
+
+
+def keys_read(keys: Mapping[KeyLevel, str], stats: Mapping[KeyLevel, ClassStats], cfg: Config) -> tuple[str, ...]:
+    """The history keys whose statistics a decision read (``stats``: those it was given): class
+    and user+name (OOM penalty, utilisation, site factor), and the estimator's fallback up to the
+    key it took its estimate from (all of them when none had enough runs). Only their learning can
+    change the decision."""
+    order = list(KeyLevel)
+    level = usable_level(stats, cfg.estimator)
+    read = set(order if level is None else order[:order.index(level) + 1]) | {KeyLevel.CLASS, KeyLevel.USER_NAME}
+    return tuple(keys[lv] for lv in order if lv in read and lv in keys)

@@ -131,3 +131,13 @@ def test_an_entry_alike_in_every_state_is_held_once():
     differ = dict(same, normal=Rewrite(tres_per_node="gres/shard:1", admin_comment="c"))
     assert admission.entry_refs(V, 3, differ) == {s: admission.TableRef(V, 3, s) for s in differ}
     assert admission.tokenised(Rewrite(), admission.TableRef(V, 3, "*"), 400) is None  # nothing to name the table
+
+
+def test_keys_read_stop_at_the_key_the_estimate_came_from():
+    c = cfg()
+    keys = {KeyLevel.CLASS: "c", KeyLevel.USER_NAME: "u/n", KeyLevel.ACCOUNT: "a", KeyLevel.PARTITION: "p"}
+    known = ClassStats(samples=50, runs=50, ewma_peak_bytes=1.0, max_peak_bytes=1)
+    assert admission.keys_read(keys, {KeyLevel.CLASS: known}, c) == ("c", "u/n")
+    assert admission.keys_read(keys, {KeyLevel.ACCOUNT: known}, c) == ("c", "u/n", "a")
+    assert admission.keys_read(keys, {}, c) == ("c", "u/n", "a", "p")  # nothing usable: every key was read
+    assert admission.keys_read(keys, {KeyLevel.CLASS: ClassStats(samples=0)}, c) == ("c", "u/n", "a", "p")
