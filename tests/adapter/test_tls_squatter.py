@@ -116,9 +116,12 @@ def test_a_squatter_during_a_restart_gets_nothing_and_the_events_arrive_once(ser
     svc = start_service(cfg, slurm=slurm_jobs)
     returned = time.monotonic()
     try:
-        wait_for(lambda: len(svc.store.observations()) == EVENTS and not spool.pending(spool_dir), 30,
+        # the replayer counts a replay's deliveries once the replay returns, after the spool is empty
+        wait_for(lambda: len(svc.store.observations()) == EVENTS and not spool.pending(spool_dir)
+                 and replayer.status()["replay_delivered"] == EVENTS, 30,
                  lambda: f"every spooled event delivered ({len(svc.store.observations())} applied, "
-                         f"{len(spool.pending(spool_dir))} spooled)")
+                         f"{len(spool.pending(spool_dir))} spooled, {replayer.status()['replay_delivered']} counted "
+                         "by the replayer)")
         took = time.monotonic() - returned
         print(f"\n[{kind} squatter] service back -> all {EVENTS} spooled events delivered in {took:.2f} s "
               f"(the replayer had failed {failed} times)")
