@@ -51,6 +51,14 @@ def table(s):
     return json.loads(s.admission_publisher.table.read_text())
 
 
+def current_table(s):
+    """The class table as it stands, None while there is none (it may go between two looks)."""
+    try:
+        return table(s)
+    except FileNotFoundError:
+        return None
+
+
 def gate_state(s, qos=""):
     g = json.loads(s.admission_publisher.gate.read_text())
     return g["views"].get(qos, g["other"]) if s.admission_publisher.cfg.policy.queue_per_qos else g["views"][""]
@@ -109,7 +117,7 @@ def test_the_tables_decision_is_admits_in_each_gate_state(svc, slurm_jobs):
     seen_states, actions = set(), set()
     for pending, want in ((queued(0), "short"), (queued(2), "normal"), (queued(4), "long"), (None, "unknown")):
         slurm_jobs.pending = pending
-        wait_for(lambda: s.admission_publisher.gate.exists() and gate_state(s) == want, 10.0, f"gate {want}")
+        wait_for(lambda: s.admission_publisher.gate.exists() and gate_state(s) == want, 30.0, f"gate {want}")
         for job in JOBS:
             entry = t["entries"][admission.table_key(job)]
             decision = entry.get(want, entry.get("*"))
@@ -187,21 +195,26 @@ def test_mode_off_removes_the_table_and_enforce_brings_it_back(svc, slurm_jobs, 
     caplog.set_level(logging.INFO, logger="swapaware.admission")
     client.admit(facts(name="a"))
     p = s.admission_publisher
-    wait_for(lambda: p.table.exists(), 10.0, "first publication")
+    wait_for(lambda: p.table.exists(), 30.0, "first publication")
     s.handler.set_mode(PolicyMode.OFF)
-    wait_for(lambda: not p.table.exists(), 10.0, "table removed")
+    wait_for(lambda: not p.table.exists(), 30.0, "table removed")
     s.handler.set_mode(PolicyMode.SHADOW)
-    wait_for(lambda: p.table.exists() and table(s)["mode"] == "shadow", 10.0, "shadow table")
+    wait_for(lambda: (current_table(s) or {}).get("mode") == "shadow", 30.0, "shadow table")
     entry = table(s)["entries"][admission.table_key(facts(name="a"))]
     for state, decision in entry.items():
         if state != "i":
             assert set(decision["set"]) == {"admin_comment"} and "mode=shadow" in decision["set"]["admin_comment"]
     s.handler.set_mode(PolicyMode.ENFORCE)
-    wait_for(lambda: p.table.exists() and table(s)["mode"] == "enforce", 10.0, "enforce table")
-    lines = [r.getMessage() for r in caplog.records if r.name == "swapaware.admission"]
-    gone = next(i for i, m in enumerate(lines) if "removed (policy.mode is now enforce)" in m)
-    built = next(i for i, m in enumerate(lines) if "published (policy.mode is enforce)" in m)
-    assert gone < built  # the shadow table went before the enforce one was built
+
+    def logged(text):
+        return next((i for i, r in enumerate(list(caplog.records))
+                     if r.name == "swapaware.admission" and text in r.getMessage()), None)
+
+    # the log line of a publication follows its file: wait for both
+    wait_for(lambda: (current_table(s) or {}).get("mode") == "enforce"
+             and logged("published (policy.mode is enforce)") is not None, 30.0, "enforce table")
+    gone = logged("removed (policy.mode is now enforce)")
+    assert gone is not None and gone < logged("published (policy.mode is enforce)")  # shadow's went first
 
 
 def test_a_key_whose_strings_hold_the_separator_is_not_published(svc, slurm_jobs):
@@ -273,7 +286,7 @@ def test_a_key_is_decided_again_once_its_class_learned_and_others_are_kept(svc, 
     kept = p._known[admission.table_key(other)]
     neighbour = p._known[admission.table_key(same_account)]
     run_job(client, slurm_jobs, 7, job, peak=2 * GIB)  # the class learns one run (min_samples 1 here)
-    wait_for(lambda: gate_state(s) == "normal", 10.0, "gate normal")
+    wait_for(lambda: gate_state(s) == "normal", 30.0, "gate normal")
     p.publish("test")
     entry = table(s)["entries"][admission.table_key(job)]
     decision = entry.get("normal", entry.get("*"))
@@ -289,7 +302,7 @@ def test_the_gate_file_follows_each_queue_poll_at_once(env, slurm_jobs, tmp_path
     s = start_service(load_config(env=dict(env, SWAPAWARE_POLICY__QUEUE_POLL_S="300")), slurm=slurm_jobs)
     try:
         p = s.admission_publisher
-        wait_for(lambda: p.gate.exists(), 10.0, "first gate file")
+        wait_for(lambda: p.gate.exists(), 30.0, "first gate file")
         first = json.loads(p.gate.read_text())
         assert first["other"] == "short"  # the first snapshot: nothing waits
         slurm_jobs.pending = queued(2)
