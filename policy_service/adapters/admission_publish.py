@@ -372,7 +372,8 @@ class AdmissionPublisher:
             if decision is None:
                 continue
             entry[state] = decision
-            records[state] = decision_record(dataclasses.replace(d, rewrite=rw), jr, keys, facts)
+            reasons = admission.template_reasons(d.reasons, state, self.cfg)
+            records[state] = decision_record(dataclasses.replace(d, rewrite=rw, reasons=reasons), jr, keys, facts)
         if not records:
             return "", ()
         return json.dumps(entry, separators=(",", ":")), (tuple(records), *stored_entry(_PROVISIONAL, i, records))

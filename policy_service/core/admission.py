@@ -32,7 +32,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.config import Config
 from policy_service.core.estimator import usable_level
 from policy_service.core.policy import parse_admin_comment, queue_gate_state
-from policy_service.core.types import ClassStats, KeyLevel, QueueState, Rewrite
+from policy_service.core.types import ClassStats, KeyLevel, QueueState, Reason, ReasonCode, Rewrite
 
 TABLE_FORMAT = "swapaware-admission/1"
 GATE_FORMAT = "swapaware-gate/1"
@@ -229,3 +229,21 @@ def keys_read(keys: Mapping[KeyLevel, str], stats: Mapping[KeyLevel, ClassStats]
     level = usable_level(stats, cfg.estimator)
     read = set(order if level is None else order[:order.index(level) + 1]) | {KeyLevel.CLASS, KeyLevel.USER_NAME}
     return tuple(keys[lv] for lv in order if lv in read and lv in keys)
+
+
+def template_reasons(reasons: tuple[Reason, ...], state: str, cfg: Config) -> tuple[Reason, ...]:
+    """The reasons a table-made decision is recorded with (its archived template). Admit words
+    the queue gate's reasons with the snapshot's figures; a table decision knows only the state
+    the gate file named when the job was submitted, so those reasons say that state and the
+    threshold instead (``state_queues``' made-up queue would give made-up figures)."""
+    where = f"queue gate '{state}' when the job was submitted (the published gate file, at most one queue poll old)"
+    said = {
+        ReasonCode.QUEUE_SHORT: f"{where}: the pending GPU jobs ahead of it asked for less than "
+                                f"policy.share_min_queue {cfg.policy.share_min_queue:.1%} of the cluster's GPUs: the "
+                                "job can start on a whole GPU, where no co-runner slows it down",
+        ReasonCode.COMPUTE_OVERCOMMITTED: f"{where}: the pending GPU jobs ahead of it asked for at least "
+                                          f"policy.overcommit_compute_min_queue "
+                                          f"{cfg.policy.overcommit_compute_min_queue:.0%} of the cluster's GPUs: sized "
+                                          "by memory alone, co-runners may slow each other down",
+    }
+    return tuple(Reason(r.code, said[r.code]) if r.code in said else r for r in reasons)

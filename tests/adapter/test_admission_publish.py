@@ -152,6 +152,9 @@ def test_templates_are_archived_and_name_their_entry(svc, slurm_jobs):
         assert d.decision_id == admission.PLACEHOLDER_ID and d.rewrite.admin_comment == comment
         got = pb.JobFacts.FromString(rec.facts_pb)
         assert admission.table_key(got) == admission.table_key(facts(name="learned")) and got.uid == 0
+        if state == "short":  # the queue gate's reason says the state, not the made-up queue's figures
+            why = next(r.message for r in d.reasons if r.code == "queue_short")
+            assert why.startswith("queue gate 'short'") and "GPUs (" not in why, why
     assert s.admission_archive.lookup(pub.version, entry["i"] + 10_000, "short") is None
     assert s.admission_archive.lookup("0" * 16, entry["i"], "short") is None
 

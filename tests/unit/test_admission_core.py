@@ -141,3 +141,18 @@ def test_keys_read_stop_at_the_key_the_estimate_came_from():
     assert admission.keys_read(keys, {KeyLevel.ACCOUNT: known}, c) == ("c", "u/n", "a")
     assert admission.keys_read(keys, {}, c) == ("c", "u/n", "a", "p")  # nothing usable: every key was read
     assert admission.keys_read(keys, {KeyLevel.CLASS: ClassStats(samples=0)}, c) == ("c", "u/n", "a", "p")
+
+
+def test_template_reasons_say_the_gate_state_not_made_up_figures():
+    c = cfg(share_min_queue=0.25, overcommit_compute_min_queue=0.75)
+    queues = admission.state_queues(c)
+    stats = {KeyLevel.CLASS: ClassStats(samples=3, runs=3, ewma_peak_bytes=2 * 1024**3, max_peak_bytes=2 * 1024**3)}
+    d = policy.decide(_job(), stats, c, decision_id=admission.PLACEHOLDER_ID, now=0.0, job_class="k",
+                      gres_fields={"tres_per_node": "gres/gpu:1"}, queue=queues["short"])
+    assert "of 1 GPUs" in next(r.message for r in d.reasons if r.code is ReasonCode.QUEUE_SHORT)  # made up
+    said = admission.template_reasons(d.reasons, "short", c)
+    assert [r.code for r in said] == [r.code for r in d.reasons]
+    short = next(r.message for r in said if r.code is ReasonCode.QUEUE_SHORT)
+    assert "queue gate 'short'" in short and "25.0%" in short and "of 1 GPUs" not in short
+    others = [(r.code, r.message) for r in d.reasons if r.code is not ReasonCode.QUEUE_SHORT]
+    assert [(r.code, r.message) for r in said if r.code is not ReasonCode.QUEUE_SHORT] == others
