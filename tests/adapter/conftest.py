@@ -73,6 +73,16 @@ class SlurmJobs:
             raise SlurmError(self.held_failure)
         return decision_ids_in("\n".join(self.comments.values()))
 
+    # Every job's AdminComment as squeue (live) and sacct (accounting) show it: the catch-up of
+    # decisions the plugin made from the admission table. Live: every job the test submitted.
+    def live_commented_jobs(self):
+        from policy_service.adapters.slurm_comments import CommentedJob
+        return [CommentedJob(i.job_id, i.submit_time, None, "test", "", "", i.state, i.admin_comment, "squeue")
+                for i in map(self._instance, list(self.comments)) if i is not None]
+
+    def accounted_commented_jobs(self, since: float):
+        return []
+
     # The queue as squeue/sinfo would show it; tests set these, None makes the call fail.
     pending: list[PendingJob] | None = field(default_factory=list)
     gpus: int = 4
