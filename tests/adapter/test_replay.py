@@ -95,7 +95,9 @@ def test_the_replayer_delivers_on_its_own_once_the_service_is_back(service_env, 
         cfg = load_config(env={**service_env, "SWAPAWARE_SERVICE__GRPC_ADDRESS": f"127.0.0.1:{port}"})
         svc = start_service(cfg, slurm=slurm_jobs)
         try:
-            wait_for(lambda: not spool.pending(spool_dir), 30, "the spool to be delivered")
+            # the replayer counts a replay's deliveries once the replay returns, after the spool is empty
+            wait_for(lambda: not spool.pending(spool_dir) and replayer.status()["replay_delivered"] == n, 30,
+                     lambda: f"the spool to be delivered and counted: {replayer.status()}")
             assert len(svc.store.observations()) == 50
             st = replayer.status()
             assert (st["spool_depth"], st["replay_delivered"], st["replay_failures"]) == (0, n, 0)
