@@ -33,6 +33,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.slurm import PendingJob
 from policy_service.config import PolicyMode, load_config
 from policy_service.core import admission
+from policy_service.core.types import ReasonCode
 from policy_service.handler import HandlerError
 from policy_service.server import start_service
 from tests import admission_jobs as gen
@@ -399,20 +400,25 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
     assert {a for (m_, a) in actions if m_ == "enforce"} >= {"share", "whole_gpu"}
 
 
+# The queue gate's reasons: Admit words them with the snapshot's figures, a table-made decision
+# with the gate state the job was decided in (core/admission.template_reasons): compared by code.
+QUEUE_FIGURE_CODES = {ReasonCode.QUEUE_SHORT.value, ReasonCode.COMPUTE_OVERCOMMITTED.value}
+
+
 def record_view(decision_pb: bytes) -> dict:
     """A recorded decision as its user and `swapaware explain` see it, less what differs by
-    construction between a table-made one and Admit's (id, time, the table token)."""
+    construction between a table-made one and Admit's (id, time, the table token, the queue
+    figures of the moment)."""
     d = pb.Decision.FromString(decision_pb)
     d.ClearField("decision_id")
     d.ClearField("decided_at")  # catch-up fills both in from Slurm
+    for r in d.reasons:
+        if r.code in QUEUE_FIGURE_CODES:
+            r.message = ""
     d.rewrite.admin_comment = " ".join(f"{k}={v}" for k, v in sorted(plain(d.rewrite.admin_comment).items()))
     return json_format.MessageToDict(d)
 
 
-@pytest.mark.xfail(strict=True, reason="core/admission.state_queues decides each gate state with a made-up queue "
-                   "(pending = pressure of 1 GPU): the archived template, which catch-up records for a table-made "
-                   "decision, says 'pending GPU jobs ask for 0.00 of 1 GPUs' where Admit says '... of 4 GPUs' "
-                   "(/work/notes/issue21-bugs.md)")
 @pytest.mark.parametrize("release", [("22.05", 0)], indirect=True)
 def test_the_archived_template_is_what_admit_records(svc, slurm_jobs, release):
     """What catch-up records for a table-made decision (the archived template) is what Admit
@@ -424,7 +430,7 @@ def test_the_archived_template_is_what_admit_records(svc, slurm_jobs, release):
     train(s, slurm_jobs, {"enough0": job})  # a class that shares where the queue lets it
     pub = publisher.publish("test")
     entry = json.loads(publisher.table.read_text())["entries"][admission.table_key(job)]
-    seen = set()
+    seen, gated = set(), 0
     for queue in ("short", "mixed", "long"):
         slurm_jobs.pending = QUEUES[queue]
         h.queue.poll_once()
@@ -436,4 +442,8 @@ def test_the_archived_template_is_what_admit_records(svc, slurm_jobs, release):
         recorded = h.store.decision(d.decision_id)
         seen.add(state)
         assert record_view(template.decision_pb) == record_view(recorded.decision_pb), state
+        said = [r.message for r in pb.Decision.FromString(template.decision_pb).reasons if r.code in QUEUE_FIGURE_CODES]
+        assert all(f"queue gate '{state}'" in m for m in said), (state, said)  # the state it was decided in
+        gated += len(said)
+    assert gated  # a queue reason was compared at all (the short queue keeps the GPU whole)
     assert seen == {"short", "long"}
