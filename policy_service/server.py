@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pwd
 import signal
 import sys
 import threading
@@ -113,6 +114,17 @@ def log_release(release: ClusterRelease) -> None:
         log.info("slurm dialect: %s, from %s", release.dialect.describe(), release.source)
 
 
+def slurmctld_gid(authorizer) -> int | None:
+    """SlurmUser's primary group: the admission table's group, so that slurmctld, and no other
+    local user, reads it (None: unknown, the files keep the service's group)."""
+    try:
+        return pwd.getpwuid(authorizer.trust.slurm_uid).pw_gid
+    except KeyError:
+        log.warning("admission table: SlurmUser (uid %d) has no passwd entry: the table keeps the service's "
+                    "group, which slurmctld may not read", authorizer.trust.slurm_uid)
+        return None
+
+
 def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool = True,
                   accept_empty_history: bool = False) -> RunningService:
     """``accept_empty_history``: start on a new, empty history even where files show that one
@@ -164,7 +176,8 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         svc.metrics_server = handler.metrics.serve(cfg.service.metrics_address)
     if cfg.admission.table_path:
         svc.admission_archive = TableArchive(archive_path(str(cfg.service.db_path)))
-        svc.admission_publisher = AdmissionPublisher(handler, cfg, svc.admission_archive).start()
+        svc.admission_publisher = AdmissionPublisher(handler, cfg, svc.admission_archive,
+                                                     reader_gid=slurmctld_gid(authorizer)).start()
         if monitor is not None:  # the gate file follows each queue snapshot, first
             monitor.on_poll = chain(svc.admission_publisher.on_queue_poll, monitor.on_poll)
         log.info("admission table: published at %s (gate %s.gate), rebuilt at most every %.0f s",

@@ -14,7 +14,8 @@ A background thread, never on Admit's path:
     and checked by the thread's ticks (queue_poll_s / 4, at most 1 s);
   * each version's templates go to the TableArchive (catch-up records table-made decisions from it);
   * policy.mode = off: the class table is removed (every job takes the Admit round trip).
-Files are written atomically (temporary file in the same directory, fsync, rename), mode 0644.
+Files are written atomically (temporary file in the same directory, fsync, rename), mode 0640,
+group SlurmUser's (they name every published class's user, job name and comment).
 """
 from __future__ import annotations
 
@@ -40,20 +41,30 @@ from policy_service.handler import HandlerError, PolicyHandler, decision_record
 log = logging.getLogger("swapaware.admission")
 
 _PROVISIONAL = "0" * 16
+TABLE_MODE = 0o640  # the table and gate files: the service's user and slurmctld's group
 
 
-def write_atomically(path: Path, data: bytes | Iterable[bytes]) -> int:
+def write_atomically(path: Path, data: bytes | Iterable[bytes], mode: int = 0o644, gid: int | None = None) -> int:
     """Replace ``path`` with ``data`` (bytes, or pieces of it written one after another): a reader
-    sees the old file or the new one, never a part. Returns the bytes written."""
+    sees the old file or the new one, never a part. ``mode``/``gid``: the file's, set before it
+    appears under ``path`` (PermissionError when the group cannot be set). Returns the bytes
+    written."""
     fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.")
     size = 0
     try:
         with os.fdopen(fd, "wb") as f:
+            if gid is not None and gid != os.fstat(f.fileno()).st_gid:
+                try:
+                    os.fchown(f.fileno(), -1, gid)
+                except PermissionError as exc:
+                    raise PermissionError(f"{path} cannot be given group {gid}, SlurmUser's, which slurmctld reads "
+                                          f"it as ({exc.strerror}): run the service as root or as a member of that "
+                                          "group") from None
             for piece in (data,) if isinstance(data, bytes) else data:
                 size += f.write(piece)
             f.flush()
             os.fsync(f.fileno())
-            os.fchmod(f.fileno(), 0o644)
+            os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -112,8 +123,11 @@ class Publication:
 
 class AdmissionPublisher:
     def __init__(self, handler: PolicyHandler, cfg: Config, archive: TableArchive,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, reader_gid: int | None = None):
         self.handler, self.cfg, self.archive, self.clock = handler, cfg, archive, clock
+        # The files name every published class's user, job name and comment: readable by their
+        # owner and slurmctld's group (SlurmUser's) alone, never by every local user (0640).
+        self.reader_gid = reader_gid
         self.table = Path(cfg.admission.table_path)
         self.gate = Path(f"{cfg.admission.table_path}.gate")
         self._facts: dict[str, tuple[float, bytes]] = {}  # key -> (newest decided_at, facts_pb)
@@ -136,6 +150,7 @@ class AdmissionPublisher:
         # the gate file: written after each queue poll by the monitor's thread, which never waits
         # for a build
         self._gate_lock = threading.Lock()
+        self._gate_error = ""  # the last gate write's error, logged once
         self.last: Publication | None = None
 
     # ------------------------------------------------------------------ the thread
@@ -174,8 +189,17 @@ class AdmissionPublisher:
 
     def on_queue_poll(self, pending, state) -> None:
         """QueueMonitor.on_poll: the gate file follows each new snapshot at once."""
-        if self.handler.mode is not PolicyMode.OFF:
+        if self.handler.mode is PolicyMode.OFF:
+            return
+        try:
             self.write_gate()
+        except OSError as exc:  # never in the way of what follows the poll (catch-up, re-decisions)
+            if str(exc) != self._gate_error:
+                log.error("admission gate file not written (the plugin takes the queue state as unknown once the "
+                          "last one expires): %s", exc)
+            self._gate_error = str(exc)
+        else:
+            self._gate_error = ""
 
     def _tick(self) -> bool:
         """False when nothing is published (policy.mode = off)."""
@@ -347,7 +371,7 @@ class AdmissionPublisher:
         head = json.dumps(admission.table_file(version, now, now + self.cfg.admission.valid_s,
                                                self.handler.dialect.name, mode.value, self.cfg.policy.queue_per_qos,
                                                {}), separators=(",", ":"))
-        size = write_atomically(self.table, _pieces(head, built, version))
+        size = write_atomically(self.table, _pieces(head, built, version), TABLE_MODE, self.reader_gid)
         self._prune(now)
         pub = Publication(version, len(built), sum(len(k.templates[0]) for _, k in built), size,
                           time.monotonic() - started, bool(reused))
@@ -417,6 +441,6 @@ class AdmissionPublisher:
         if (last is not None and abs(seen[0] - last[0]) < 0.01 and seen[1:] == last[1:]  # the same snapshot
                 and self.gate.exists()):
             return False
-        write_atomically(self.gate, json.dumps(doc, separators=(",", ":")).encode())
+        write_atomically(self.gate, json.dumps(doc, separators=(",", ":")).encode(), TABLE_MODE, self.reader_gid)
         self._gate_written = seen
         return True

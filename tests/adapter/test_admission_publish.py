@@ -4,9 +4,15 @@ answers for the same facts in the gate state the gate file names."""
 import json
 import logging
 import os
+import pwd
+import shutil
 import sqlite3
 import stat
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -159,7 +165,7 @@ def test_templates_are_archived_and_name_their_entry(svc, slurm_jobs):
     assert s.admission_archive.lookup("0" * 16, entry["i"], "short") is None
 
 
-def test_files_are_replaced_whole_and_readable_by_all(svc, slurm_jobs):
+def test_files_are_replaced_whole_and_readable_by_slurmctld_alone(svc, slurm_jobs):
     s, client = svc
     client.admit(facts(name="a"))
     p = s.admission_publisher
@@ -170,9 +176,10 @@ def test_files_are_replaced_whole_and_readable_by_all(svc, slurm_jobs):
         second = p.publish("test")
         assert json.loads(old.read())["version"] != second.version  # the old file, whole, to its reader
     assert p.table.stat().st_ino != first.st_ino
-    for path in (p.table, p.gate):
+    slurm_gid = pwd.getpwuid(s.handler.authorizer.trust.slurm_uid).pw_gid
+    for path in (p.table, p.gate):  # they name every class's user, job name and comment
         mode = stat.S_IMODE(path.stat().st_mode)
-        assert mode == 0o644, (path, oct(mode))
+        assert mode == 0o640 and path.stat().st_gid == slurm_gid, (path, oct(mode), path.stat().st_gid, slurm_gid)
     assert sorted(os.listdir(p.table.parent)) == ["admission.json", "admission.json.gate"]  # no temporary left
 
 
@@ -315,3 +322,24 @@ def test_the_gate_file_follows_each_queue_poll_at_once(env, slurm_jobs, tmp_path
         assert gate["valid_until"] == pytest.approx(time.time() + 900.0, abs=2.0)
     finally:
         s.stop(0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the writer as another user")
+def test_a_group_the_service_cannot_give_is_refused_naming_it():
+    """A service that is neither root nor in SlurmUser's group writes no table (slurmctld could not
+    read it, or every user could): the error says what to change, and no file is left."""
+    d = Path(tempfile.mkdtemp(prefix="swapaware-table-"))
+    try:
+        os.chmod(d, 0o777)
+        code = ("import os, sys; from pathlib import Path; "
+                "from policy_service.adapters.admission_publish import write_atomically as w\n"
+                "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+                "try:\n    w(Path(sys.argv[1]) / 'admission.json', b'{}', 0o640, int(sys.argv[2]))\n"
+                "except PermissionError as e:\n    print(e)\nelse:\n    print('written')")
+        gid = pwd.getpwnam("root").pw_gid
+        r = subprocess.run([sys.executable, "-c", code, str(d), str(gid)], capture_output=True, text=True, timeout=60,
+                           cwd=str(Path(__file__).resolve().parents[2]))
+        assert "cannot be given group 0, SlurmUser's" in r.stdout and "run the service as root" in r.stdout, r
+        assert os.listdir(d) == []
+    finally:
+        shutil.rmtree(d)
