@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.slurm_stack import CLUSTER, Stack
+from tests.waiting import wait_for
 
 from .conftest import decision_of, job_field
 
@@ -64,7 +65,18 @@ class Run:
     admin_comment: str
 
 
+def _running(stack: Stack) -> str | None:
+    """Jobs running or completing (None: none)."""
+    out = stack.run("squeue", "-h", "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%i %j %T").stdout.strip()
+    return out or None
+
+
 def _plugin(stack: Stack, mode: str) -> None:
+    """Switch job_submit on or off: a slurmctld restart, once no job runs or completes (a restarted
+    22.05 slurmctld rebuilds the GPUs' allocations from the jobs it recovers before the node has
+    registered again, and does not save the GRES configuration with the node's state)."""
+    wait_for(lambda: _running(stack) is None, 180, lambda: f"no job running before slurmctld restarts: "
+             f"{_running(stack)}\n{stack.queue_and_gres()}", 0.5)
     stack.run("bash", str(CLUSTER), "plugin", mode, timeout=300)
 
 
