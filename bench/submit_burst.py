@@ -12,7 +12,9 @@ the table before the rounds (one round-trip decision each, then the table waited
 bench/table_mode.py), so in mode table every job is a table hit; the history learns those
 decisions from Slurm afterwards (catch-up after each queue poll), and the bench waits for it:
 "catch-up s" is how long after the block's last sbatch the history held every AdminComment id.
-Modes on, hung and table run the plugin under a job_submit.lua that times swapaware.submit
+--modes tstop: the same with the service stopped during the block (SIGSTOP, as off, noop and hung),
+so that what is left is slurmctld's and the Lua's own cost; the history catches up after SIGCONT.
+Modes on, hung, table and tstop run the plugin under a job_submit.lua that times swapaware.submit
 inside slurmctld (lua-socket's clock, logged every 16 calls): "Lua us/job".
 
 The dev stack's service polls the queue every 2 s (its tests wait for snapshots); each poll is an
@@ -24,7 +26,7 @@ burst and puts the dev stack's own setting back at the end.
     bash contrib/dev-stack.sh up
     .venv/bin/python bench/submit_burst.py --jobs 10000 --rounds 5
     SWAPAWARE_DEV_TABLE=1 bash contrib/dev-stack.sh up
-    .venv/bin/python bench/submit_burst.py --jobs 600 --rounds 2 --modes off,noop,on,table
+    .venv/bin/python bench/submit_burst.py --jobs 750 --rounds 2 --modes off,noop,on,table,tstop
 """
 from __future__ import annotations
 
@@ -53,8 +55,12 @@ MODES = ("off", "on", "hung")
 # job_submit.lua costs or saves in Slurm itself, apart from swapaware.
 NOOP_LUA = ("function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS end\n"
             "function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end\n")
-STOPPED = ("off", "hung", "noop")  # modes during which the service process is stopped
-DECIDING = ("on", "hung", "table")  # modes whose job_submit.lua is swapaware's: decisions checked against Slurm
+# tstop: mode table with the service stopped during the block (what the table path costs slurmctld
+# without the service's queue polls, catch-up and publisher competing for the controller's CPUs;
+# the history catches up once it runs again).
+TABLE = ("table", "tstop")  # modes deciding from the table
+STOPPED = ("off", "hung", "noop", "tstop")  # modes during which the service process is stopped
+DECIDING = ("on", "hung", *TABLE)  # modes whose job_submit.lua is swapaware's: decisions checked against Slurm
 NAMES = 20  # job names (classes) every mode submits: {run_tag}-0 .. -19
 
 
@@ -164,7 +170,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10_000, help="submissions in all (split over modes and rounds)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--submitters", type=int, default=8)
-    ap.add_argument("--modes", default=",".join(MODES), help=f"modes to run, from {MODES + ('noop', 'table')}; off first")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"modes to run, from {MODES + ('noop', *TABLE)}; off first")
     ap.add_argument("--queue-poll-s", type=float, default=PolicyConfig().queue_poll_s,
                     help="the service's policy.queue_poll_s during the burst (default: the product's)")
     ap.add_argument("--catchup-timeout-s", type=float, default=300,
@@ -192,7 +198,7 @@ def switch(mode: str, env: dict[str, str], lua_dir: Path) -> None:
             (Path(d) / "job_submit.lua").write_text(NOOP_LUA)
             sh("bash", str(CLUSTER), "plugin", "on", env={**env, "SWAPAWARE_LUA_DIR": d})
     else:
-        set_table(env, mode == "table")
+        set_table(env, mode in TABLE)
         set_mode("on", env, lua_dir)
 
 
@@ -203,14 +209,14 @@ def restart_service(env: dict[str, str], extra: dict[str, str]) -> None:
 
 def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path) -> None:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    if not modes or modes[0] != "off" or not set(modes) <= {*MODES, "noop", "table"}:
-        raise SystemExit(f"--modes: off first, then any of on, hung, noop, table (got {args.modes!r})")
+    if not modes or modes[0] != "off" or not set(modes) <= {*MODES, "noop", *TABLE}:
+        raise SystemExit(f"--modes: off first, then any of on, hung, noop, table, tstop (got {args.modes!r})")
     per_block = max(1, args.jobs // (len(modes) * args.rounds))
     stats = {m: {"lat": [], "errors": [], "squeue": [], "rpc_us": [], "comments": 0, "recorded": 0, "lost": 0,
                  "extra": 0, "lua_n": 0, "lua_us": 0.0, "by_table": 0, "catchup_s": []}
              for m in modes}
     tag = f"burst{int(time.time()) % 100000}"   # every block submits the job names {tag}-0 .. -{NAMES - 1}
-    if "table" in modes:
+    if set(TABLE) & set(modes):
         switch("on", env, lua_dir)
         took = warm(env, [f"{tag}-{k}" for k in range(NAMES)])
         print(f"table warm: the published table held the {NAMES} job classes {took:.1f} s after their "
@@ -226,7 +232,7 @@ def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path) -> None:
                 if k != "ids":
                     stats[mode][k] += v
             catchup = f", caught up {res['catchup_s'][0]:.1f} s" if mode in DECIDING else ""
-            print(f"round {r + 1}/{args.rounds} {mode:5s}: p50 {1e3 * percentile(res['lat'], 0.5):.1f} ms, "
+            print(f"round {r + 1}/{args.rounds} {mode:6s}: p50 {1e3 * percentile(res['lat'], 0.5):.1f} ms, "
                   f"p99 {1e3 * percentile(res['lat'], 0.99):.1f} ms, errors {len(res['errors'])}{catchup}",
                   file=sys.stderr)
     report(args, modes, per_block, stats)
@@ -237,7 +243,7 @@ def report(args: argparse.Namespace, modes: tuple[str, ...], per_block: int, sta
     rpc_off = mean(stats["off"]["rpc_us"])
     print(f"{per_block * args.rounds} sbatch per mode from {args.submitters} submitters, {args.rounds} interleaved rounds; "
           f"the service polls the queue every {args.queue_poll_s:g} s; off = plugin off and service stopped")
-    print(f"{'mode':5s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50/off':>8s} {'p99/off':>8s} {'errors':>7s} "
+    print(f"{'mode':6s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50/off':>8s} {'p99/off':>8s} {'errors':>7s} "
           f"{'squeue p50/p99 ms':>18s} {'submit RPC us':>14s} {'RPC/off':>8s} {'Lua us/job':>11s} "
           f"{'AdminComments':>14s} {'by table':>9s} {'recorded':>9s} {'lost':>5s} {'extra':>6s} {'catch-up s max':>15s}")
     for mode in modes:
@@ -249,7 +255,7 @@ def report(args: argparse.Namespace, modes: tuple[str, ...], per_block: int, sta
         tail = ("" if mode not in DECIDING else
                 f" {s['comments']:14d} {s['by_table']:9d} {s['recorded']:9d} {s['lost']:5d} {s['extra']:6d} "
                 f"{max(s['catchup_s']):15.1f}")
-        print(f"{mode:5s} {1e3 * p50:8.1f} {1e3 * p99:8.1f} {p50 / base50:8.3f} {p99 / base99:8.3f} "
+        print(f"{mode:6s} {1e3 * p50:8.1f} {1e3 * p99:8.1f} {p50 / base50:8.3f} {p99 / base99:8.3f} "
               f"{len(s['errors']):7d} {sq:>18s} {rpc:14.0f} {rpc / rpc_off:8.3f} {lua}{tail}")
         for e in sorted(set(s["errors"]))[:3]:
             print(f"      error: {e[:200]}")
