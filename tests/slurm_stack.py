@@ -14,6 +14,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import time
 import sys
 import uuid
 from dataclasses import dataclass
@@ -212,6 +213,17 @@ class Stack:
 
     def swapaware(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return self.run(str(Path(sys.executable).parent / "swapaware"), *args, check=check)
+
+
+def reload_job_submit(js: Path, previous_mtime: float | None = None) -> None:
+    """Make slurmctld load job_submit.lua again (a new Lua state, swapaware_plugin.conf read anew).
+    It reloads when the script's mtime, in whole seconds, is past the mtime of the copy it loaded
+    (slurm_lua_loadscript keeps st_mtime as its load time): put it a whole second or more past both
+    now and the previous one (``previous_mtime``: the file's before it was rewritten; default: its
+    mtime now). Two reloads within one second would otherwise keep the old script for good."""
+    before = js.stat().st_mtime if previous_mtime is None else previous_mtime
+    t = max(int(time.time()), int(before)) + 2
+    os.utime(js, (t, t))
 
 
 def job_field(oneliner: str, key: str) -> str:

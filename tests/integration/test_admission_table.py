@@ -16,6 +16,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.slurm_stack import reload_job_submit
 from tests.waiting import wait_for
 
 from .conftest import decision_of, job_field
@@ -27,11 +28,7 @@ SCRIPT = "#!/bin/sh\ntrue\n"
 
 
 def reload_plugin(stack) -> None:
-    """slurmctld loads job_submit.lua again (a new Lua state, swapaware_plugin.conf read anew) once
-    the script's mtime is past the time it loaded it."""
-    js = stack.state / "etc" / "job_submit.lua"
-    t = time.time() + 1.5
-    os.utime(js, (t, t))
+    reload_job_submit(stack.state / "etc" / "job_submit.lua")
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 
 import pytest
 
+from tests.slurm_stack import reload_job_submit
 from tests.waiting import wait_for
 
 from .conftest import decision_of, job_field
@@ -90,14 +91,6 @@ class Log:
         return any(all(w in ln for w in words) for ln in self.text().splitlines())
 
 
-def reload_plugin(js: Path, previous_mtime: float) -> None:
-    """slurmctld loads job_submit.lua again when its mtime, in whole seconds, is past the mtime of
-    the copy it loaded (slurm_lua_loadscript keeps st_mtime as its load time): put the mtime a
-    whole second or more past both now and the previous one."""
-    t = max(int(time.time()), int(previous_mtime)) + 2
-    os.utime(js, (t, t))
-
-
 @dataclass
 class Lua:
     """Installs a variant of the cluster's job_submit.lua / swapaware_plugin.conf in slurmctld."""
@@ -119,7 +112,7 @@ class Lua:
         self.js.write_text(f'slurm.log_info("swapaware-test job_submit.lua {token} loaded")\n{preamble}'
                            f"{head}{before_return}\n{sep}{tail}")
         log = Log(self.stack)
-        reload_plugin(self.js, before)
+        reload_job_submit(self.js, before)
 
         def loaded() -> bool:
             submit(self.stack)
@@ -132,7 +125,7 @@ class Lua:
         before = self.js.stat().st_mtime
         self.conf.write_text(self.conf_text)
         self.js.write_text(self.js_text)
-        reload_plugin(self.js, before)
+        reload_job_submit(self.js, before)
 
 
 @pytest.fixture
