@@ -360,6 +360,24 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class HaConfig:
+    """Two controllers, one history (docs/ha.md): a service on each controller host, the one whose
+    slurmctld is in control writes, fenced by the store's writer lease."""
+
+    enabled: bool = False
+    # This service's name in the lease; "": the host name.
+    holder: str = ""
+    # A lease not renewed for this long is free for the other service; renewed every renew_s.
+    lease_ttl_s: float = 10.0
+    renew_s: float = 2.0
+    # host:port of every controller host's service (hooks, agents, the CLI try them in turn); empty:
+    # hooks.service_address alone.
+    controllers: tuple[str, ...] = ()
+    # Written by `swapaware ha primary-on|primary-off` (SlurmctldPrimaryOnProg / OffProg).
+    role_file: Path = Path("/run/swapaware/role")
+
+
+@dataclass(frozen=True)
 class Config:
     gpu: GpuConfig = field(default_factory=GpuConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
@@ -371,6 +389,7 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    ha: HaConfig = field(default_factory=HaConfig)
     source: str = "defaults"
 
     def summary(self) -> str:
@@ -476,6 +495,8 @@ def _validate(cfg: Config) -> None:
         (cfg.admission.horizon_s > 0, "admission.horizon_s must be > 0"),
         (1 <= cfg.admission.max_entries <= 9_999_999, "admission.max_entries must be in 1..9999999"),
         (cfg.admission.archive_keep >= 1, "admission.archive_keep must be >= 1"),
+        (0 < cfg.ha.renew_s * 2 <= cfg.ha.lease_ttl_s, "ha.renew_s must be > 0 and at most half of ha.lease_ttl_s"),
+        (all(_host_port(a) for a in cfg.ha.controllers), f"ha.controllers must be host:port addresses, not {cfg.ha.controllers!r}"),
         (cfg.agent.sample_period_s > 0, "agent.sample_period_s must be > 0"),
         (0 < cfg.agent.replay_interval_s <= cfg.agent.replay_max_backoff_s,
          "agent.replay_interval_s must be > 0 and <= agent.replay_max_backoff_s"),

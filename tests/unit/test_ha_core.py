@@ -1,0 +1,80 @@
+"""core/ha.py: whether this host's slurmctld is in control, and what to do with the writer lease."""
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from policy_service.core.ha import (Control, LeaseAction, LeaseView, Role, Signals, control, lease_step,
+                                    parse_role, standby_message, unsafe_owner, writer_until)
+
+FRESH = 30.0
+
+
+@pytest.mark.parametrize("signals,expected", [
+    (Signals(now=100), False),  # nothing says so
+    (Signals(now=100, role_file=Role.PRIMARY, role_file_at=50), True),
+    (Signals(now=100, role_file=Role.BACKUP, role_file_at=50), False),
+    (Signals(now=100, local_admit_at=90), True),  # job_submit runs only on the controller in control
+    (Signals(now=100, local_admit_at=60), False),  # too old to count
+    # an Admit after primary-off: slurmctld took control again (the off/on programs may not both run)
+    (Signals(now=100, role_file=Role.BACKUP, role_file_at=80, local_admit_at=90), True),
+    # an Admit from before primary-off does not override it
+    (Signals(now=100, role_file=Role.BACKUP, role_file_at=95, local_admit_at=90), False),
+    # the controller's own answer is the state now, whatever the file says
+    (Signals(now=100, role_file=Role.PRIMARY, role_file_at=50, controller=Role.BACKUP), False),
+    (Signals(now=100, role_file=Role.BACKUP, role_file_at=50, controller=Role.PRIMARY), True),
+])
+def test_control_from_signals(signals, expected):
+    got = control(signals, FRESH)
+    assert got.in_control is expected
+    assert got.why  # every answer says why
+
+
+def lease(holder, expires_at, now=100.0, epoch=3):
+    return LeaseView(holder=holder, epoch=epoch, expires_at=expires_at, now=now)
+
+
+IN, OUT = Control(True, "the role file says primary"), Control(False, "the role file says backup")
+
+
+@pytest.mark.parametrize("ctl,view,action,says", [
+    (IN, None, LeaseAction.CLAIM, "free"),
+    (IN, lease("b", 90.0), LeaseAction.CLAIM, "free"),  # expired
+    (IN, lease("a", 110.0), LeaseAction.CLAIM, "renew"),
+    (IN, lease("b", 110.0), LeaseAction.CLAIM, "writer is b"),  # the store refuses; said why
+    (OUT, lease("a", 110.0), LeaseAction.RELEASE, "release"),
+    (OUT, lease("a", 90.0), LeaseAction.STANDBY, "backup"),  # ours but expired: nothing to give back
+    (OUT, lease("b", 110.0), LeaseAction.STANDBY, "backup"),
+    (OUT, None, LeaseAction.STANDBY, "backup"),
+])
+def test_lease_step(ctl, view, action, says):
+    step = lease_step(ctl, view, "a")
+    assert step.action is action
+    assert says in step.why
+
+
+def test_writer_until_counts_from_the_claims_start_less_the_margin():
+    assert writer_until(1000.0, 10.0, 1.0) == 1009.0
+    assert writer_until(1000.0, 0.5, 1.0) == 1000.0  # never before the claim
+
+
+@pytest.mark.parametrize("text,role", [("primary\n", Role.PRIMARY), ("backup 1733350000.5\n", Role.BACKUP),
+                                       ("PRIMARY", Role.PRIMARY), ("", None), ("maybe", None)])
+def test_parse_role(text, role):
+    assert parse_role(text) is role
+
+
+def test_standby_message_names_the_writer():
+    assert standby_message("ctl1") == "standby: writer is ctl1"
+    assert standby_message(None).startswith("standby: writer is nobody")
+
+
+@pytest.mark.parametrize("uid,mode,bad", [
+    (0, stat.S_IFDIR | 0o755, None), (1000, stat.S_IFDIR | 0o755, None),
+    (4242, stat.S_IFDIR | 0o755, "owned by uid 4242"), (0, stat.S_IFDIR | 0o775, "writable"),
+    (0, stat.S_IFREG | 0o646, "writable"), (0, stat.S_IFREG | 0o644, None),
+])
+def test_unsafe_owner(uid, mode, bad):
+    why = unsafe_owner("x", uid, mode, (0, 1000))
+    assert (why is None) if bad is None else (bad in why)
