@@ -149,6 +149,10 @@ class PolicyHandler:
         # SQLite. Readers of decisions call flush() first.
         journal = None if store.path == ":memory:" else Path(f"{store.path}.journal")
         self.decisions = DecisionLog(journal, store.record, fsync=cfg.service.journal_fsync)
+        # Two controllers (docs/ha.md, adapters/ha_role.py): what a write is answered while this
+        # service is standby (None: it writes); called when slurmctld's Admit arrives on the local socket.
+        self.standby: Callable[[], str | None] | None = None
+        self.on_local_admit: Callable[[int | None], None] | None = None
 
     def set_mode(self, mode: PolicyMode) -> None:
         """Switch policy.mode for the next Admit (the service's SIGHUP)."""
@@ -169,7 +173,10 @@ class PolicyHandler:
             raise HandlerError(grpc.StatusCode.UNAVAILABLE, f"the decision cannot be recorded: {exc}") from None
 
     def flush(self) -> None:
-        """Wait until every decision handed out so far is in the history."""
+        """Wait until every decision handed out so far is in the history (a standby's wait in its
+        journal until it writes: reads see the writer's history meanwhile)."""
+        if self.standby is not None and self.standby() is not None:
+            return
         self.decisions.flush()
 
     def close(self) -> None:
@@ -415,6 +422,10 @@ class Method(enum.Enum):
     def call(self, handler: PolicyHandler, request, caller=None):
         """``caller``: who sent it (policy_service.authz.Caller), for the methods whose answer
         depends on it (Admit: recorded or a dry run; Explain: whose jobs)."""
+        if self.is_event and handler.standby is not None:  # before anything touches the store
+            standby = handler.standby()
+            if standby is not None:
+                raise HandlerError(grpc.StatusCode.UNAVAILABLE, standby)
         too_big = oversize(request)
         if too_big:
             log.warning("%s refused: %s", self.value[0], "; ".join(too_big))

@@ -22,6 +22,7 @@ from policy_service.adapters.admission_catchup import attach as attach_catchup
 from policy_service.adapters.admission_catchup import chain
 from policy_service.adapters.admission_publish import AdmissionPublisher
 from policy_service.adapters.grpc_server import start_grpc
+from policy_service.adapters.ha_role import RoleKeeper, holder_name, only_while_writer
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.local_socket import start_local_socket
 from policy_service.adapters.partitions import SlurmConfWatch, slurm_conf_path
@@ -51,6 +52,7 @@ class RunningService:
     # [admission] table_path set: the published tables' archive and the publisher thread
     admission_archive: TableArchive | None = None
     admission_publisher: AdmissionPublisher | None = None
+    role: RoleKeeper | None = None  # [ha] enabled: the writer role (adapters/ha_role.py)
 
     def stop(self, grace_s: float = 2.0) -> None:
         self._watch_stop.set()
@@ -63,7 +65,11 @@ class RunningService:
         self._socket_server.shutdown()  # type: ignore[attr-defined]
         self._socket_server.server_close()  # type: ignore[attr-defined]
         self.grpc_server.stop(grace_s).wait(grace_s + 1)
-        self.handler.close()  # every decision handed out is recorded before exit
+        if self.role is None or self.role.is_writer():
+            self.handler.close()  # every decision handed out is recorded before exit
+        # else: a standby's decisions stay in its journal (read back at the next start)
+        if self.role is not None:
+            self.role.stop()  # gives the lease back
         if self.queue_monitor is not None:
             self.queue_monitor.stop()
         try:
@@ -133,7 +139,7 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     tls = server_credentials(cfg.tls) if server_enabled(cfg.tls) else None  # files checked before anything starts
     release = cluster_release(cfg.service.slurm_release, cfg.service.slurm_timeout_s)
     log_release(release)
-    store = HistoryStore(cfg.service.db_path, accept_empty=accept_empty_history)
+    store = open_store(cfg, accept_empty_history)
     if slurm is None and use_slurm:
         slurm = open_slurm(cfg.service.slurm_backend, cfg.service.slurm_timeout_s, release)
     monitor = QueueMonitor(slurm, cfg) if slurm is not None and reads_queue(cfg) else None
@@ -147,6 +153,7 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
                             partitions=partitions.current)
     if monitor is not None and cfg.policy.redecide_pending:
         monitor.on_poll = PendingRedecider(handler, slurm, cfg)
+    role = follow_role(cfg, store, handler, authorizer) if cfg.ha.enabled else None
     server = None
     try:
         if monitor is not None:  # the first Admit must see the queue, not "unknown": poll before serving
@@ -165,7 +172,8 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     log.info("serving gRPC on %s (port %d, %s), local socket %s, history %s",
              cfg.service.grpc_address, port, "TLS" + (" with client certificates" if cfg.tls.client_ca else "")
              if tls is not None else "plaintext", cfg.service.socket_path, cfg.service.db_path)
-    svc = RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server)
+    svc = RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server,
+                         role=role)
     watch_history(svc, cfg.service.history_check_s)
     if cfg.service.metrics_address:
         def queue_age() -> float | None:
@@ -177,7 +185,10 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     if cfg.admission.table_path:
         svc.admission_archive = TableArchive(archive_path(str(cfg.service.db_path)))
         svc.admission_publisher = AdmissionPublisher(handler, cfg, svc.admission_archive,
-                                                     reader_gid=slurmctld_gid(authorizer)).start()
+                                                     reader_gid=slurmctld_gid(authorizer))
+        if role is not None:  # the standby publishes nothing: the writer's table is the one
+            svc.admission_publisher.tick = only_while_writer(svc.admission_publisher.tick, role)
+        svc.admission_publisher.start()
         if monitor is not None:  # the gate file follows each queue snapshot, first
             monitor.on_poll = chain(svc.admission_publisher.on_queue_poll, monitor.on_poll)
         log.info("admission table: published at %s (gate %s.gate), rebuilt at most every %.0f s",
@@ -185,11 +196,46 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     catchup = None
     if cfg.admission.table_path and slurm is not None:  # the plugin's table-made decisions, learned from Slurm
         catchup = attach_catchup(handler, slurm, monitor, svc.admission_archive, svc._watch_stop,
-                                 poll_s=cfg.policy.queue_poll_s, window_s=cfg.service.reconcile_window_s)
+                                 poll_s=cfg.policy.queue_poll_s, window_s=cfg.service.reconcile_window_s,
+                                 gate=None if role is None else lambda call: only_while_writer(call, role, 0))
+    if monitor is not None and role is not None:  # re-decisions, requeues, the gate file, catch-up
+        monitor.on_poll = only_while_writer(monitor.on_poll, role) if monitor.on_poll is not None else None
     if slurm is not None:
-        Reconciler(store, slurm, cfg.service.reconcile_window_s, cfg.service.reconcile_settle_s,
-                   time.time, catchup).start(cfg.service.reconcile_s, svc._watch_stop)
+        reconciler = Reconciler(store, slurm, cfg.service.reconcile_window_s, cfg.service.reconcile_settle_s,
+                                time.time, catchup)
+        if role is not None:
+            reconciler.run_once = only_while_writer(reconciler.run_once, role)
+            # a new writer checks at once what the last one left (off the role thread: it renews the lease)
+            role.on_change.append(lambda writer: writer and threading.Thread(
+                target=reconciler.run_once, name="reconcile-now", daemon=True).start())
+        reconciler.start(cfg.service.reconcile_s, svc._watch_stop)
+    if role is not None:
+        role.start()
     return svc
+
+
+def open_store(cfg: Config, accept_empty: bool) -> HistoryStore:
+    """The history; with [ha] enabled every write is fenced by this service's writer lease."""
+    if cfg.ha.enabled:
+        return HistoryStore(cfg.service.db_path, accept_empty=accept_empty, fence=holder_name(cfg.ha))
+    return HistoryStore(cfg.service.db_path, accept_empty=accept_empty)
+
+
+def follow_role(cfg: Config, store: HistoryStore, handler: PolicyHandler, authorizer) -> RoleKeeper:
+    """[ha] enabled: the writer role, taken once before serving (a service that may write starts
+    as writer), then kept by its thread; events are refused and background writes skipped while
+    standby."""
+    role = RoleKeeper(store, cfg.ha)
+    handler.standby = role.standby_reason
+    slurm_uid = getattr(getattr(authorizer, "trust", None), "slurm_uid", None)
+
+    def local_admit(uid: int | None) -> None:
+        if uid in (0, slurm_uid):
+            role.local_admit()
+
+    handler.on_local_admit = local_admit
+    role.step()
+    return role
 
 
 def reload_mode(svc: RunningService, running: Config, reload: Callable[[], Config]) -> Config:

@@ -266,12 +266,15 @@ def chain(*calls: Callable | None) -> Callable:
 
 
 def attach(handler, slurm, monitor, archive, stop: threading.Event, *, poll_s: float,
-           window_s: float) -> AdmissionCatchup:
+           window_s: float, gate: Callable[[Callable], Callable] | None = None) -> AdmissionCatchup:
     """Catch-up wired into the service (server.start_service, when a table is published): hook
     events (the handler's correlator), the queue poll (``monitor``; None: a poll of its own every
-    ``poll_s``) and a first sweep now; the caller passes it to the Reconciler for the rounds."""
+    ``poll_s``) and a first sweep now; the caller passes it to the Reconciler for the rounds.
+    ``gate``: wraps what records decisions (two controllers: only the writer records, docs/ha.md)."""
     catchup = AdmissionCatchup(handler.store, handler.decisions, archive, slurm, metrics=handler.metrics,
                                window_s=window_s)
+    if gate is not None:
+        catchup.learn = gate(catchup.learn)
     handler.correlation.catch_up = catchup.of_instances
     if monitor is not None:  # first: a pending job's re-decision (adapters/redecide.py) reads its decision
         monitor.on_poll = chain(catchup.on_queue_poll, monitor.on_poll)

@@ -82,6 +82,8 @@ def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None, gid
                                f"bad {method.value[0]} request: {str(exc)[:300]}") from None
         t0 = time.perf_counter()
         reply = method.call(handler, msg, Caller.peer(uid, gid))
+        if method is Method.ADMIT and not msg.dry_run and handler.on_local_admit is not None:
+            handler.on_local_admit(uid)  # only the slurmctld in control runs job_submit (docs/ha.md)
         if method is Method.ADMIT:
             handler.metrics.admit.labels(transport="socket").observe(time.perf_counter() - t0)
         body = {"response": json_codec.to_dict(reply)}

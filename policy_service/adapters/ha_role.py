@@ -1,0 +1,223 @@
+"""The writer role of a service on one of two controller hosts (docs/ha.md; decisions in core/ha.py).
+
+``RoleKeeper`` reads the signals (the role file that ``swapaware ha primary-on|primary-off``
+write, the controller's own answer where a probe is given, Admits arriving on the local socket),
+and every ``ha.renew_s`` claims, renews or releases the store's writer lease. ``is_writer()`` is
+what the service's writing threads ask; the store's fence (``HistoryStore(..., fence=holder)``)
+refuses any write of a holder whose lease is gone, whatever this thread believes. Every change
+of role is logged with why.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from policy_service.config import HaConfig
+from policy_service.core.ha import (Control, LeaseAction, LeaseView, Role, Signals, control, lease_step, parse_role,
+                                    standby_message, unsafe_owner, writer_until)
+
+log = logging.getLogger("swapaware.ha")
+
+
+def holder_name(cfg: HaConfig) -> str:
+    """This service's name in the lease: ``ha.holder``, else the short host name."""
+    return cfg.holder or socket.gethostname().split(".")[0]
+
+
+def trusted_uids() -> tuple[int, ...]:
+    return tuple(sorted({0, os.geteuid()}))
+
+
+def read_role_file(path: Path) -> tuple[Role | None, float | None, str]:
+    """(role, mtime, why it is not used or ""). A file or directory that another user could have
+    written is not used."""
+    try:
+        for what, st in ((f"{path.parent}", os.stat(path.parent)), (f"{path}", os.stat(path))):
+            bad = unsafe_owner(what, st.st_uid, st.st_mode, trusted_uids())
+            if bad:
+                return None, None, bad
+        role = parse_role(path.read_text(errors="replace")[:200])
+    except FileNotFoundError:
+        return None, None, ""
+    except OSError as exc:
+        return None, None, f"{path}: {exc.strerror or exc}"
+    return role, st.st_mtime, "" if role is not None else f"{path} says neither primary nor backup"
+
+
+def lease_view(lease) -> LeaseView | None:
+    """core's view of the store's WriterLease (holder, epoch, expires_at, now)."""
+    if lease is None:
+        return None
+    return LeaseView(holder=lease.holder, epoch=int(lease.epoch), expires_at=float(lease.expires_at),
+                     now=float(lease.now))
+
+
+class RoleKeeper:
+    """``store``: a HistoryStore with claim_writer / release_writer / writer. ``probe``: the
+    controller's own answer (Role or None when it cannot tell), None: not asked."""
+
+    def __init__(self, store, cfg: HaConfig, *, probe: Callable[[], Role | None] | None = None,
+                 wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic):
+        self.store, self.cfg, self.probe, self.wall, self.mono = store, cfg, probe, wall, mono
+        self.holder = holder_name(cfg)
+        # an Admit on the local socket within this long counts as this slurmctld being in control
+        self.admit_fresh_s = max(30.0, 3 * cfg.lease_ttl_s)
+        self.margin_s = min(1.0, cfg.lease_ttl_s / 10)
+        self._until = float("-inf")  # monotonic: counted as writer until then
+        self._writer: str | None = None  # the holder last seen
+        self._epoch = 0
+        self._local_admit_at: float | None = None
+        self._said: tuple | None = None  # the last role logged, with its reason
+        self._role_file_problem = ""
+        self._store_error = ""
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.on_change: list[Callable[[bool], None]] = []  # called with is_writer() when it changes
+        self.last_control: Control | None = None
+
+    # ------------------------------------------------------------------ what others ask
+    def is_writer(self) -> bool:
+        return self.mono() < self._until
+
+    def writer(self) -> str | None:
+        """Who writes, as last seen (this service's holder name while it is the writer)."""
+        return self.holder if self.is_writer() else self._writer
+
+    def standby_reason(self) -> str | None:
+        """None while this service writes; else what a write is answered (UNAVAILABLE)."""
+        return None if self.is_writer() else standby_message(self._writer)
+
+    def local_admit(self) -> None:
+        """slurmctld's Admit arrived on the local socket: this host's slurmctld runs job_submit."""
+        self._local_admit_at = self.wall()
+        if not self.is_writer():
+            self._wake.set()
+
+    def status(self) -> dict:
+        c = self.last_control
+        return {"holder": self.holder, "writer": self.writer(), "epoch": self._epoch, "is_writer": self.is_writer(),
+                "in_control": None if c is None else c.in_control, "why": "" if c is None else c.why}
+
+    # ------------------------------------------------------------------ one round
+    def signals(self) -> Signals:
+        role, at, problem = read_role_file(self.cfg.role_file)
+        if problem != self._role_file_problem:
+            if problem:
+                log.error("ha: role file not used: %s", problem)
+            self._role_file_problem = problem
+        answer = None
+        if self.probe is not None:
+            try:
+                answer = self.probe()
+            except Exception as exc:  # noqa: BLE001 - the other signals still count
+                log.debug("ha: the controller's answer is not known: %s", exc)
+        return Signals(now=self.wall(), role_file=role, role_file_at=at, controller=answer,
+                       local_admit_at=self._local_admit_at)
+
+    def step(self) -> bool:
+        """One round: read the signals, claim / renew / release the lease. Returns is_writer()."""
+        with self._lock:
+            was = self.is_writer()
+            ctl = control(self.signals(), self.admit_fresh_s)
+            self.last_control = ctl
+            why = ctl.why
+            try:
+                view = lease_view(self.store.writer())
+                step = lease_step(ctl, view, self.holder)
+                why = step.why
+                if step.action is LeaseAction.CLAIM:
+                    started = self.mono()
+                    got = lease_view(self.store.claim_writer(self.holder, self.cfg.lease_ttl_s))
+                    if got is not None and got.holder == self.holder:
+                        self._until = writer_until(started, self.cfg.lease_ttl_s, self.margin_s)
+                        self._writer, self._epoch = self.holder, got.epoch
+                    else:
+                        self._until = float("-inf")
+                        now_view = got or lease_view(self.store.writer())
+                        self._writer = now_view.holder if now_view is not None and now_view.expires_at > now_view.now \
+                            else None
+                elif step.action is LeaseAction.RELEASE:
+                    self._until = float("-inf")  # stop writing before the lease goes
+                    self.store.release_writer(self.holder)
+                    self._writer = None
+                else:
+                    self._until = float("-inf")
+                    self._writer = view.holder if view is not None and view.expires_at > view.now else None
+                if self._store_error:
+                    log.warning("ha: the history answers again")
+                self._store_error = ""
+            except Exception as exc:  # noqa: BLE001 - an unreachable store: our lease runs out by itself
+                msg = f"{type(exc).__name__}: {exc}"
+                if msg != self._store_error:
+                    log.error("ha: cannot read or claim the writer lease (%s); %s", msg,
+                              "writing until the lease runs out" if self.is_writer() else "standby")
+                self._store_error = msg
+            now_writer = self.is_writer()
+            self._say(now_writer, why)
+        if now_writer != was:
+            for call in self.on_change:
+                try:
+                    call(now_writer)
+                except Exception:  # noqa: BLE001
+                    log.exception("ha: after the role change")
+        return now_writer
+
+    def _say(self, writer: bool, why: str) -> None:
+        said = (writer, self._writer)
+        if said == self._said:
+            return
+        if writer:
+            log.warning("ha: %s is now the writer (epoch %d): %s", self.holder, self._epoch, why)
+        else:
+            log.warning("ha: %s is standby, writer is %s: %s", self.holder, self._writer or "nobody", why)
+        self._said = said
+
+    # ------------------------------------------------------------------ the thread
+    def start(self) -> "RoleKeeper":
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.step()
+                except Exception:  # noqa: BLE001 - the thread must outlive anything
+                    log.exception("ha: role round failed")
+                self._wake.wait(self.cfg.renew_s)
+                self._wake.clear()
+
+        self._thread = threading.Thread(target=loop, name="ha-role", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread and give the lease back (after the service's last write)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.release()
+
+    def release(self) -> None:
+        with self._lock:
+            if self.is_writer():
+                self._until = float("-inf")
+                try:
+                    self.store.release_writer(self.holder)
+                    log.warning("ha: %s gave the writer lease back (stopping)", self.holder)
+                except Exception as exc:  # noqa: BLE001 - it expires by itself
+                    log.error("ha: the writer lease not given back (%s); it expires in %.0f s", exc,
+                              self.cfg.lease_ttl_s)
+
+
+def only_while_writer(call: Callable, role: RoleKeeper, default=None) -> Callable:
+    """``call`` run only while ``role`` is the writer (else ``default`` is returned)."""
+    def gated(*args, **kwargs):
+        if not role.is_writer():
+            return default
+        return call(*args, **kwargs)
+    return gated
