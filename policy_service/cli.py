@@ -13,7 +13,7 @@ import grpc
 from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import configured_client
+from policy_service.client import FailoverClient, configured_client, service_addresses
 from policy_service.config import Config, ConfigError, LinkKind, UnsafeTokenFile, load_config, read_token
 from policy_service.core.request import script_fingerprint
 
@@ -131,14 +131,21 @@ def explain(job_id, decision_id, script, gres, job_name, user, comment, as_json,
     else:
         req = pb.ExplainRequest(decision_id=decision_id)
     try:
-        with configured_client(cfg, cfg.hooks.service_address, max(cfg.hooks.deadline_s, 5.0),
-                               _readable_token(cfg.hooks.token_file)) as client:
+        with cli_client(cfg, max(cfg.hooks.deadline_s, 5.0), _readable_token(cfg.hooks.token_file)) as client:
             resp = client.explain(req)
     except ConfigError as exc:
         raise click.ClickException(f"configuration: {exc}") from None
     except grpc.RpcError as exc:
         raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
     click.echo(json_format.MessageToJson(resp) if as_json else render_explain(resp))
+
+
+def cli_client(cfg: Config, deadline_s: float, token: str | None):
+    """The CLI's client: ``ha.controllers`` in turn where set (docs/ha.md), else hooks.service_address."""
+    addresses = service_addresses(cfg, cfg.hooks.service_address)
+    if len(addresses) == 1:
+        return configured_client(cfg, addresses[0], deadline_s, token)
+    return FailoverClient(lambda a: configured_client(cfg, a, deadline_s, token), addresses, deadline_s)
 
 
 def _readable_token(path: str) -> str | None:
@@ -160,7 +167,7 @@ def replay_spool(config: str | None) -> None:
     from slurm_plugin.hooks import replay_main
 
     cfg = _load(config)
-    result = replay_main(cfg.hooks, cfg.auth, cfg.tls)
+    result = replay_main(cfg.hooks, cfg.auth, cfg.tls, cfg.ha)
     click.echo(json.dumps(result.__dict__))
     if result.stopped_by:
         sys.exit(1)
@@ -203,10 +210,11 @@ def show_config(config: str | None) -> None:
 def _register_subsystem_commands() -> None:
     """Commands that live beside their subsystems."""
     from policy_service.admin import doctor_command, gres_conf_command
+    from policy_service.ha_cli import ha_command
     from policy_service.report import report_command
     from policy_service.sim.cli import simulate_command
 
-    for cmd in (doctor_command, gres_conf_command, report_command, simulate_command):
+    for cmd in (doctor_command, gres_conf_command, ha_command, report_command, simulate_command):
         main.add_command(cmd)
 
 

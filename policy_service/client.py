@@ -8,6 +8,9 @@ those bytes and sends those bytes."""
 from __future__ import annotations
 
 import logging
+import time
+from pathlib import Path
+from typing import Callable, Sequence
 
 import grpc
 
@@ -88,16 +91,128 @@ class PolicyClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def call(self, method: str, request):
-        """Call an RPC by its proto name ('Admit', 'JobFinished', ...)."""
+    def call(self, method: str, request, timeout_s: float | None = None):
+        """Call an RPC by its proto name ('Admit', 'JobFinished', ...); ``timeout_s``: this call's
+        deadline (default: the client's)."""
         raw = serialised(request)
-        return self._calls[method](raw, timeout=self.deadline_s, metadata=self.metadata(method_path(method), raw))
+        return self._calls[method](raw, timeout=self.deadline_s if timeout_s is None else timeout_s,
+                                   metadata=self.metadata(method_path(method), raw))
 
     def admit(self, job: pb.JobFacts, dry_run: bool = False) -> pb.AdmitResponse:
         return self.call("Admit", pb.AdmitRequest(job=job, dry_run=dry_run))
 
     def explain(self, request: pb.ExplainRequest) -> pb.ExplainResponse:
         return self.call("Explain", request)
+
+
+# A service that cannot take the call now: the next address may (a standby answers UNAVAILABLE
+# "standby: writer is <h>"; a connect error is UNAVAILABLE too). Events carry ids: one applied by a
+# service whose answer came too late is not applied again by the next.
+MOVE_ON = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def attempt_order(addresses: Sequence[str], last_good: str | None) -> list[str]:
+    """The addresses in the order to try: the one that answered last first, then the others."""
+    order = list(dict.fromkeys(addresses))
+    if last_good in order:
+        order.remove(last_good)
+        order.insert(0, last_good)
+    return order
+
+
+def attempt_timeout(left_s: float, remaining: int) -> float:
+    """One attempt's deadline: an equal share of what is left among the addresses still to try."""
+    return left_s / max(1, remaining)
+
+
+class FailoverClient:
+    """``PolicyClient``'s ``call`` over several services (two controllers: docs/ha.md): the one
+    that answered last first, the next on UNAVAILABLE or a passed deadline, all within one
+    deadline; the last error is raised when none took the call. ``remember``: a file keeping the
+    address that answered across processes (the hooks); None: this process only."""
+
+    def __init__(self, make: Callable[[str], PolicyClient], addresses: Sequence[str], deadline_s: float,
+                 remember: Path | None = None, clock: Callable[[], float] = time.monotonic):
+        if not addresses:
+            raise ValueError("no service address")
+        self.addresses, self.deadline_s, self.remember, self.clock = tuple(addresses), deadline_s, remember, clock
+        self._make = make
+        self._clients: dict[str, PolicyClient] = {}
+        self.last_good: str | None = self._recall()
+        self.address = self.last_good or self.addresses[0]
+
+    def _recall(self) -> str | None:
+        if self.remember is None:
+            return None
+        try:
+            text = self.remember.read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return text if text in self.addresses else None
+
+    def _keep(self, address: str) -> None:
+        if address == self.last_good:
+            return
+        self.last_good = self.address = address
+        if self.remember is not None:
+            try:
+                self.remember.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                tmp = self.remember.with_name(f".{self.remember.name}.tmp")
+                tmp.write_text(address + "\n")
+                tmp.replace(self.remember)
+            except OSError as exc:
+                log.debug("cannot keep the answering service in %s: %s", self.remember, exc)
+
+    def client(self, address: str) -> PolicyClient:
+        if address not in self._clients:
+            self._clients[address] = self._make(address)
+        return self._clients[address]
+
+    def call(self, method: str, request):
+        end = self.clock() + self.deadline_s
+        order = attempt_order(self.addresses, self.last_good)
+        last: grpc.RpcError | None = None
+        for i, address in enumerate(order):
+            left = end - self.clock()
+            if left <= 0:
+                break
+            try:
+                reply = self.client(address).call(method, request, timeout_s=attempt_timeout(left, len(order) - i))
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                if code not in MOVE_ON:
+                    raise
+                log.info("%s: %s at %s (%s); trying the next service", method, code.name, address,
+                         exc.details() if hasattr(exc, "details") else exc)
+                last = exc
+                continue
+            self._keep(address)
+            return reply
+        if last is None:  # the deadline passed before any try
+            raise TimeoutError(f"{method}: no time left to reach {', '.join(order)}")
+        raise last
+
+    def admit(self, job: pb.JobFacts, dry_run: bool = False) -> pb.AdmitResponse:
+        return self.call("Admit", pb.AdmitRequest(job=job, dry_run=dry_run))
+
+    def explain(self, request: pb.ExplainRequest) -> pb.ExplainResponse:
+        return self.call("Explain", request)
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
+
+    def __enter__(self) -> "FailoverClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def service_addresses(cfg, single: str) -> tuple[str, ...]:
+    """Where the clients of ``cfg`` find the service: ``ha.controllers`` when set, else ``single``."""
+    return tuple(cfg.ha.controllers) or (single,)
 
 
 def configured_client(cfg, address: str, deadline_s: float, token: str | None = None) -> PolicyClient:

@@ -664,7 +664,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from slurm_plugin.replayer import SpoolReplayer
 
         replay_hooks = dataclasses.replace(cfg.hooks, deadline_s=max(cfg.hooks.deadline_s, REPLAY_DEADLINE_S))
-        agent.replayer = SpoolReplayer(cfg.hooks.spool_dir, lambda: hook_client(replay_hooks, cfg.auth, cfg.tls),
+        agent.replayer = SpoolReplayer(cfg.hooks.spool_dir, lambda: hook_client(replay_hooks, cfg.auth, cfg.tls, cfg.ha),
                                        agent_cfg.replay_interval_s, agent_cfg.replay_max_backoff_s)
         agent.replayer.start(done)
         log.info("delivering the hooks' spool %s every %.0f s (backoff up to %.0f s)", cfg.hooks.spool_dir,

@@ -16,13 +16,15 @@ import socket
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Mapping
 
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import PolicyClient, configured_client, munge_socket_for, token_refusal
-from policy_service.config import AuthConfig, Config, ConfigError, HookConfig, TlsConfig, load_config, read_token
+from policy_service.client import FailoverClient, PolicyClient, configured_client, munge_socket_for, token_refusal
+from policy_service.config import (AuthConfig, Config, ConfigError, HaConfig, HookConfig, TlsConfig, load_config,
+                                   read_token)
 from slurm_plugin import agent_client, spool
 from slurm_plugin.job_env import parse_gpu_indices  # noqa: F401  (hooks.parse_gpu_indices: API)
 
@@ -105,37 +107,52 @@ def apply_telemetry(req: pb.JobFinishedRequest, t: dict) -> None:
             log.info("job %s: agent suspected OOM (%s) but the job exited 0: not an OOM", req.job_id, evidence)
 
 
-def hook_client(hooks: HookConfig, auth: AuthConfig | None = None, tls: TlsConfig | None = None) -> PolicyClient:
+def hook_client(hooks: HookConfig, auth: AuthConfig | None = None, tls: TlsConfig | None = None,
+                ha: HaConfig | None = None) -> PolicyClient | FailoverClient:
     """A client carrying the hooks' token when one is configured and a MUNGE credential per call
     where ``auth`` says (default: where munged runs), over TLS where ``tls.ca`` is set. An
     unreadable token file or TLS file, a token file others may read, or a token that would go in
     plaintext to another host is logged and the call goes out without it: the service refuses it
-    (unless MUNGE identifies the node) and the event is spooled."""
+    (unless MUNGE identifies the node) and the event is spooled. With ``ha.controllers`` (two
+    controllers, docs/ha.md): each in turn, the one that answered last first (kept in the spool
+    directory), within the one deadline."""
     cfg = Config(auth=auth or AuthConfig(), tls=tls or TlsConfig())
     try:
         token = read_token(hooks.token_file)
-        refused = token_refusal(cfg, hooks.service_address) if token else None
-        if refused:
-            raise ConfigError(refused)
     except ConfigError as exc:
         log.error("%s; events go without the token (spooled if the service needs it)", exc)
         token = None
+    addresses = tuple(ha.controllers) if ha is not None else ()
+    if not addresses:
+        return _one_client(hooks, cfg, token, hooks.service_address)
+    return FailoverClient(lambda address: _one_client(hooks, cfg, token, address), addresses, hooks.deadline_s,
+                          remember=Path(hooks.spool_dir) / LAST_SERVICE_FILE)
+
+
+LAST_SERVICE_FILE = ".last-service"  # in hooks.spool_dir: the controller's service that answered last
+
+
+def _one_client(hooks: HookConfig, cfg: Config, token: str | None, address: str) -> PolicyClient:
+    refused = token_refusal(cfg, address) if token else None
+    if refused:
+        log.error("%s; events go without the token (spooled if the service needs it)", refused)
+        token = None
     try:
-        return configured_client(cfg, hooks.service_address, hooks.deadline_s, token)
+        return configured_client(cfg, address, hooks.deadline_s, token)
     except ConfigError as exc:
         # Never plaintext where TLS is configured (the token and the events would go to whoever
         # answers): TLS that trusts only the system's CAs, which fails against the cluster's own CA.
         log.error("%s: events will be spooled until it is fixed", exc)
-        return PolicyClient(hooks.service_address, hooks.deadline_s, token, munge_socket=munge_socket_for(cfg.auth),
+        return PolicyClient(address, hooks.deadline_s, token, munge_socket=munge_socket_for(cfg.auth),
                             tls=grpc.ssl_channel_credentials())
 
 
-def deliver(hooks: HookConfig, method: str, request, client: PolicyClient | None = None,
-            auth: AuthConfig | None = None, tls: TlsConfig | None = None) -> bool:
+def deliver(hooks: HookConfig, method: str, request, client: PolicyClient | FailoverClient | None = None,
+            auth: AuthConfig | None = None, tls: TlsConfig | None = None, ha: HaConfig | None = None) -> bool:
     """Replay what is spooled, then send ``request``; spool it if the service cannot take it.
     Returns True when the service took it now."""
     own = client is None
-    client = client or hook_client(hooks, auth, tls)
+    client = client or hook_client(hooks, auth, tls, ha)
     try:
         result = spool.replay(hooks.spool_dir, client.call, hooks.replay_batch)
         if result.sent or result.rejected:
@@ -186,7 +203,7 @@ def run_prolog(env: Mapping[str, str], cfg: Config, now: float) -> None:
     uid = env.get("SLURM_JOB_UID", "")
     agent_client.notify_start(cfg.hooks, req.job_id, list(req.gpu_indices), int(uid) if uid.isdigit() else None,
                               sluid=sluid_of(env) or None)  # 25.11+; names the cgroup on 26.05
-    deliver(cfg.hooks, "JobStarted", req, auth=cfg.auth, tls=cfg.tls)
+    deliver(cfg.hooks, "JobStarted", req, auth=cfg.auth, tls=cfg.tls, ha=cfg.ha)
 
 
 def run_epilog(env: Mapping[str, str], cfg: Config, now: float) -> None:
@@ -197,7 +214,7 @@ def run_epilog(env: Mapping[str, str], cfg: Config, now: float) -> None:
         choose(cfg)[0].release(job_id)
     except Exception as exc:  # noqa: BLE001 -- never fails the epilog
         log.warning("enforcement release: %s", exc)
-    deliver(cfg.hooks, "JobFinished", finished_request(env, now, telemetry), auth=cfg.auth, tls=cfg.tls)
+    deliver(cfg.hooks, "JobFinished", finished_request(env, now, telemetry), auth=cfg.auth, tls=cfg.tls, ha=cfg.ha)
 
 
 def _main(name: str, fn) -> None:
@@ -220,8 +237,9 @@ def epilog_main() -> None:
 REPLAY_LOCK_WAIT_S = 120.0  # an agent's replay is bounded by its RPC deadlines
 
 
-def replay_main(hooks: HookConfig, auth: AuthConfig | None = None, tls: TlsConfig | None = None) -> spool.ReplayResult:
-    with hook_client(hooks, auth, tls) as client:
+def replay_main(hooks: HookConfig, auth: AuthConfig | None = None, tls: TlsConfig | None = None,
+                ha: HaConfig | None = None) -> spool.ReplayResult:
+    with hook_client(hooks, auth, tls, ha) as client:
         # An admin's replay waits for the agent's (which may be delivering the same files) to end.
         return spool.replay(hooks.spool_dir, client.call, max_events=10**9, wait_s=REPLAY_LOCK_WAIT_S)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from policy_service.config import HaConfig
-from policy_service.core.ha import (Control, LeaseAction, LeaseView, Role, Signals, control, lease_step, parse_role,
+from policy_service.core.ha import (ROLE_FILE_MODE, Control, LeaseAction, LeaseView, Role, Signals, control, lease_step, parse_role,
                                     standby_message, unsafe_owner, writer_until)
 
 log = logging.getLogger("swapaware.ha")
@@ -221,3 +221,23 @@ def only_while_writer(call: Callable, role: RoleKeeper, default=None) -> Callabl
             return default
         return call(*args, **kwargs)
     return gated
+
+
+def write_role(path: Path, role: Role, now: float) -> None:
+    """Write ``role`` to the role file atomically (a new file renamed over it, 0644), in a
+    directory that only root or this user may write (created 0755 where missing). OSError, or
+    PermissionError saying why the directory is not trusted."""
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    st = os.stat(path.parent)
+    bad = unsafe_owner(str(path.parent), st.st_uid, st.st_mode, trusted_uids())
+    if bad:
+        raise PermissionError(f"{bad}: the service would not trust a role file there")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, ROLE_FILE_MODE)
+    try:
+        os.fchmod(fd, ROLE_FILE_MODE)
+        os.write(fd, f"{role.value} {now:.3f}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
