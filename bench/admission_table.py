@@ -1,4 +1,4 @@
-"""Admission table: build time, file size and a plain-Python json.load time at N keys.
+"""Admission table: build time, file size and the plugin's reload time (real Lua 5.1) at N keys.
 
     .venv/bin/python bench/admission_table.py --keys 10000 100000
     .venv/bin/python bench/admission_table.py --keys 10000 --admit-latency
@@ -9,7 +9,10 @@ varied by time limit and QoS; the publisher (adapters/admission_publish.py) buil
 through the handler's own decide path, with the default [policy] (4 reachable gate states).
 Printed per N: the cold build (every key decided), a re-publication with nothing changed (same
 version), a rebuild after one class learned an observation (one class's keys decided again, a new
-version written and archived), the table's size, json.load of it, and the archive's size.
+version written and archived), the table's size, the time the job_submit plugin (the tree's
+slurm_plugin/swapaware_table.lua in lua5.1, as bench/lua_table.py) takes to stat, read, index and
+check it (slurmctld holds its Lua mutex meanwhile), its Lua heap, and the archive's size. Written
+for the compact file (core/admission_format.py) and also runs in a tree from before it (JSON).
 --admit-latency: Admit's latency in the same process (the service's GIL switch interval), idle and
 while the publisher's thread builds the table from cold.
 """
@@ -20,7 +23,6 @@ import dataclasses
 import json
 import os
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,6 +41,9 @@ from policy_service.config import AdmissionConfig, Config  # noqa: E402
 from policy_service.core.types import ClassStats, KeyLevel  # noqa: E402
 from policy_service.handler import PolicyHandler  # noqa: E402
 from policy_service.server import GIL_SWITCH_INTERVAL_S  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lua_table import load_seconds  # noqa: E402
 
 GIB = 1024 ** 3
 USERS, NAMES = 100, 10
@@ -70,6 +75,17 @@ def setup(tmp: Path, n: int) -> tuple[PolicyHandler, AdmissionPublisher]:
     store.record([DecisionRecord(f"{i:016x}", now - n + i, "k", "u", "a", "p", "n", "share", 1, "m", {},
                                  facts(i).SerializeToString(), b"") for i in range(n)])
     return handler, AdmissionPublisher(handler, cfg, TableArchive(archive_path(str(tmp / "history.sqlite3"))))
+
+
+def decisions_in(data: bytes) -> tuple[int, int]:
+    """(the table's decisions, one per entry and state; the distinct ones its file holds)."""
+    try:
+        from policy_service.core.admission_format import read_table
+    except ImportError:  # a tree from before the compact file: one JSON object per entry and state
+        states = sum(len(e) - 1 for e in json.loads(data)["entries"].values())
+        return states, states
+    head = json.loads(data.split(b"\n", 2)[1])
+    return sum(len(e) - 1 for e in read_table(data)["entries"].values()), head["decisions"]
 
 
 def timed(fn):
@@ -153,20 +169,15 @@ def main() -> None:
             handler.learned.update(first.values())
             one, t_one = timed(lambda: pub.publish("bench: one class learned"))
             data = pub.table.read_bytes()
-            loaded = json.loads(data)
-            # json.load in a fresh interpreter (this one holds the publisher's caches: its garbage
-            # collector would be timed too)
-            t_load = float(subprocess.run(
-                [sys.executable, "-c", "import json, sys, time; t = time.perf_counter(); json.load(open(sys.argv[1])); "
-                 "print(time.perf_counter() - t)", str(pub.table)], capture_output=True, text=True,
-                check=True).stdout)
-            states = sum(len(e) - 1 for e in loaded["entries"].values())
+            states, distinct = decisions_in(data)
+            t_lua, heap = load_seconds(pub.table, handler.dialect.name)
             arc = os.path.getsize(archive_path(str(tmp / "history.sqlite3")))
-            print(f"keys={n} entries={cold.entries} decisions={states} "
+            print(f"keys={n} entries={cold.entries} decisions={states} ({distinct} distinct in the file) "
                   f"build_cold_s={t_cold:.2f} republish_unchanged_s={t_same:.2f} (same version: {same.reused}) "
                   f"rebuild_one_class_s={t_one:.2f} (new version: {one.version != cold.version}) "
-                  f"table_bytes={len(data)} ({len(data) / n:.0f} per key) json_load_s={t_load:.3f} "
-                  f"archive_bytes={arc} ({arc / 2:.0f} per version for 2 versions)", flush=True)
+                  f"table_bytes={len(data)} ({len(data) / n:.0f} per key) lua_reload_s={t_lua:.3f} "
+                  f"lua_heap_mib={heap:.0f} archive_bytes={arc} ({arc / 2:.0f} per version for 2 versions)",
+                  flush=True)
             pub.archive.close()
             handler.close()
             handler.store.close()

@@ -1,8 +1,12 @@
 """The job_submit plugin's admission table path in the real Lua 5.1 (lua-cjson, lua-posix): the
 time of one table hit (swapaware.submit() of a GPU job whose class the table holds: facts, key,
-lookup, gate state, id, apply) and the time to stat, read, decode and check a table of N entries.
+lookup, gate state, id, apply) and the time to stat, read, index and check a table of N entries
+(what slurmctld spends under its Lua mutex each time the table changed).
 
     .venv/bin/python bench/lua_table.py [--hits 10000] [--entries 10000,100000]
+
+The tables are written in the format the tree's publisher writes (core/admission_format.py; a tree
+from before it: the JSON table), so the same bench measures a tree before and after.
 
 Runs the same Lua state driver as tests/unit/test_lua_table.py (tests/unit/lua_table_driver.lua).
 """
@@ -34,28 +38,48 @@ def synthetic_key(i: int) -> str:
 
 def table(entries: dict, valid_s: float = 3600) -> str:
     now = time.time()
-    return json.dumps({"format": "swapaware-admission/1", "version": "0123456789abcdef", "generated_at": now,
-                       "valid_until": now + valid_s, "dialect": "24.11", "mode": "enforce", "per_qos": False,
-                       "entries": entries})
+    doc = {"format": "swapaware-admission/1", "version": "0123456789abcdef", "generated_at": now,
+           "valid_until": now + valid_s, "dialect": "24.11", "mode": "enforce", "per_qos": False, "entries": entries}
+    try:
+        from policy_service.core.admission_format import render_table
+    except ImportError:  # a tree from before the compact file
+        return json.dumps(doc)
+    from policy_service.core.admission import TABLE_FORMAT
+    return render_table(dict(doc, format=TABLE_FORMAT)).decode()
 
 
-def entries(n: int) -> dict:
-    """n entries, as the publisher writes them: most held as "*", every fourth by state."""
+def load_seconds(path: Path, dialect: str = "24.11", rounds: int = 3) -> tuple[float, float]:
+    """(best seconds to stat, read, index and check ``path`` in the plugin, Lua heap MiB after)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        p = plugin(Path(tmp), path, dialect)
+        try:
+            out = p.req("bench_load", n=rounds)
+        finally:
+            p.close()
+    return out["seconds"], out["memory_kib"] / 1024
+
+
+def entries(n: int, distinct: bool = False) -> dict:
+    """n entries, as the publisher writes them: most held as "*", every fourth by state; the
+    decisions alike across entries, or (``distinct``) each entry's its own (a site factor per entry:
+    the compact file's worst case, one decision line per entry and state)."""
     out = {}
     for i in range(n):
+        sf = {"site_factor": i} if distinct else {}
         if i % 4:
-            out[synthetic_key(i)] = {"i": i, "*": decision(i, "a")}
+            out[synthetic_key(i)] = {"i": i, "*": decision(i, "a", **sf)}
         else:
-            out[synthetic_key(i)] = {"i": i, "short": decision(i, "s", shards=8), "normal": decision(i, "n"),
-                                     "long": decision(i, "l", shards=1), "unknown": decision(i, "u", shards=8)}
+            out[synthetic_key(i)] = {"i": i, "short": decision(i, "s", shards=8, **sf),
+                                     "normal": decision(i, "n", **sf), "long": decision(i, "l", shards=1, **sf),
+                                     "unknown": decision(i, "u", shards=8, **sf)}
     return out
 
 
-def plugin(d: Path, path: Path) -> Plugin:
+def plugin(d: Path, path: Path, dialect: str = "24.11") -> Plugin:
     conf = d / f"etc-{time.monotonic_ns()}"
     conf.mkdir()
     (conf / "swapaware_plugin.conf").write_text(f"socket={d}/none.sock\ntable={path}\ntable_check_ms=1000\n"
-                                                f"table_uids={os.getuid()}\nslurm_release=24.11\n")
+                                                f"table_uids={os.getuid()}\nslurm_release={dialect}\n")
     return Plugin(conf)
 
 
@@ -86,13 +110,13 @@ def bench_hits(d: Path, hits: int) -> None:
 
 def bench_load(d: Path, sizes: list[int], rounds: int = 3) -> None:
     for n in sizes:
-        path = d / f"admission-{n}.json"
-        write_atomic(path, table(entries(n)))
-        p = plugin(d, path)
-        out = p.req("bench_load", n=rounds)
-        print(f"table load, {n} entries: {path.stat().st_size / 1e6:.1f} MB, {out['seconds'] * 1e3:.0f} ms "
-              f"(best of {rounds}: stat, read, cjson.decode, checks), Lua heap {out['memory_kib'] / 1024:.0f} MiB")
-        p.close()
+        for distinct in (False, True):
+            path = d / f"admission-{n}.json"
+            write_atomic(path, table(entries(n, distinct)))
+            seconds, heap = load_seconds(path, rounds=rounds)
+            print(f"table load, {n} entries, decisions {'distinct per entry' if distinct else 'alike'}: "
+                  f"{path.stat().st_size / 1e6:.1f} MB, {seconds * 1e3:.1f} ms (best of {rounds}: stat, read, index, "
+                  f"checks), Lua heap {heap:.0f} MiB", flush=True)
 
 
 def main() -> None:

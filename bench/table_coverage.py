@@ -45,6 +45,7 @@ from policy_service.adapters.admission_archive import TableArchive, archive_path
 from policy_service.adapters.admission_publish import AdmissionPublisher  # noqa: E402
 from policy_service.adapters.history import HistoryStore  # noqa: E402
 from policy_service.config import load_config  # noqa: E402
+from policy_service.core.admission_format import read_table  # noqa: E402
 from policy_service.core.dialect import dialect_for, parse_release  # noqa: E402
 from policy_service.core.policy import parse_admin_comment  # noqa: E402
 from policy_service.handler import HandlerError, PolicyHandler  # noqa: E402
@@ -99,7 +100,7 @@ def published(release: str, facts: list[pb.JobFacts]) -> list[bool]:
                     pass
             publisher = AdmissionPublisher(handler, cfg, TableArchive(archive_path(str(db))))
             publisher.publish("table_coverage")
-            entries = json.loads(publisher.table.read_text())["entries"]
+            entries = read_table(publisher.table.read_bytes())["entries"]
         finally:
             handler.close()
         return [admission.table_key(f) in entries for f in facts]

@@ -14,7 +14,6 @@ and for timing the plugin's Lua inside slurmctld.
 """
 from __future__ import annotations
 
-import json
 import re
 import sqlite3
 import subprocess
@@ -153,6 +152,7 @@ def warm(env: dict[str, str], names: list[str], timeout_s: float = 180) -> float
     """One RPC decision per name (the plugin on, table= off), then wait until the published table
     holds every name's key. Returns the seconds the table took to hold them."""
     from policy_service.core.admission import table_key
+    from policy_service.core.admission_format import read_table
 
     keys = {}
     for name in names:
@@ -168,7 +168,7 @@ def warm(env: dict[str, str], names: list[str], timeout_s: float = 180) -> float
 
     def held() -> bool:
         try:
-            entries = json.loads(path.read_text())["entries"]
+            entries = read_table(path.read_bytes())["entries"]
         except (OSError, ValueError, KeyError):
             return False
         return all(k in entries for k in keys.values())

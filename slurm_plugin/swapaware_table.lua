@@ -1,8 +1,9 @@
 --[[
 swapaware's admission table path (Lua 5.1, inside slurmctld; required by swapaware.lua).
 
-The policy service publishes what it would decide for the job classes it knows (a JSON "class
-table", `table=` in swapaware_plugin.conf) and the queue gate per QoS (`<table>.gate`). A GPU job
+The policy service publishes what it would decide for the job classes it knows (the "class
+table", `table=` in swapaware_plugin.conf, format swapaware-admission/2: a JSON header, the distinct
+decisions as JSON lines, one plain line per key; policy_service/core/admission_format.py) and the queue gate per QoS (`<table>.gate`). A GPU job
 whose class the table holds is decided here with no socket I/O; anything else (no table, a table
 that may not be used, no entry for the job's key, no decision for the gate's state) returns false
 and the job takes the RPC path unchanged. Nothing here raises into slurmctld: swapaware.lua calls
@@ -10,10 +11,15 @@ T.decide under pcall and takes the RPC path on any error.
 
 A table is never used (one log line per distinct reason, then silence until the reason changes)
 when: lua-posix (posix.sys.stat) or lua-cjson is missing, the file is missing or not a regular
-file, its owner is not in table_uids, it is group or other writable, it is not JSON (truncated,
-corrupt), its format or mode is unknown, its dialect is not slurm_release, or valid_until passed.
-The files are stat'ed at most every table_check_ms and read again when (inode, size, mtime)
-changed (the service replaces them by rename, which always gives a new inode).
+file, its owner is not in table_uids, it is group or other writable, it is larger than
+T.MAX_BYTES, it is truncated or corrupt (its header's counts, its lines, its last line "end"), its
+format or mode is unknown, its dialect is not slurm_release, or valid_until passed. The files are
+stat'ed at most every table_check_ms and read again when (inode, size, mtime) changed (the service
+replaces them by rename, which always gives a new inode).
+
+A reload (slurmctld's Lua mutex is held meanwhile) reads the file and indexes its key lines with
+string.find alone: key -> where its line's rest starts. A decision's JSON is decoded the first
+time a job uses it, checked as M.validate checks an RPC reply, and kept for the version.
 
 Settings (swapaware_plugin.conf): table=<path> (empty: off)  table_check_ms=1000
     table_uids=0[,uid...] (who may own the files)  slurm_release=<22.05|24.11|26.05> (absent: any)
@@ -21,7 +27,8 @@ Settings (swapaware_plugin.conf): table=<path> (empty: off)  table_check_ms=1000
 
 local T = {}
 
-T.FORMAT = "swapaware-admission/1"
+T.FORMAT = "swapaware-admission/2"
+T.MAX_BYTES = 256 * 1024 * 1024   -- a larger file is never read (100,000 keys: ~15 MB)
 T.GATE_FORMAT = "swapaware-gate/1"
 T.PLACEHOLDER = "IDIDIDIDIDIDIDID"
 T.MODES = { enforce = true, shadow = true }
@@ -108,6 +115,9 @@ local function check(path, uids)
   if st.st_mode % 32 >= 16 or st.st_mode % 4 >= 2 then   -- S_IWGRP 020, S_IWOTH 002
     return why(path, "writable", "group or other writable (mode %o)", st.st_mode % 4096)
   end
+  if st.st_size > T.MAX_BYTES then
+    return why(path, "size", "%d bytes, more than %d", st.st_size, T.MAX_BYTES)
+  end
   return signature(st)
 end
 
@@ -126,17 +136,66 @@ end
 local cur = { path = nil, checked = -math.huge, sig = nil, tbl = nil }
 local gate = { path = nil, checked = -math.huge, sig = nil, doc = nil }
 
-local function validate_table(path, doc, settings)
-  if doc.format ~= T.FORMAT then return why(path, "format", "format %s unknown", tostring(doc.format)) end
-  if type(doc.entries) ~= "table" then return why(path, "format", "format %s unknown", "without entries") end
-  if type(doc.valid_until) ~= "number" then return why(path, "format", "format %s unknown", "without valid_until") end
-  if type(doc.version) ~= "string" then return why(path, "format", "format %s unknown", "without version") end
-  if not T.MODES[doc.mode] then return why(path, "mode", "mode %s unknown", tostring(doc.mode)) end
-  local rel = settings.slurm_release or ""
-  if rel ~= "" and doc.dialect ~= rel then
-    return why(path, "dialect", "dialect %s, this slurmctld is %s", tostring(doc.dialect), rel)
+local find, sub, match = string.find, string.sub, string.match
+
+local function read_all(path)
+  local f = io.open(path, "rb")
+  if not f then return why(path, "missing", "cannot open it") end
+  local text = f:read("*a")
+  f:close()
+  return text or ""
+end
+
+local function printable(s)
+  return (string.gsub(sub(s, 1, 64), "[^%w%p ]", "?"))
+end
+
+local function broken(path, what)
+  return why(path, "corrupt", "corrupt or truncated (%s)", what)
+end
+
+-- parse(path, text, settings): the class table of a file's text (header fields, where each
+-- decision line starts, key -> where its line goes on after the key), or nil and a reason (logged
+-- once).
+local function parse(path, text, settings)
+  local e1 = find(text, "\n", 1, true)
+  local magic = e1 and sub(text, 1, e1 - 1) or text
+  if magic ~= T.FORMAT then return why(path, "format", "format %s unknown", printable(magic)) end
+  local e2 = find(text, "\n", e1 + 1, true)
+  if not e2 then return broken(path, "no header") end
+  local ok, h = pcall(cjson.decode, sub(text, e1 + 1, e2 - 1))
+  if not ok or type(h) ~= "table" then return broken(path, "header not JSON") end
+  if type(h.entries) ~= "number" then return why(path, "format", "format %s unknown", "without entries") end
+  if type(h.decisions) ~= "number" then return why(path, "format", "format %s unknown", "without decisions") end
+  if type(h.valid_until) ~= "number" then return why(path, "format", "format %s unknown", "without valid_until") end
+  if type(h.version) ~= "string" or not match(h.version, "^[0-9a-f]+$") or #h.version ~= 16 then
+    return why(path, "format", "format %s unknown", "without a 16-hex version")
   end
-  return doc
+  if not T.MODES[h.mode] then return why(path, "mode", "mode %s unknown", tostring(h.mode)) end
+  local rel = settings.slurm_release or ""
+  if rel ~= "" and h.dialect ~= rel then
+    return why(path, "dialect", "dialect %s, this slurmctld is %s", tostring(h.dialect), rel)
+  end
+  if sub(text, -5) ~= "\n" .. "end\n" then return broken(path, "no last line end") end
+  local stop = #text - 3       -- where "end" starts
+  local dec, p = {}, e2 + 1
+  for d = 1, h.decisions do
+    local e = find(text, "\n", p, true)
+    if e == nil or e >= stop then return broken(path, "fewer decision lines than counted") end
+    dec[d] = p      -- where its line starts: decoded at its first use
+    p = e + 1
+  end
+  local index = {}
+  for _ = 1, h.entries do
+    local e = find(text, "\n", p, true)
+    local t = find(text, "\t", p, true)
+    if e == nil or e >= stop or t == nil or t > e then return broken(path, "fewer key lines than counted") end
+    index[sub(text, p, t - 1)] = t + 1
+    p = e + 1
+  end
+  if p ~= stop then return broken(path, "more lines than counted") end
+  return { version = h.version, valid_until = h.valid_until, mode = h.mode, dialect = h.dialect,
+           per_qos = h.per_qos == true, text = text, index = index, dec = dec, plans = {} }
 end
 
 -- current(settings, now_s): the class table that may be used now, or nil (the reason logged).
@@ -152,14 +211,15 @@ function T.current(settings, now_s)
     if not sig then
       cur.sig, cur.tbl, cur.code = nil, nil, code
     elseif sig ~= cur.sig then
-      local doc = read_json(path)
+      local text = read_all(path)
       local after = check(path, settings.table_uids or T.DEFAULTS.table_uids)
       if after ~= sig then
         cur.sig, cur.tbl = nil, nil         -- replaced while read: read it at the next check
         cur.checked = -math.huge
         return nil
       end
-      cur.sig, cur.tbl = sig, doc and validate_table(path, doc, settings)
+      cur.sig, cur.tbl = sig, nil         -- the old table is freed before the new one is indexed
+      cur.tbl = text and parse(path, text, settings)
       if cur.tbl and (logged[path] ~= nil or not cur.announced) then
         cur.announced = true    -- the first load, and the first after one that could not be used
         T.log("admission table %s version %s used (mode %s, dialect %s)", path, cur.tbl.version,
@@ -245,9 +305,10 @@ function T.new_id()
 end
 
 -- Lookup ----------------------------------------------------------------------------------
--- plan(decision, id): the job_desc assignments of a table decision, with the
--- decision id in its AdminComment, or nil when the decision is not one the plugin can apply.
-function T.plan(decision, id)
+-- plan(decision): a decision's job_desc assignments, checked as M.validate checks an RPC reply,
+-- with where its AdminComment's placeholder id starts and ends (the table token follows it), or
+-- nil when the decision is not one the plugin can apply.
+function T.plan(decision)
   if type(decision) ~= "table" or type(decision.set) ~= "table" then return nil end
   local set = {}
   for field, value in pairs(decision.set) do
@@ -263,19 +324,55 @@ function T.plan(decision, id)
       return nil
     end
   end
-  if set.tres_per_node ~= nil and set.tres_per_node ~= "" and not string.match(set.tres_per_node, "^[%w:/,._-]+$") then
+  if set.tres_per_node ~= nil and set.tres_per_node ~= "" and not match(set.tres_per_node, "^[%w:/,._-]+$") then
     return nil
   end
   local ac = set.admin_comment
   if ac == nil then return nil end
-  local a, b = string.find(ac, "id=" .. T.PLACEHOLDER, 1, true)
-  if a == nil then return nil end
-  -- Each template is complete (its tbl=<version>:<i><g> names the state, "a" for an entry held as
-  -- "*"): only the placeholder id changes.
-  set.admin_comment = string.sub(ac, 1, a + 2) .. id .. string.sub(ac, b + 1)
+  local a, b = find(ac, "id=" .. T.PLACEHOLDER, 1, true)
+  -- the token's 29 characters follow: " tbl=" .. version .. ":" .. 7 digits .. letter
+  if a == nil or sub(ac, b + 1, b + 5) ~= " tbl=" or #ac < b + 30 then return nil end
   local msg = decision.message
   if msg ~= nil and type(msg) ~= "string" then return nil end
-  return { set = set, message = msg }
+  return { set = set, message = msg, a = a, b = b }
+end
+
+-- plan_of(tbl, d): decision number d's plan, decoded and checked at its first use; false when
+-- it cannot be applied.
+local function plan_of(tbl, d)
+  local p = tbl.plans[d]
+  if p == nil then
+    local at = tbl.dec[d]
+    local ok, decision = false, nil
+    if at then ok, decision = pcall(cjson.decode, sub(tbl.text, at, find(tbl.text, "\n", at, true) - 1)) end
+    p = ok and T.plan(decision) or false
+    tbl.plans[d] = p
+  end
+  return p
+end
+
+local LETTER = { short = "s", normal = "n", long = "l", unknown = "u" }
+local ESCAPE = { ["\\"] = "\\\\", ["\t"] = "\\t", ["\n"] = "\\n" }
+
+-- entry_at(tbl, key): where the key's line goes on after the key, or nil (no entry).
+local function entry_at(tbl, key)
+  if find(key, "[\\\t\n]") then key = string.gsub(key, "[\\\t\n]", ESCAPE) end
+  return tbl.index[key]
+end
+
+-- pick(tbl, pos, state): (plan, entry number, letter) of the entry's decision in the state, or nil.
+local function pick(tbl, pos, state)
+  local text = tbl.text
+  local number = sub(text, pos, pos + 6)
+  if sub(text, pos + 7, pos + 7) ~= "\t" or not match(number, "^%d%d%d%d%d%d%d$") then return nil end
+  local refs = sub(text, pos + 8, find(text, "\n", pos, true) - 1)
+  local letter = LETTER[state]
+  local d = match(" " .. refs .. " ", " " .. letter .. "(%d+) ")
+  if d == nil then
+    letter, d = "a", match(refs, "^a(%d+)$")
+    if d == nil then return nil end
+  end
+  return plan_of(tbl, tonumber(d)), number, letter
 end
 
 -- decide(M, job_desc, submit_uid, now_s): true when the table decided the job (its assignments
@@ -285,20 +382,23 @@ function T.decide(M, job_desc, submit_uid, now_s)
   local tbl = T.current(settings, now_s)
   if tbl == nil then return false end
   local facts = M.facts(job_desc, submit_uid)
-  local entry = tbl.entries[T.key(facts)]
-  if type(entry) ~= "table" then
+  local pos = entry_at(tbl, T.key(facts))
+  if pos == nil then
     T.counters.table_miss = T.counters.table_miss + 1
     return false
   end
   local state = T.gate_state(settings, tbl.per_qos and facts.qos or "", now_s)
-  local decision = entry[state]
-  if decision == nil then decision = entry["*"] end
-  local p = decision ~= nil and T.plan(decision, T.new_id())
+  local p, number, letter = pick(tbl, pos, state)
   if not p then
     T.counters.table_miss = T.counters.table_miss + 1
     return false
   end
-  M.apply(job_desc, p)
+  local set = {}
+  for k, v in pairs(p.set) do set[k] = v end
+  local ac = p.set.admin_comment
+  set.admin_comment = sub(ac, 1, p.a + 2) .. T.new_id() .. " tbl=" .. tbl.version .. ":" .. number .. letter ..
+    sub(ac, p.b + 31)
+  M.apply(job_desc, { set = set, message = p.message })
   T.counters.table_hit = T.counters.table_hit + 1
   if p.message and p.message ~= "" and slurm and slurm.log_user then
     slurm.log_user("%s", p.message)

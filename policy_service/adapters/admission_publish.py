@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.admission_archive import TableArchive, stored_entry
 from policy_service.config import Config, PolicyMode
-from policy_service.core import admission
+from policy_service.core import admission, admission_format
 from policy_service.core.mode import apply_mode
 from policy_service.handler import HandlerError, PolicyHandler, decision_record
 
@@ -80,22 +81,25 @@ def write_atomically(path: Path, data: bytes | Iterable[bytes], mode: int = 0o64
     return size
 
 
-def _pieces(head: str, built: list, version: str) -> Iterator[bytes]:
-    """The class table's JSON in pieces of about 1 MiB (``head``: the document with empty
-    entries): no copy of the whole table is made, so no single step holds the GIL for long."""
-    assert head.endswith('"entries":{}}')
-    provisional = f"id={admission.PLACEHOLDER_ID} tbl={_PROVISIONAL}:"
-    named = f"id={admission.PLACEHOLDER_ID} tbl={version}:"
-    batch, size = [head[:-3].encode(), b"{"], 0
-    for n, (key, known) in enumerate(built):
-        piece = f"{',' if n else ''}{json.dumps(key)}:{known.text.replace(provisional, named)}".encode()
-        batch.append(piece)
-        size += len(piece)
+def _pieces(doc: dict, built: list) -> Iterator[bytes]:
+    """The class table's file (core/admission_format.py) in pieces of about 1 MiB (``doc``: the
+    document without entries): no copy of the whole table is made, so no single step holds the GIL
+    for long. Each distinct decision is written once; each key's line names its decisions by number."""
+    decisions = admission_format.Decisions()
+    refs = [[(state, decisions.number(text)) for state, _, text in (part.partition("\t")
+                                                                       for part in known.text.split("\n"))]
+            for _, known in built]
+    yield admission_format.header_lines(doc, len(decisions.numbers), len(built)).encode()
+    lines = (admission_format.entry_line(key, known.entry, r) for (key, known), r in zip(built, refs))
+    batch: list[str] = []
+    size = 0
+    for line in itertools.chain(decisions.lines(), lines, (admission_format.END + "\n",)):
+        batch.append(line)
+        size += len(line)
         if size >= 1 << 20:
-            yield b"".join(batch)
+            yield "".join(batch).encode()
             batch, size = [], 0
-    batch.append(b"}}")
-    yield b"".join(batch)
+    yield "".join(batch).encode()
 
 
 class _Known(NamedTuple):
@@ -107,7 +111,7 @@ class _Known(NamedTuple):
     learned: tuple  # observations learned then under the history keys its decisions read (deps)
     deps: tuple
     entry: int  # its entry number
-    text: str  # the entry's JSON under the provisional version ("" : nothing publishable)
+    text: str  # its decisions, one "<state>\t<decision line>" per line (admission_format; "": none publishable)
     templates: tuple  # (its states, digest, body) as the archive stores them (admission_archive.stored_entry)
 
 
@@ -355,7 +359,7 @@ class AdmissionPublisher:
             known = self._decisions(key, facts_pb, self._number(key), context, queues)
             if known is not None and known.text:
                 built.append((key, known))
-                content.update(f"{key}\0{known.text}".encode())
+                content.update(f"{key}\0{known.entry}\0{known.text}".encode())
             if n % 256 == 255:
                 time.sleep(0)  # let Admit's threads in
         for key in set(self._known) - {k for k, _ in keys}:
@@ -368,10 +372,9 @@ class AdmissionPublisher:
         else:
             self.archive.put_stored(version, {known.entry: known.templates for _, known in built})  # before a
             # job can name it
-        head = json.dumps(admission.table_file(version, now, now + self.cfg.admission.valid_s,
-                                               self.handler.dialect.name, mode.value, self.cfg.policy.queue_per_qos,
-                                               {}), separators=(",", ":"))
-        size = write_atomically(self.table, _pieces(head, built, version), TABLE_MODE, self.reader_gid)
+        doc = admission.table_file(version, now, now + self.cfg.admission.valid_s, self.handler.dialect.name,
+                                   mode.value, self.cfg.policy.queue_per_qos, None)
+        size = write_atomically(self.table, _pieces(doc, built), TABLE_MODE, self.reader_gid)
         self._prune(now)
         pub = Publication(version, len(built), sum(len(k.templates[0]) for _, k in built), size,
                           time.monotonic() - started, bool(reused))
@@ -382,12 +385,13 @@ class AdmissionPublisher:
         return pub
 
     def _fragment(self, i: int, decisions: dict, jr, keys: dict, facts: pb.JobFacts) -> tuple[str, tuple]:
-        """(the entry's JSON, its templates in stored form) under the provisional version: the
-        publication's version replaces it in the text; the archive stores templates without it.
-        ("", ()) when no state has a publishable decision."""
+        """(the entry's decisions as ``_Known.text``, its templates in stored form) under the
+        provisional version: the file's decisions hold no token (the plugin writes it), the
+        archive stores templates without the version. ("", ()) when no state has a publishable
+        decision."""
         max_chars = self.cfg.policy.admin_comment_max_chars
         rewrites = {s: d.rewrite for s, d in decisions.items()}
-        entry: dict = {"i": i}
+        lines = []
         records = {}
         for state, ref in admission.entry_refs(_PROVISIONAL, i, rewrites).items():
             d = decisions[next(iter(decisions)) if state == admission.ALL_STATES else state]
@@ -395,12 +399,12 @@ class AdmissionPublisher:
             decision = admission.table_decision(rw) if rw is not None else None
             if decision is None:
                 continue
-            entry[state] = decision
+            lines.append(f"{state}\t{admission_format.decision_text(decision)}")
             reasons = admission.template_reasons(d.reasons, state, self.cfg)
             records[state] = decision_record(dataclasses.replace(d, rewrite=rw, reasons=reasons), jr, keys, facts)
         if not records:
             return "", ()
-        return json.dumps(entry, separators=(",", ":")), (tuple(records), *stored_entry(_PROVISIONAL, i, records))
+        return "\n".join(lines), (tuple(records), *stored_entry(_PROVISIONAL, i, records))
 
     def _prune(self, now: float) -> None:
         keep_s = self.cfg.admission.valid_s + self.cfg.service.reconcile_window_s

@@ -34,7 +34,7 @@ from policy_service.core.estimator import usable_level
 from policy_service.core.policy import parse_admin_comment, queue_gate_state
 from policy_service.core.types import ClassStats, KeyLevel, QueueState, Reason, ReasonCode, Rewrite
 
-TABLE_FORMAT = "swapaware-admission/1"
+TABLE_FORMAT = "swapaware-admission/2"  # the compact, line-oriented file: core/admission_format.py
 GATE_FORMAT = "swapaware-gate/1"
 SEP = "\x1f"
 PLACEHOLDER_ID = "IDIDIDIDIDIDIDID"  # 16 characters, as a decision id: truncation is the same
@@ -214,8 +214,9 @@ def entry_refs(version: str, entry: int, per_state: Mapping[str, Rewrite]) -> di
 
 
 def table_file(version: str, generated_at: float, valid_until: float, dialect: str, mode: str, per_qos: bool,
-               entries: Mapping[str, dict]) -> dict:
-    """The class table as the JSON object the plugin reads."""
+               entries: Mapping[str, dict] | None) -> dict:
+    """The class table as a document (``entries``: key -> {"i": n, state: decision}); its file is
+    ``render_table`` of it."""
     return {"format": TABLE_FORMAT, "version": version, "generated_at": generated_at, "valid_until": valid_until,
             "dialect": dialect, "mode": mode, "per_qos": per_qos, "entries": entries}
 

@@ -33,6 +33,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.slurm import PendingJob
 from policy_service.config import PolicyMode, load_config
 from policy_service.core import admission
+from policy_service.core.admission_format import read_table
 from policy_service.core.types import ReasonCode
 from policy_service.handler import HandlerError
 from policy_service.server import start_service
@@ -228,7 +229,7 @@ def gate_state(doc: dict, qos: str, per_qos: bool, now: float) -> str:
 def unversioned(table: Path) -> dict[str, str]:
     """The class table's entries without the version in their tokens."""
     return {k: re.sub(r"tbl=[0-9a-f]{16}:", "tbl=", json.dumps(v, sort_keys=True))
-            for k, v in json.loads(table.read_text())["entries"].items()}
+            for k, v in read_table(table.read_bytes())["entries"].items()}
 
 
 def queue_state_of(h) -> tuple[dict, str]:
@@ -315,7 +316,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
             publisher.publish("differential test: classes learned")
             relearned = sum(1 for k, v in unversioned(publisher.table).items() if k in before and v != before[k])
             assert relearned > 0  # what was learned changed some keys' decisions
-        table = json.loads(publisher.table.read_text())
+        table = read_table(publisher.table.read_bytes())
         assert (table["mode"], table["per_qos"], table["dialect"]) == (mode, per_qos, release)
         entries = table["entries"]
         if n == 0:  # every recorded key Admit did not refuse is published
@@ -429,7 +430,7 @@ def test_the_archived_template_is_what_admit_records(svc, slurm_jobs, release):
                       script_fingerprint="00000001deadbeef")
     train(s, slurm_jobs, {"enough0": job})  # a class that shares where the queue lets it
     pub = publisher.publish("test")
-    entry = json.loads(publisher.table.read_text())["entries"][admission.table_key(job)]
+    entry = read_table(publisher.table.read_bytes())["entries"][admission.table_key(job)]
     seen, gated = set(), 0
     for queue in ("short", "mixed", "long"):
         slurm_jobs.pending = QUEUES[queue]

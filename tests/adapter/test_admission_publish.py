@@ -22,6 +22,7 @@ from policy_service.adapters.slurm import PendingJob
 from policy_service.client import PolicyClient
 from policy_service.config import PolicyMode, load_config
 from policy_service.core import admission
+from policy_service.core.admission_format import read_table
 from policy_service.core.policy import parse_admin_comment
 from policy_service.server import start_service
 from tests.waiting import wait_for
@@ -54,7 +55,7 @@ def svc(env, slurm_jobs, tmp_path):
 
 
 def table(s):
-    return json.loads(s.admission_publisher.table.read_text())
+    return read_table(s.admission_publisher.table.read_bytes())
 
 
 def current_table(s):
@@ -174,7 +175,7 @@ def test_files_are_replaced_whole_and_readable_by_slurmctld_alone(svc, slurm_job
     with open(p.table, "rb") as old:
         client.admit(facts(name="b"))
         second = p.publish("test")
-        assert json.loads(old.read())["version"] != second.version  # the old file, whole, to its reader
+        assert read_table(old.read())["version"] != second.version  # the old file, whole, to its reader
     assert p.table.stat().st_ino != first.st_ino
     slurm_gid = pwd.getpwuid(s.handler.authorizer.trust.slurm_uid).pw_gid
     for path in (p.table, p.gate):  # they name every class's user, job name and comment

@@ -6,7 +6,6 @@ through the RPC path), so this runs without the service's publisher."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import time
@@ -16,6 +15,7 @@ from typing import Iterator
 
 import pytest
 
+from policy_service.core.admission_format import read_table, render_table
 from tests.slurm_stack import reload_job_submit
 from tests.waiting import wait_for
 
@@ -77,13 +77,13 @@ def test_a_job_the_table_holds_is_decided_in_slurmctld_without_the_service(stack
     key = table_key(recorded_facts(stack, rpc["id"]))
     shards = stack.gres("shard", 2)
     template = f"swapaware:v1 id=IDIDIDIDIDIDIDID tbl={VERSION}:0000001a mode=enforce action=share shards=2"
-    doc = {"format": "swapaware-admission/1", "version": VERSION, "generated_at": time.time(),
+    doc = {"format": "swapaware-admission/2", "version": VERSION, "generated_at": time.time(),
            "valid_until": time.time() + 3600, "dialect": plugin_release(stack), "mode": "enforce", "per_qos": False,
            "entries": {key: {"i": 1, "*": {"set": {"tres_per_node": shards, "tres_per_job": "", "site_factor": 0,
                                                    "admin_comment": template}}}}}
     table = stack.state / "run" / f"admission-{name}.json"
     tmp = table.with_name(table.name + ".tmp")
-    tmp.write_text(json.dumps(doc))
+    tmp.write_bytes(render_table(doc))
     os.chmod(tmp, 0o644)
     os.replace(tmp, table)
     log = stack.state / "log" / "slurmctld.log"
@@ -129,7 +129,7 @@ def test_the_services_published_table_decides_a_job_in_slurmctld(stack):
 
         def published():
             try:
-                doc = json.loads(table.read_text())
+                doc = read_table(table.read_bytes())
             except (OSError, ValueError):
                 return None
             return doc if key in doc["entries"] else None
@@ -147,5 +147,5 @@ def test_the_services_published_table_decides_a_job_in_slurmctld(stack):
         assert re.fullmatch(r"[0-9a-f]{16}", d["id"]) and d["id"] != rpc["id"], comment
         assert d["action"] == rpc["action"] and d["shards"] == rpc["shards"] and d["why"] == rpc["why"], (rpc, d)
         # the publication read above or a later one: its entry for this key is the one named
-        named = [v for v in (doc, json.loads(table.read_text())) if v["version"] == version]
+        named = [v for v in (doc, read_table(table.read_bytes())) if v["version"] == version]
         assert named and named[0]["entries"][key]["i"] == entry, (comment, doc["version"])

@@ -13,7 +13,6 @@ is rejected there, while the plugin's own errors are not. Every case restores th
 job_submit.lua and swapaware_plugin.conf (finally) and waits until jobs are decided again."""
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -23,6 +22,7 @@ from typing import Callable, Iterator
 
 import pytest
 
+from policy_service.core.admission_format import render_table
 from tests.slurm_stack import reload_job_submit
 from tests.waiting import wait_for
 
@@ -155,7 +155,7 @@ def key(stack) -> str:
 def table_doc(stack, key: str, **over) -> dict:
     shards = stack.gres("shard", 2)
     template = f"swapaware:v1 id=IDIDIDIDIDIDIDID tbl={VERSION}:0000001a mode=enforce action=share shards=2"
-    doc = {"format": "swapaware-admission/1", "version": VERSION, "generated_at": time.time(),
+    doc = {"format": "swapaware-admission/2", "version": VERSION, "generated_at": time.time(),
            "valid_until": time.time() + 3600, "dialect": stack.dialect.name, "mode": "enforce", "per_qos": False,
            "entries": {key: {"i": 1, "*": {"set": {"tres_per_node": shards, "tres_per_job": "", "site_factor": 0,
                                                    "admin_comment": template}}}}}
@@ -192,26 +192,26 @@ class Broken:
 
 
 def _good(stack, key: str, path: Path) -> None:
-    put(path, json.dumps(table_doc(stack, key)).encode())
+    put(path, render_table(table_doc(stack, key)))
 
 
 BROKEN = (
-    Broken("corrupt", lambda st, k, p: put(p, b'{"format": "swapaware-admission/1", \x00\xff\xfe garbage'),
-           "not JSON"),
-    Broken("truncated", lambda st, k, p: put(p, (lambda t: t[: len(t) // 2])(json.dumps(table_doc(st, k)).encode())),
-           "not JSON"),
-    Broken("foreign-owned", lambda st, k, p: put(p, json.dumps(table_doc(st, k)).encode(), uid=FOREIGN_UID),
+    Broken("corrupt", lambda st, k, p: put(p, (lambda t: t.replace(t.split(b"\n")[1], b'{"version": \x00\xff\xfe'))(
+        render_table(table_doc(st, k)))), "corrupt or truncated"),
+    Broken("truncated", lambda st, k, p: put(p, (lambda t: t[: len(t) // 2])(render_table(table_doc(st, k)))),
+           "corrupt or truncated"),
+    Broken("foreign-owned", lambda st, k, p: put(p, render_table(table_doc(st, k)), uid=FOREIGN_UID),
            f"owned by uid {FOREIGN_UID}"),
-    Broken("group-writable", lambda st, k, p: put(p, json.dumps(table_doc(st, k)).encode(), mode=0o664),
+    Broken("group-writable", lambda st, k, p: put(p, render_table(table_doc(st, k)), mode=0o664),
            "group or other writable"),
     Broken("missing", lambda st, k, p: p.unlink(), "no such file"),
     Broken("not a regular file", lambda st, k, p: (p.unlink(), p.mkdir()), "not a regular file"),
-    Broken("another dialect", lambda st, k, p: put(p, json.dumps(table_doc(st, k, dialect="21.08")).encode()),
+    Broken("another dialect", lambda st, k, p: put(p, render_table(table_doc(st, k, dialect="21.08"))),
            "dialect 21.08"),
-    Broken("expired", lambda st, k, p: put(p, json.dumps(table_doc(st, k, valid_until=time.time() - 60)).encode()),
+    Broken("expired", lambda st, k, p: put(p, render_table(table_doc(st, k, valid_until=time.time() - 60))),
            "expired"),
-    Broken("unknown format", lambda st, k, p: put(p, json.dumps(table_doc(st, k, format="swapaware-admission/9"))
-                                                  .encode()), "format swapaware-admission/9 unknown"),
+    Broken("unknown format", lambda st, k, p: put(p, render_table(table_doc(st, k, format="swapaware-admission/9"))),
+           "format swapaware-admission/9 unknown"),
 )
 
 

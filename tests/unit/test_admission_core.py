@@ -156,3 +156,41 @@ def test_template_reasons_say_the_gate_state_not_made_up_figures():
     assert "queue gate 'short'" in short and "25.0%" in short and "of 1 GPUs" not in short
     others = [(r.code, r.message) for r in d.reasons if r.code is not ReasonCode.QUEUE_SHORT]
     assert [(r.code, r.message) for r in said if r.code is not ReasonCode.QUEUE_SHORT] == others
+
+
+# --- the file (core/admission_format.py) ----------------------------------------------------------
+
+def _template(entry: int, letter: str, cut: int = 200) -> str:
+    comment = f"swapaware:v1 id={admission.PLACEHOLDER_ID} action=share shards=2 why=q1,q2 " + "x" * 80
+    ref = admission.TableRef(V, entry, admission.LETTER_STATE[letter])
+    return admission.with_table_ref(comment, ref, cut)
+
+
+def test_the_file_holds_each_decision_once_and_reads_back_whole():
+    from policy_service.core import admission_format as fmt
+    same = {"set": {"tres_per_node": "gres:shard:2", "site_factor": 3}, "message": "shared \t\n"}
+    entries = {}
+    for n in range(5):
+        key = admission.SEP.join([f"u{n}", "a\tb" if n == 1 else "", "c\nd\\" if n == 2 else ""])
+        states = {"*": "a"} if n % 2 else {"short": "s", "long": "l"}
+        entries[key] = {"i": 1000 + n, **{s: {**same, "set": {**same["set"], "admin_comment": _template(1000 + n, g,
+                                                                                                       cut=120)}}
+                                          for s, g in states.items()}}
+    doc = admission.table_file(V, 1.0, 2.0, "24.11", "enforce", True, entries)
+    data = fmt.render_table(doc)
+    lines = data.decode().split("\n")
+    assert lines[0] == admission.TABLE_FORMAT and lines[-2:] == [fmt.END, ""]
+    assert len(lines) == 2 + 1 + 5 + 2            # one decision line for all entries and states
+    assert V not in lines[2] and fmt.TOKEN_PLACEHOLDER in lines[2]
+    assert fmt.read_table(data) == doc
+    # the template was cut with the token in it: the shared one is cut at the same place
+    assert all(len(d["set"]["admin_comment"]) == 120 for e in entries.values() for s, d in e.items() if s != "i")
+    for cut in (data[:-1], data[:len(data) // 2], data.replace(b"\t0001001\t", b"\t1001\t")):
+        with pytest.raises(ValueError):
+            fmt.read_table(cut)
+
+
+def test_a_decision_without_a_whole_token_is_written_as_it_is():
+    from policy_service.core import admission_format as fmt
+    for d in ("not an object", {"set": {"admin_comment": f"id={admission.PLACEHOLDER_ID} tbl=short"}}, {"set": 1}):
+        assert fmt.shared(d) == d

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from policy_service.core.admission_format import read_table, render_table
+
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("lua_table_driver.lua")
 PLACEHOLDER = "IDIDIDIDIDIDIDID"
@@ -90,7 +92,7 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
 
 def table_doc(entries: dict, **kw) -> dict:
     import time
-    doc = {"format": "swapaware-admission/1", "version": VERSION, "generated_at": time.time(),
+    doc = {"format": "swapaware-admission/2", "version": VERSION, "generated_at": time.time(),
            "valid_until": time.time() + 300, "dialect": "24.11", "mode": "enforce", "per_qos": False,
            "entries": entries}
     doc.update(kw)
@@ -129,7 +131,7 @@ def setup(tmp_path):
 def publish(plugin: Plugin, table: Path, entries_by_job: list[tuple[dict, dict]], gate: dict | None = None,
             **kw) -> None:
     entries = {plugin.key(job): entry for job, entry in entries_by_job}
-    write_atomic(table, json.dumps(table_doc(entries, **kw)))
+    write_atomic(table, render_table(table_doc(entries, **kw)).decode())
     if gate is not None:
         write_atomic(table.with_name(table.name + ".gate"), json.dumps(gate))
 
@@ -243,19 +245,30 @@ def test_a_decision_the_plugin_cannot_apply_takes_the_rpc_path(setup):
 
 
 def corrupt(table: Path) -> None:
-    write_atomic(table, "{ this is not json")
+    lines = table.read_text().split("\n")
+    write_atomic(table, "\n".join(lines[:2] + ["{ this is not json", "one more line"] + lines[2:]))
 
 
 def truncate(table: Path) -> None:
     text = table.read_text()
-    write_atomic(table, text[: len(text) // 2])
+    write_atomic(table, text[: len(text) - 2])
+
+
+def header_not_json(table: Path) -> None:
+    lines = table.read_text().split("\n")
+    write_atomic(table, "\n".join(lines[:1] + [lines[1][: len(lines[1]) // 2]] + lines[2:]))
+
+
+def json_table(table: Path) -> None:     # the format before swapaware-admission/2
+    doc = read_table(table.read_bytes())
+    write_atomic(table, json.dumps(dict(doc, format="swapaware-admission/1")))
 
 
 def doc_change(**kw):
     def change(table: Path) -> None:
-        doc = json.loads(table.read_text())
+        doc = read_table(table.read_bytes())
         doc.update(kw)
-        write_atomic(table, json.dumps(doc))
+        write_atomic(table, render_table(doc).decode())
     return change
 
 
@@ -278,9 +291,12 @@ def not_regular(table: Path) -> None:
 UNUSABLE = {
     "missing": (lambda t: t.unlink(), "no such file"),
     "not_regular": (not_regular, "not a regular file"),
-    "truncated": (truncate, "not JSON"),
-    "corrupt": (corrupt, "not JSON"),
-    "format": (doc_change(format="swapaware-admission/2"), "format swapaware-admission/2 unknown"),
+    "truncated": (truncate, "corrupt or truncated (no last line end)"),
+    "corrupt": (corrupt, "corrupt or truncated (fewer key lines than counted)"),
+    "header_not_json": (header_not_json, "corrupt or truncated (header not JSON)"),
+    "format": (doc_change(format="swapaware-admission/9"), "format swapaware-admission/9 unknown"),
+    "json": (json_table, 'format {"format": "swapaware-admission/1"'),
+    "version": (doc_change(version="0123"), "format without a 16-hex version unknown"),
     "no_entries": (doc_change(entries=None), "format without entries unknown"),
     "dialect": (doc_change(dialect="26.05"), "dialect 26.05, this slurmctld is 24.11"),
     "expired": (doc_change(valid_until=1.0), "expired"),
@@ -452,3 +468,49 @@ def test_a_stale_gate_is_read_again_even_when_it_looks_unchanged(setup):
     rewrite("9999999999.5")                  # fresh, looking the same to stat
     res = p.submit(dict(job))
     assert res["job"] == expected(job, entry["long"], decision_id(res["job"]))
+
+
+# --- the file (swapaware-admission/2) -------------------------------------------------------------
+
+def test_keys_with_a_tab_a_line_break_or_a_backslash_are_found(setup):
+    """Such a key is escaped in the file's key line and the job's key is escaped the same way;
+    other keys whose escaped form would look alike stay apart."""
+    make, table = setup
+    p = make()
+    jobs = [gpu_job(comment="a\tb"), gpu_job(comment="a\\tb"), gpu_job(comment="x\ny\\"), gpu_job(comment="x\\ny\\")]
+    keys = [p.key(j) for j in jobs]
+    assert "\t" in keys[0] and "\n" in keys[2] and len(set(keys)) == 4
+    publish(p, table, [(job, {"*": decision(20 + n, "a", shards=n + 1)}) for n, job in enumerate(jobs)])
+    for n, job in enumerate(jobs):
+        res = p.submit(dict(job))
+        assert res["job"]["tres_per_node"] == f"gres:shard:{n + 1}", n
+        assert f"tbl={VERSION}:{20 + n:07d}a " in res["job"]["admin_comment"]
+    assert res["rpc_calls"] == 0
+
+
+def test_one_decision_line_serves_every_entry_and_state_that_decides_alike(setup):
+    """The file holds each distinct decision once; the plugin writes each job's token (version,
+    entry number, state letter) into the shared template."""
+    make, table = setup
+    p = make()
+    jobs = [gpu_job(name=f"same{n}") for n in range(3)]
+    entries = [(job, {"short": decision(30 + n, "s"), "long": decision(30 + n, "l")}) for n, job in enumerate(jobs)]
+    publish(p, table, entries, gate=gate_doc({"": "long"}))
+    text = table.read_text()
+    assert text.count("admin_comment") == 1 and len(text.splitlines()) == 2 + 1 + 3 + 1
+    for n, job in enumerate(jobs):
+        res = p.submit(dict(job))
+        assert res["job"] == expected(job, decision(30 + n, "l"), decision_id(res["job"]))
+    assert read_table(table.read_bytes())["entries"][p.key(jobs[2])] == {"i": 32, **entries[2][1]}
+
+
+def test_more_lines_than_counted_is_never_used(setup):
+    make, table = setup
+    p = make()
+    job = gpu_job()
+    publish(p, table, [(job, {"*": decision(40, "a")})])
+    lines = table.read_text().split("\n")
+    write_atomic(table, "\n".join(lines[:-2] + [lines[-3].replace("\t", "x\t", 1)] + lines[-2:]))
+    res = p.submit(dict(job))
+    assert res["job"] == job and res["rpc_calls"] == 1
+    assert any("corrupt or truncated (more lines than counted)" in line for line in res["logs"]), res["logs"]

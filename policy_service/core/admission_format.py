@@ -1,0 +1,169 @@
+"""The class table's file (format ``swapaware-admission/2``): compact, line-oriented. Pure.
+
+slurmctld reloads the table under its one Lua mutex, so the file is shaped for that reload
+(slurm_plugin/swapaware_table.lua): one small JSON header, the distinct decisions once each, and
+one plain line per key that the Lua indexes with ``string.find`` alone; a decision's JSON is
+decoded the first time a job uses it.
+
+    swapaware-admission/2\\n
+    {"version": <16 hex>, "generated_at": s, "valid_until": s, "dialect": .., "mode": ..,
+     "per_qos": bool, "decisions": D, "entries": E}\\n           (one line)
+    <decision JSON>\\n                                           (D lines, numbered from 1)
+    <key>\\t<entry number, 7 digits>\\t<refs>\\n                  (E lines)
+    end\\n
+
+``<key>``: ``admission.table_key`` with "\\\\", TAB and LF written as "\\\\\\\\", "\\\\t", "\\\\n" (the
+plugin escapes a job's key the same way before it looks it up). ``<refs>``: the state letters
+(``admission.STATE_LETTER``) each followed by its decision's number, space-separated (``s3 n4 l4
+u7``), or ``a<n>`` alone for an entry held alike in every state.
+
+A decision is ``admission.table_decision``'s object, its AdminComment template with the 29
+characters of the table token (``tbl=<version>:<i><g>``, right after ``id=IDIDIDIDIDIDIDID ``)
+replaced by ``TOKEN_PLACEHOLDER``: the same decision serves every entry and state, and the plugin
+writes the token from the file's version, the entry's number and the state's letter. The token has
+a fixed length, so the template was cut to policy.admin_comment_max_chars exactly as the complete
+one: the AdminComment the plugin builds is byte for byte the template the archive holds.
+
+The last line ``end`` and the header's counts tell a whole file from a truncated one.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Iterator, Mapping, Sequence
+
+from policy_service.core.admission import LETTER_STATE, PLACEHOLDER_ID, STATE_LETTER, TABLE_FORMAT, \
+    TOKEN_CHARS, TableRef
+
+END = "end"
+TOKEN_PLACEHOLDER = "tbl=" + "V" * 16 + ":" + "N" * (TOKEN_CHARS - 22) + "G"
+_ID_TOKEN = f"id={PLACEHOLDER_ID} tbl="
+_ESCAPE = {"\\": "\\\\", "\t": "\\t", "\n": "\\n"}
+_UNESCAPE = re.compile(r"\\(.)")
+_REFS = re.compile(r"^(?:a[0-9]+|[snlu][0-9]+(?: [snlu][0-9]+)*)$")
+_HEADER = ("version", "generated_at", "valid_until", "dialect", "mode", "per_qos")
+assert len(TOKEN_PLACEHOLDER) == TOKEN_CHARS
+
+
+def escape_key(key: str) -> str:
+    return key.translate(str.maketrans(_ESCAPE)) if ("\\" in key or "\t" in key or "\n" in key) else key
+
+
+def unescape_key(text: str) -> str:
+    return _UNESCAPE.sub(lambda m: {"t": "\t", "n": "\n"}.get(m.group(1), m.group(1)), text)
+
+
+def _token_at(comment: str) -> int:
+    """Where the table token starts in an AdminComment template (-1: it holds none whole)."""
+    at = comment.find(_ID_TOKEN)
+    if at < 0 or len(comment) < at + len(_ID_TOKEN) - 4 + TOKEN_CHARS:
+        return -1
+    return at + len(_ID_TOKEN) - 4
+
+
+def shared(decision) -> object:
+    """``decision`` with its template's token replaced by TOKEN_PLACEHOLDER (as it is when it
+    holds no whole token: the plugin then refuses it, as it refuses any such decision)."""
+    comment = decision.get("set", {}).get("admin_comment") if isinstance(decision, dict) and isinstance(
+        decision.get("set"), dict) else None
+    at = _token_at(comment) if isinstance(comment, str) else -1
+    if at < 0:
+        return decision
+    out = dict(decision, set=dict(decision["set"]))
+    out["set"]["admin_comment"] = comment[:at] + TOKEN_PLACEHOLDER + comment[at + TOKEN_CHARS:]
+    return out
+
+
+def decision_text(decision) -> str:
+    """A decision's line (shared form, ASCII JSON: no raw line break)."""
+    return json.dumps(shared(decision), separators=(",", ":"))
+
+
+def _filled(decision, ref: TableRef):
+    comment = decision.get("set", {}).get("admin_comment") if isinstance(decision, dict) and isinstance(
+        decision.get("set"), dict) else None
+    at = _token_at(comment) if isinstance(comment, str) else -1
+    if at < 0 or comment[at:at + TOKEN_CHARS] != TOKEN_PLACEHOLDER:
+        return decision
+    out = dict(decision, set=dict(decision["set"]))
+    out["set"]["admin_comment"] = comment[:at] + ref.token + comment[at + TOKEN_CHARS:]
+    return out
+
+
+def entry_line(key: str, entry: int, refs: Sequence[tuple[str, int]]) -> str:
+    """A key's line: ``refs`` = (state or "*", decision number) pairs."""
+    return f"{escape_key(key)}\t{entry:07d}\t{' '.join(f'{STATE_LETTER[s]}{n}' for s, n in refs)}\n"
+
+
+def header_lines(doc: Mapping, decisions: int, entries: int | None) -> str:
+    head = {name: doc[name] for name in _HEADER if name in doc}
+    head.update(decisions=decisions, entries=entries)
+    return f"{doc.get('format', TABLE_FORMAT)}\n{json.dumps(head, separators=(',', ':'))}\n"
+
+
+class Decisions:
+    """The distinct decisions of one file, numbered from 1 in the order first seen."""
+
+    def __init__(self) -> None:
+        self.numbers: dict[str, int] = {}
+
+    def number(self, text: str) -> int:
+        n = self.numbers.get(text)
+        if n is None:
+            n = self.numbers[text] = len(self.numbers) + 1
+        return n
+
+    def lines(self) -> Iterator[str]:
+        for text in self.numbers:  # insertion order: by number
+            yield text + "\n"
+
+
+def _entry_number(entry: Mapping) -> int:
+    """The entry's "i", else the number in its first decision's token (documents written by hand)."""
+    if isinstance(entry.get("i"), int):
+        return entry["i"]
+    for state, d in entry.items():
+        comment = d.get("set", {}).get("admin_comment") if isinstance(d, dict) and isinstance(d.get("set"),
+                                                                                                  dict) else None
+        at = _token_at(comment) if isinstance(comment, str) else -1
+        if at >= 0 and comment[at + 21:at + TOKEN_CHARS - 1].isdigit():
+            return int(comment[at + 21:at + TOKEN_CHARS - 1])
+    return 0
+
+
+def render_table(doc: Mapping) -> bytes:
+    """The file of a table document (``admission.table_file``; entries ``None``: a header that
+    counts none, as a broken file)."""
+    decisions = Decisions()
+    lines = []
+    for key, entry in (doc["entries"] or {}).items():
+        refs = [(state, decisions.number(decision_text(d))) for state, d in entry.items() if state != "i"]
+        lines.append(entry_line(key, _entry_number(entry), refs))
+    entries = None if doc["entries"] is None else len(lines)
+    return "".join([header_lines(doc, len(decisions.numbers), entries), *decisions.lines(), *lines,
+                    END + "\n"]).encode()
+
+
+def read_table(data: bytes) -> dict:
+    """The document of a table file, each decision's template complete again (ValueError: not a
+    whole file of this format)."""
+    lines = data.decode().split("\n")
+    if len(lines) < 4 or lines[0] != TABLE_FORMAT or lines[-2:] != [END, ""]:
+        raise ValueError("not a whole swapaware-admission/2 file")
+    head = json.loads(lines[1])
+    n_dec, n_ent = head["decisions"], head["entries"]
+    if len(lines) != 2 + n_dec + n_ent + 2:
+        raise ValueError("counts do not match the lines")
+    decisions = [json.loads(line) for line in lines[2:2 + n_dec]]
+    entries: dict[str, dict] = {}
+    for line in lines[2 + n_dec:2 + n_dec + n_ent]:
+        key, number, refs = line.split("\t")
+        if not (len(number) == 7 and number.isdigit() and _REFS.match(refs)):
+            raise ValueError(f"entry line {line!r}")
+        i = int(number)
+        entry: dict = {"i": i}
+        for ref in refs.split(" "):
+            state = LETTER_STATE[ref[0]]
+            entry[state] = _filled(decisions[int(ref[1:]) - 1], TableRef(head["version"], i, state))
+        entries[unescape_key(key)] = entry
+    return {"format": lines[0], **{k: head[k] for k in _HEADER if k in head}, "entries": entries}
