@@ -60,8 +60,15 @@ def status(as_json: bool, config: str | None) -> None:
     from policy_service.adapters.ha_role import holder_name, lease_view, read_role_file
     from policy_service.adapters.history import open_history
 
+    from policy_service.access import resolve_slurm_uid
+    from policy_service.adapters.ha_role import trusted_uids
+
     cfg = _load(config)
-    role, at, problem = read_role_file(cfg.ha.role_file)
+    try:
+        slurm_uid = resolve_slurm_uid(cfg.auth, None)[0]  # auth.slurm_user, else the user "slurm"
+    except ConfigError:
+        slurm_uid = None
+    role, at, problem = read_role_file(cfg.ha.role_file, trusted_uids(slurm_uid))
     try:
         store = open_history(cfg)
         try:

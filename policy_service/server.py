@@ -225,9 +225,9 @@ def follow_role(cfg: Config, store: HistoryStore, handler: PolicyHandler, author
     """[ha] enabled: the writer role, taken once before serving (a service that may write starts
     as writer), then kept by its thread; events are refused and background writes skipped while
     standby."""
-    role = RoleKeeper(store, cfg.ha)
-    handler.standby = role.standby_reason
     slurm_uid = getattr(getattr(authorizer, "trust", None), "slurm_uid", None)
+    role = RoleKeeper(store, cfg.ha, slurm_uid=slurm_uid)
+    handler.standby = role.standby_reason
 
     def local_admit(uid: int | None) -> None:
         if uid in (0, slurm_uid):

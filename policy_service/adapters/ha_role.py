@@ -29,16 +29,19 @@ def holder_name(cfg: HaConfig) -> str:
     return cfg.holder or socket.gethostname().split(".")[0]
 
 
-def trusted_uids() -> tuple[int, ...]:
-    return tuple(sorted({0, os.geteuid()}))
+def trusted_uids(*more: int | None) -> tuple[int, ...]:
+    """Who may write the role file: root, this process's user, and ``more`` (SlurmUser: slurmctld
+    runs SlurmctldPrimaryOnProg / OffProg as SlurmUser)."""
+    return tuple(sorted({0, os.geteuid(), *(u for u in more if u is not None)}))
 
 
-def read_role_file(path: Path) -> tuple[Role | None, float | None, str]:
-    """(role, mtime, why it is not used or ""). A file or directory that another user could have
-    written is not used."""
+def read_role_file(path: Path, trusted: tuple[int, ...] | None = None) -> tuple[Role | None, float | None, str]:
+    """(role, mtime, why it is not used or ""). A file or directory that another user than
+    ``trusted`` (default: root and this user) could have written is not used."""
+    trusted = trusted or trusted_uids()
     try:
         for what, st in ((f"{path.parent}", os.stat(path.parent)), (f"{path}", os.stat(path))):
-            bad = unsafe_owner(what, st.st_uid, st.st_mode, trusted_uids())
+            bad = unsafe_owner(what, st.st_uid, st.st_mode, trusted)
             if bad:
                 return None, None, bad
         role = parse_role(path.read_text(errors="replace")[:200])
@@ -62,8 +65,10 @@ class RoleKeeper:
     controller's own answer (Role or None when it cannot tell), None: not asked."""
 
     def __init__(self, store, cfg: HaConfig, *, probe: Callable[[], Role | None] | None = None,
-                 wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic):
+                 slurm_uid: int | None = None, wall: Callable[[], float] = time.time,
+                 mono: Callable[[], float] = time.monotonic):
         self.store, self.cfg, self.probe, self.wall, self.mono = store, cfg, probe, wall, mono
+        self.trusted = trusted_uids(slurm_uid)  # who may write the role file
         self.holder = holder_name(cfg)
         # an Admit on the local socket within this long counts as this slurmctld being in control
         self.admit_fresh_s = max(30.0, 3 * cfg.lease_ttl_s)
@@ -107,7 +112,7 @@ class RoleKeeper:
 
     # ------------------------------------------------------------------ one round
     def signals(self) -> Signals:
-        role, at, problem = read_role_file(self.cfg.role_file)
+        role, at, problem = read_role_file(self.cfg.role_file, self.trusted)
         if problem != self._role_file_problem:
             if problem:
                 log.error("ha: role file not used: %s", problem)
