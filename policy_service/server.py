@@ -23,7 +23,7 @@ from policy_service.adapters.admission_catchup import chain
 from policy_service.adapters.admission_publish import AdmissionPublisher
 from policy_service.adapters.grpc_server import start_grpc
 from policy_service.adapters.ha_role import RoleKeeper, holder_name, only_while_writer
-from policy_service.adapters.history import HistoryStore
+from policy_service.adapters.history import HistoryStore, open_history
 from policy_service.adapters.local_socket import start_local_socket
 from policy_service.adapters.partitions import SlurmConfWatch, slurm_conf_path
 from policy_service.adapters.queue import QueueMonitor, reads_queue
@@ -83,6 +83,7 @@ class RunningService:
 
 GIL_SWITCH_INTERVAL_S = 0.0002  # see serve_forever
 HISTORY_HEALTH = "swapaware.history"  # health entry: NOT_SERVING while the history cannot be kept
+WRITER_HEALTH = "swapaware.writer"  # [ha] enabled: SERVING while this service is the writer (docs/ha.md)
 
 
 def watch_history(svc: "RunningService", every_s: float) -> threading.Thread:
@@ -210,15 +211,19 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
                 target=reconciler.run_once, name="reconcile-now", daemon=True).start())
         reconciler.start(cfg.service.reconcile_s, svc._watch_stop)
     if role is not None:
+        def writer_health(writer: bool) -> None:
+            health_servicer.set(WRITER_HEALTH, health_pb2.HealthCheckResponse.SERVING if writer
+                                else health_pb2.HealthCheckResponse.NOT_SERVING)
+
+        writer_health(role.is_writer())
+        role.on_change.insert(0, writer_health)
         role.start()
     return svc
 
 
 def open_store(cfg: Config, accept_empty: bool) -> HistoryStore:
     """The history; with [ha] enabled every write is fenced by this service's writer lease."""
-    if cfg.ha.enabled:
-        return HistoryStore(cfg.service.db_path, accept_empty=accept_empty, fence=holder_name(cfg.ha))
-    return HistoryStore(cfg.service.db_path, accept_empty=accept_empty)
+    return open_history(cfg, accept_empty=accept_empty, fence=holder_name(cfg.ha) if cfg.ha.enabled else None)
 
 
 def follow_role(cfg: Config, store: HistoryStore, handler: PolicyHandler, authorizer) -> RoleKeeper:
