@@ -164,6 +164,8 @@ class RoleKeeper:
                     log.error("ha: cannot read or claim the writer lease (%s); %s", msg,
                               "writing until the lease runs out" if self.is_writer() else "standby")
                 self._store_error = msg
+                if not self.is_writer() and self._writer == self.holder:
+                    self._writer = None  # our lease ran out unrenewed: who holds it now is not known
             now_writer = self.is_writer()
             self._say(now_writer, why)
         if now_writer != was:
