@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from policy_service.auth_config import (AuthConfig, MungeMode, TlsConfig, auth_errors, bool_spelling,  # noqa: F401
                                        tls_errors, token_mode_error)
 from policy_service.core.dialect import is_release
+from policy_service.history_config import HistoryBackend, HistoryConfig, history_errors  # noqa: F401
 
 GIB = 1024**3
 DEFAULT_CONFIG_PATH = Path("/etc/swapaware/swapaware.toml")
@@ -390,6 +391,7 @@ class Config:
     tls: TlsConfig = field(default_factory=TlsConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     ha: HaConfig = field(default_factory=HaConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
     source: str = "defaults"
 
     def summary(self) -> str:
@@ -506,6 +508,7 @@ def _validate(cfg: Config) -> None:
          f"service.slurm_release: {cfg.service.slurm_release!r} is not a Slurm release (use e.g. 24.11, or empty)"),
     ]
     errors = [msg for ok, msg in checks if not ok] + auth_errors(cfg.auth) + tls_errors(cfg.tls)
+    errors += history_errors(cfg.history)
     if errors:
         raise ConfigError("; ".join(errors))
 

@@ -29,6 +29,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterator
 
+from policy_service.adapters.history_db import retryable
+from policy_service.adapters.history_lease import NotWriter
+
 log = logging.getLogger("swapaware.decisions")
 
 _HEADER = struct.Struct("<II")
@@ -111,6 +114,9 @@ class DecisionLog:
         self._wake = threading.Event()  # flush() and close(): commit now
         self._fd: int | None = None
         self.failing = ""  # why the last history write failed ("" while they succeed)
+        self._carry: list[DecisionRecord] = []  # the previous run's, not taken at start (retryable)
+        self._closing = threading.Event()
+        self._gave_up = False  # closed while not the writer: what waits stays in the journal
         if path is not None:
             self._recover()
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -127,7 +133,17 @@ class DecisionLog:
             return
         records, torn = read_journal(data)
         if records:
-            self._write(records)  # a failure here stops the start: the journal stays as it is
+            try:
+                self._write(records)  # a failure here stops the start: the journal stays as it is
+            except Exception as exc:
+                if not retryable(exc):
+                    raise
+                # not the writer yet (NotWriter), or the database is away: the writer thread
+                # commits them first, once it can; the journal keeps them until then
+                log.warning("decision journal %s: %d decision(s) of the previous run wait for the history (%s)",
+                            self.path, len(records), exc)
+                self._carry = records
+                return
         if records or torn:
             log.warning("decision journal %s: %d decision(s) of the previous run committed to the history%s",
                         self.path, len(records), f"; {torn} torn byte(s) at its end dropped" if torn else "")
@@ -167,6 +183,11 @@ class DecisionLog:
         # The writer looks for work every WRITE_INTERVAL_S instead of being woken by each Admit:
         # a wake-up per decision put this thread beside Admit's own, contending for the GIL while
         # slurmctld waited for the answer. flush() and close() wake it at once.
+        if self._carry:
+            if not self._commit(self._carry):
+                return
+            self._carry = []
+            self._maybe_truncate()
         while True:
             self._wake.wait(WRITE_INTERVAL_S)
             self._wake.clear()
@@ -179,8 +200,11 @@ class DecisionLog:
                         break
                 items = [r for r in batch if r is not None]
                 records = [rec for rec, _ in items]
+                if records and not self._commit(records):  # closed while standby: they stay journaled
+                    for _ in batch:
+                        self._queue.task_done()
+                    return
                 if records:
-                    self._commit(records)
                     for _, note in items:
                         if note is not None:
                             log.info("decision %s", json.dumps(note, sort_keys=True))
@@ -193,44 +217,64 @@ class DecisionLog:
                 if len(batch) < WRITE_BATCH:
                     break
 
-    def _commit(self, records: list[DecisionRecord]) -> None:
-        """Put ``records`` into the history, retrying until it takes them (they stay journaled)."""
+    def _commit(self, records: list[DecisionRecord]) -> bool:
+        """Put ``records`` into the history, retrying until it takes them (they stay journaled).
+        False: closed while this service is not the writer (NotWriter): they stay in the journal."""
         attempt = 0
         while True:
             try:
                 self._write(records)
                 break
-            except Exception as exc:  # locked, full, gone: keep them and try again
+            except Exception as exc:  # locked, full, gone, not the writer: keep them and try again
+                if isinstance(exc, NotWriter) and self._closing.is_set():
+                    self._gave_up = True
+                    with self._queue.all_tasks_done:
+                        self._queue.all_tasks_done.notify_all()
+                    return False
                 attempt += 1
                 why = f"{type(exc).__name__}: {exc}"
                 if why != self.failing:
-                    log.error("cannot record %d decision(s) in the history (%s, first %s); kept in the journal, "
-                              "retrying", len(records), why, records[0].decision_id)
+                    (log.info if isinstance(exc, NotWriter) else log.error)(
+                        "cannot record %d decision(s) in the history (%s, first %s); kept in the journal, retrying",
+                        len(records), why, records[0].decision_id)
                 self.failing = why
-                time.sleep(backoff(attempt))
+                if self._closing.is_set():
+                    time.sleep(backoff(attempt))
+                else:
+                    self._closing.wait(backoff(attempt))  # close() cuts the wait short
         if self.failing:
             log.warning("decisions are recorded in the history again")
             self.failing = ""
+        return True
 
     def _maybe_truncate(self) -> None:
         """Empty the journal once every record in it is in the history."""
-        if self._fd is None:
+        if self._fd is None or self._gave_up or self._carry:
             return
         with self._lock:
             if self._queue.unfinished_tasks == 0:
                 os.ftruncate(self._fd, 0)
 
     def pending(self) -> int:
-        return self._queue.unfinished_tasks
+        return self._queue.unfinished_tasks + len(self._carry)
 
     def flush(self) -> None:
-        """Wait until every decision recorded so far is in the history."""
+        """Wait until every decision recorded so far is in the history (or, once closing, until
+        the history refused them as this service is not the writer)."""
         self._wake.set()
-        self._queue.join()
+        with self._queue.all_tasks_done:
+            while (self._queue.unfinished_tasks or self._carry) and not self._gave_up:
+                self._queue.all_tasks_done.wait(0.1)
 
     def close(self) -> None:
+        """Commit what waits and stop; a service that is not the writer stops at once, leaving what
+        waits in the journal (read back at its next start)."""
+        self._closing.set()
         self.flush()
-        self._queue.put(None)
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
         self._wake.set()
         self._thread.join(5)
         if self._fd is not None:

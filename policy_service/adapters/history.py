@@ -16,6 +16,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
+from policy_service.adapters import history_lease as lease
+from policy_service.adapters.history_db import (SQLITE, MARIADB_SCHEMA, HistoryUnavailable, MyConn,  # noqa: F401
+                                                mariadb_engine, retryable)
 from policy_service.adapters.history_guard import (HistoryMissing, HistoryOwnerError, before_new_history,  # noqa: F401
                                                    note_history, private_history_file)
 from policy_service.adapters.history_read import HistoryUnreadable, ReadOnlyHistory  # noqa: F401  (API)
@@ -40,18 +43,33 @@ from policy_service.adapters.history_schema import (  # noqa: F401  (the rows ar
     stored_version,
     unresolved_key,
 )
+from policy_service.adapters.history_lease import NotWriter, WriterLease  # noqa: F401  (API)
 from policy_service.core.types import ClassStats, KeyLevel
+from policy_service.history_config import HistoryBackend, HistoryConfig
 
 log = logging.getLogger(__name__)
 
 
 class HistoryStore:
-    """SQLite-backed history. ``path`` may be ':memory:' for tests of callers."""
+    """The history: SQLite at ``path`` (':memory:' for tests of callers), or a MariaDB database
+    (``mariadb``: its [history] config; ``open_history`` picks from the Config).
 
-    def __init__(self, path: Path | str, accept_empty: bool = False):
+    ``fence``: this service's holder name in the writer lease (history_lease.py): every write
+    transaction then checks, inside itself, that this holder holds the lease it last claimed, and
+    raises ``NotWriter`` (nothing written) otherwise. None (one host): no check at all."""
+
+    def __init__(self, path: Path | str, accept_empty: bool = False, *, fence: str | None = None,
+                 mariadb: HistoryConfig | None = None):
         """``accept_empty``: start a new history even where files show one existed
         (``history_guard``; otherwise ``HistoryMissing``)."""
-        self.path = str(path)
+        self.fence = fence or None
+        self._fence_epoch: int | None = None
+        self._ident: tuple[int, int] | None = None
+        if mariadb is not None:
+            self._open_mariadb(mariadb)
+            return
+        self.engine = SQLITE
+        self.path = self.where = str(path)
         db = Path(self.path)
         on_disk = self.path != ":memory:"
         blank = on_disk and (not db.exists() or db.stat().st_size == 0)
@@ -77,18 +95,37 @@ class HistoryStore:
                 log.warning("history %s: schema %d migrated to %d in place (runs and observations it held are "
                             "kept as legacy: known by job id only)", self.path, before, stored_version(self._conn))
             self._conn.executescript(SCHEMA)
-            self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            found = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
-        if int(found) != SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path}: history schema {found}, this build reads {SCHEMA_VERSION}")
+            self._check_version()
         if on_disk:
             note_history(db, created=before is None)
         self._rconn, self._rlock = self._conn, self._lock
-        self._ident: tuple[int, int] | None = None
         if self.path != ":memory:":  # (an in-memory database is one connection's own)
             self._rconn = self._reader()
             self._rlock = threading.Lock()
             self._ident = _identity(self.path)
+
+    def _open_mariadb(self, cfg: HistoryConfig) -> None:
+        # path stays service.db_path: the decision journal lies beside it, on local disk
+        self.engine, self.path, self.where = mariadb_engine(), str(path), cfg.where()
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._conn, self._lock = MyConn(cfg), threading.Lock()
+        self._rconn, self._rlock = MyConn(cfg, read_only=True), threading.Lock()
+        with self._lock:
+            before = stored_version(self._conn, self.engine)
+            if before is not None and before < SCHEMA_VERSION:
+                migrate(self._conn, self.engine)
+            for statement in MARIADB_SCHEMA:
+                self._conn.execute(statement)
+            self._check_version()
+        if before is None:
+            log.warning("history %s: a new, empty history created", self.where)
+
+    def _check_version(self) -> None:
+        self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        found = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
+        if int(found) != SCHEMA_VERSION:
+            raise RuntimeError(f"{self.where}: history schema {found}, this build reads {SCHEMA_VERSION}")
 
     def _reader(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
@@ -100,7 +137,7 @@ class HistoryStore:
         removed or replaced while the service ran, the open database (its connections keep the
         old file alive) is copied back to ``path`` (a replacing file is kept beside it as
         ``<path>.replaced-<time>``) and the store reopens it. Returns what happened ("": nothing)."""
-        if self._ident is None or _identity(self.path) == self._ident:
+        if self._ident is None or _identity(self.path) == self._ident:  # (None: in memory, or not a file)
             return ""
         with self._lock, self._rlock:
             now = _identity(self.path)
@@ -143,7 +180,7 @@ class HistoryStore:
 
     def _backup(self, version: int) -> None:
         """A copy of a history about to be migrated, beside it (``<path>.schema<N>.bak``, 0600)."""
-        if self.path == ":memory:":
+        if self.path == ":memory:" or self.engine is not SQLITE:
             return
         copy = Path(f"{self.path}.schema{version}.bak")
         if copy.exists():
@@ -162,18 +199,44 @@ class HistoryStore:
             with self._rlock:
                 self._rconn.close()
 
-    def _tx(self) -> "_Tx":
-        return _Tx(self._conn, self._lock)
+    def _tx(self, fenced: bool = True) -> "_Tx":
+        """A write transaction; ``fenced``: checked against the writer lease when ``fence`` is set."""
+        return _Tx(self, fenced and self.fence is not None)
+
+    # --- the writer lease (history_lease.py) ---------------------------------------------------
+    def claim_writer(self, holder: str, ttl_s: float) -> WriterLease | None:
+        """Take or renew the writer lease for ``ttl_s`` seconds; None while another holds it."""
+        with self._tx(fenced=False) as c:
+            got = lease.claim(c, self.engine, holder, ttl_s)
+        if got is not None and holder == self.fence:
+            self._fence_epoch = got.epoch
+        return got
+
+    def release_writer(self, holder: str) -> None:
+        """Expire the lease now, if ``holder`` holds it."""
+        with self._tx(fenced=False) as c:
+            lease.release(c, self.engine, holder)
+        if holder == self.fence:
+            self._fence_epoch = None
+
+    def writer(self) -> WriterLease | None:
+        """The lease as it stands (None: never claimed), with the database's clock."""
+        with self._rlock:
+            return lease.read(self._rconn, self.engine)
 
     # --- decisions -----------------------------------------------------------------------
     def record_decision(self, *, decision_id: str, decided_at: float, job_class: str, user: str, account: str,
                         partition: str, job_name: str, action: str, shards: int, model_version: str,
                         keys: Mapping[KeyLevel, str], facts_pb: bytes, decision_pb: bytes) -> None:
         keys_json = json.dumps({k.value: v for k, v in keys.items()}, sort_keys=True)
+        row = (decision_id, decided_at, job_class, user, account, partition, job_name, action, shards, model_version,
+               keys_json, facts_pb, decision_pb)
+        if self.fence is not None:
+            with self._tx() as c:
+                c.execute("INSERT OR REPLACE INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
+            return
         with self._lock:  # one statement: autocommit is its own transaction
-            self._conn.execute("INSERT OR REPLACE INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                               (decision_id, decided_at, job_class, user, account, partition, job_name, action,
-                                shards, model_version, keys_json, facts_pb, decision_pb))
+            self._conn.execute("INSERT OR REPLACE INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
 
     def record(self, records) -> None:
         """Decisions from the decision journal (adapters.decision_log.DecisionRecord), in one
@@ -242,7 +305,7 @@ class HistoryStore:
             out[KeyLevel(level)], bad = checked_stats(text)
             if bad:  # written by other means than the service: bounded, never believed as stored
                 log.warning("history %s: statistics of %s key %s out of range (%s): brought within bounds",
-                            self.path, level, key, ", ".join(bad))
+                            self.where, level, key, ", ".join(bad))
         return out
 
     # --- runs and events -----------------------------------------------------------------
@@ -358,6 +421,13 @@ class HistoryStore:
         return [observation_row(r) for r in self._read(sql + " ORDER BY finished_at", args)]
 
 
+def open_history(cfg, accept_empty: bool = False, fence: str | None = None) -> HistoryStore:
+    """The history the Config names: [history] backend (SQLite at service.db_path by default)."""
+    if cfg.history.backend is HistoryBackend.MARIADB:
+        return HistoryStore(cfg.service.db_path, accept_empty, fence=fence, mariadb=cfg.history)
+    return HistoryStore(cfg.service.db_path, accept_empty, fence=fence)
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -366,7 +436,7 @@ def _identity(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _claim_event(c: sqlite3.Connection, event_id: str, kind: str, now: float) -> bool:
+def _claim_event(c, event_id: str, kind: str, now: float) -> bool:
     if not event_id:
         return True
     cur = c.execute("INSERT OR IGNORE INTO events VALUES (?,?,?)", (event_id, kind, now))
@@ -374,22 +444,42 @@ def _claim_event(c: sqlite3.Connection, event_id: str, kind: str, now: float) ->
 
 
 class _Tx:
-    """Lock + BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
+    """The store's write lock + a write transaction (SQLite: BEGIN IMMEDIATE), COMMIT, or ROLLBACK
+    on error; ``fenced``: the writer lease checked first, inside it (NotWriter: rolled back)."""
 
-    def __init__(self, conn: sqlite3.Connection, lock: threading.Lock):
-        self.conn, self.lock = conn, lock
+    def __init__(self, store: HistoryStore, fenced: bool):
+        self.store, self.fenced = store, fenced
 
-    def __enter__(self) -> sqlite3.Connection:
-        self.lock.acquire()
+    def _end(self, commit: bool) -> None:
+        conn = self.store._conn
+        if isinstance(conn, MyConn):
+            conn.end(commit)
+        else:
+            conn.execute("COMMIT" if commit else "ROLLBACK")
+
+    def __enter__(self):
+        store = self.store
+        store._lock.acquire()
+        begun = False
         try:
-            self.conn.execute("BEGIN IMMEDIATE")
+            if isinstance(store._conn, MyConn):
+                store._conn.begin()
+            else:
+                store._conn.execute("BEGIN IMMEDIATE")
+            begun = True
+            if self.fenced:
+                lease.check_fence(store._conn, store.engine, store.fence, store._fence_epoch)
         except BaseException:
-            self.lock.release()
+            try:
+                if begun:
+                    self._end(False)
+            finally:
+                store._lock.release()
             raise
-        return self.conn
+        return store._conn
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+            self._end(exc_type is None)
         finally:
-            self.lock.release()
+            self.store._lock.release()

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sqlite3
 from dataclasses import dataclass
 
 from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.history_db import SQLITE, Engine, table_exists
 from policy_service.core.bounds import sane_stats
 from policy_service.core.types import ClassStats, KeyLevel
 
@@ -97,6 +97,14 @@ CREATE TABLE IF NOT EXISTS decision_status (
     status TEXT NOT NULL,
     checked_at REAL NOT NULL
 );
+-- Which service writes (HistoryStore.claim_writer, fence=): one row; the epoch grows whenever the
+-- holder changes; expires_at on the database's clock. Added in place: no version.
+CREATE TABLE IF NOT EXISTS writer_lease (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+);
 """
 
 # Schema 2 -> 3, in place, in one transaction: runs are re-keyed (instance, node) with every old
@@ -115,32 +123,37 @@ _MIGRATE_2_TO_3 = (
     "UPDATE meta SET value = '3' WHERE key = 'schema_version'",
 )
 MIGRATIONS = {2: _MIGRATE_2_TO_3}
+# Per engine: a MariaDB history starts at schema 3 (history_db.MARIADB_SCHEMA); its later steps go
+# here, in the same form (MariaDB commits each DDL statement at once: write steps that can be run
+# again).
+ENGINE_MIGRATIONS = {"sqlite": MIGRATIONS, "mariadb": {}}
 
 
-def stored_version(conn: sqlite3.Connection) -> int | None:
+def stored_version(conn, engine: Engine = SQLITE) -> int | None:
     """The schema version a database holds; None for a new (empty) one."""
-    if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone() is None:
+    if not table_exists(conn, engine, "meta"):
         return None
     row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
     return None if row is None else int(row[0])
 
 
-def migrate(conn: sqlite3.Connection) -> int | None:
+def migrate(conn, engine: Engine = SQLITE) -> int | None:
     """Bring an older history to ``SCHEMA_VERSION`` in place (each step one transaction). Returns the
     version found before (None: a new database). A version with no migration is left as it is
     (the caller refuses it)."""
-    found = stored_version(conn)
+    found = stored_version(conn, engine)
     version = found
-    while version is not None and version in MIGRATIONS:
-        conn.execute("BEGIN IMMEDIATE")
+    steps = ENGINE_MIGRATIONS[engine.name]
+    while version is not None and version in steps:
+        conn.execute(engine.begin)
         try:
-            for statement in MIGRATIONS[version]:
+            for statement in steps[version]:
                 conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        version = stored_version(conn)
+        version = stored_version(conn, engine)
     return found
 
 

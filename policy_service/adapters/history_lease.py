@@ -1,0 +1,96 @@
+"""The writer lease in the history (docs/ha.md, docs/history-backends.md): which of the services
+that share one history may write it. One row of ``writer_lease``: holder, epoch, expiry on the
+database's own clock (MariaDB's ``NOW(6)``, never a host's clock, so that two hosts whose clocks
+differ still agree on when it expired).
+
+* ``claim``: takes the lease when it is free, expired or already the holder's (renewed); the epoch
+  grows by one whenever the holder changes. An unexpired lease of another holder is never taken.
+* ``release``: expires it now, if it is the holder's.
+* ``check_fence``: inside a write transaction, locks the row (``SELECT ... FOR UPDATE``; SQLite's
+  BEGIN IMMEDIATE has locked the whole database already) and raises ``NotWriter`` unless this
+  holder holds an unexpired lease of the epoch it last claimed: the transaction is then rolled
+  back and nothing is written. A lease lost between two of a service's writes stops the second.
+
+Each function runs on the connection of a transaction the caller opened (``HistoryStore._tx``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policy_service.adapters.history_db import Engine, HistoryUnavailable
+
+LEASE_NAME = "history"
+
+
+@dataclass(frozen=True)
+class WriterLease:
+    """The lease as the database holds it, and the database's clock when it was read."""
+
+    holder: str
+    epoch: int
+    expires_at: float
+    now: float
+
+    @property
+    def valid(self) -> bool:
+        return self.expires_at > self.now
+
+
+class NotWriter(HistoryUnavailable):
+    """This service does not hold the writer lease: nothing was written (retry once it does)."""
+
+    def __init__(self, holder_now: str | None, why: str = ""):
+        self.holder_now = holder_now
+        who = f"the writer is {holder_now}" if holder_now else "no service holds the writer lease"
+        super().__init__(f"not the writer: {who}" + (f" ({why})" if why else ""))
+
+
+def _row(c, engine: Engine, lock: bool) -> tuple[tuple | None, float]:
+    """(holder, epoch, expires_at) or None, and the database's clock."""
+    now = float(c.execute(f"SELECT {engine.now_sql}").fetchone()[0])
+    row = c.execute("SELECT holder, epoch, expires_at FROM writer_lease WHERE name=?" + (engine.lock_row if lock else ""),
+                    (LEASE_NAME,)).fetchone()
+    return (None if row is None else (str(row[0]), int(row[1]), float(row[2]))), now
+
+
+def read(c, engine: Engine) -> WriterLease | None:
+    row, now = _row(c, engine, lock=False)
+    return None if row is None else WriterLease(row[0], row[1], row[2], now)
+
+
+def claim(c, engine: Engine, holder: str, ttl_s: float) -> WriterLease | None:
+    if not holder:
+        raise ValueError("a writer lease needs a holder name")
+    row, now = _row(c, engine, lock=True)
+    if row is None:
+        c.execute("INSERT INTO writer_lease (name, holder, epoch, expires_at) VALUES (?,?,?,?)",
+                  (LEASE_NAME, holder, 1, now + ttl_s))
+        return WriterLease(holder, 1, now + ttl_s, now)
+    current, epoch, expires_at = row
+    if current != holder and expires_at > now:
+        return None  # another holder's, unexpired: never taken
+    if current != holder:
+        epoch += 1
+    c.execute("UPDATE writer_lease SET holder=?, epoch=?, expires_at=? WHERE name=?",
+              (holder, epoch, now + ttl_s, LEASE_NAME))
+    return WriterLease(holder, epoch, now + ttl_s, now)
+
+
+def release(c, engine: Engine, holder: str) -> None:
+    now = float(c.execute(f"SELECT {engine.now_sql}").fetchone()[0])
+    c.execute("UPDATE writer_lease SET expires_at=? WHERE name=? AND holder=? AND expires_at > ?",
+              (now, LEASE_NAME, holder, now))
+
+
+def check_fence(c, engine: Engine, holder: str, epoch: int | None) -> None:
+    """Raises NotWriter unless ``holder`` holds an unexpired lease of ``epoch`` (locks the row)."""
+    row, now = _row(c, engine, lock=True)
+    if row is None:
+        raise NotWriter(None, "never claimed")
+    current, current_epoch, expires_at = row
+    if current != holder:
+        raise NotWriter(current if expires_at > now else None, f"epoch {current_epoch}")
+    if expires_at <= now:
+        raise NotWriter(None, f"this service's lease expired {now - expires_at:.1f} s ago")
+    if epoch is None or current_epoch != epoch:
+        raise NotWriter(current, f"epoch {current_epoch}, this service claimed {epoch}")
