@@ -66,7 +66,7 @@ class HistoryStore:
         self._fence_epoch: int | None = None
         self._ident: tuple[int, int] | None = None
         if mariadb is not None:
-            self._open_mariadb(mariadb)
+            self._open_mariadb(path, mariadb)
             return
         self.engine = SQLITE
         self.path = self.where = str(path)
@@ -104,7 +104,7 @@ class HistoryStore:
             self._rlock = threading.Lock()
             self._ident = _identity(self.path)
 
-    def _open_mariadb(self, cfg: HistoryConfig) -> None:
+    def _open_mariadb(self, path: Path | str, cfg: HistoryConfig) -> None:
         # path stays service.db_path: the decision journal lies beside it, on local disk
         self.engine, self.path, self.where = mariadb_engine(), str(path), cfg.where()
         if self.path != ":memory:":

@@ -53,9 +53,10 @@ def mariadb_sql(text: str) -> str:
 
 # --------------------------------------------------------------------------- schema
 # The same tables as history_schema.SCHEMA: keys VARCHAR (an index needs a length), REAL ->
-# DOUBLE, BLOB -> LONGBLOB, InnoDB, utf8mb4 compared byte for byte (user and job names are
-# case-sensitive). MariaDB commits DDL at once: the schema is created statement by statement.
-_T = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+# DOUBLE, BLOB -> LONGBLOB, InnoDB, utf8mb4 compared byte for byte, trailing spaces too (user and
+# job names are case-sensitive; utf8mb4_nopad_bin: MariaDB 10.2 and later). MariaDB commits DDL at
+# once: the schema is created statement by statement.
+_T = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_nopad_bin"
 _K = "VARCHAR(255) NOT NULL"
 MARIADB_SCHEMA = (
     f"CREATE TABLE IF NOT EXISTS meta (`key` {_K} PRIMARY KEY, value TEXT NOT NULL) {_T}",

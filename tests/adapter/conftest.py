@@ -240,3 +240,6 @@ def short_dir() -> Iterator[Path]:
     """A short directory: Unix socket paths are limited to 107 bytes."""
     with tempfile.TemporaryDirectory(prefix="sa-", dir="/tmp") as d:
         yield Path(d)
+
+
+from tests.mariadb_server import history_backend, mariadb_server  # noqa: E402,F401  (fixtures: both history backends)

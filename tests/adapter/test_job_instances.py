@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.history import HistoryStore, ReadOnlyHistory
+from policy_service.adapters.history import HistoryStore, ReadOnlyHistory, open_history
 from policy_service.adapters.slurm import JobInstance
 from policy_service.client import PolicyClient
 from policy_service.config import load_config
@@ -42,10 +42,11 @@ def facts(name: str, **kw) -> pb.JobFacts:
 
 
 @pytest.fixture
-def world(tmp_path):
-    env = {"SWAPAWARE_SERVICE__DB_PATH": str(tmp_path / "history.sqlite3")}
+def world(tmp_path, history_backend):
+    """A handler on a history of each backend (SQLite, MariaDB)."""
+    env = {"SWAPAWARE_SERVICE__DB_PATH": str(tmp_path / "history.sqlite3"), **history_backend.env}
     cfg = load_config(env=env)
-    store = HistoryStore(cfg.service.db_path)
+    store = open_history(cfg)
     cli = RecordingCli("24.11")
     clock = Clock()
     handler = PolicyHandler(cfg, store, cli, clock=clock)
@@ -74,9 +75,9 @@ def finished(job_id, at, event_id, node="n1", gpus=(0,), peak=None, started_at=0
 
 
 def class_stats(store: HistoryStore, d: pb.Decision) -> dict:
-    with sqlite3.connect(store.path) as db:
-        row = db.execute("SELECT stats_json FROM class_stats WHERE level='class' AND key=?", (d.job_class,)).fetchone()
-    return json.loads(row[0]) if row else {}
+    """The statistics as stored (not brought within bounds), on either backend."""
+    rows = store._read("SELECT stats_json FROM class_stats WHERE level='class' AND key=?", (d.job_class,))
+    return json.loads(rows[0][0]) if rows else {}
 
 
 # ----------------------------------------------------------------------------- (a) job id reuse

@@ -1,0 +1,187 @@
+"""The history on both backends (real SQLite, a real private MariaDB started by the session
+fixture): the writer lease and its fence, the decision journal waiting for the lease, keys
+compared byte for byte, and (MariaDB) a connection killed under the store."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from policy_service.adapters.decision_log import DecisionLog, DecisionRecord
+from policy_service.adapters.history import HistoryUnavailable, NotWriter
+from policy_service.core.types import ClassStats, KeyLevel
+from tests.mariadb_server import Backend, _names
+from tests.waiting import wait_for
+
+
+def record(i: int, prefix: str = "d") -> DecisionRecord:
+    return DecisionRecord(decision_id=f"{prefix}{i}", decided_at=1000.0 + i, job_class="c", user="alice",
+                          account="proj", partition="gpu", job_name="train", action="share", shards=2,
+                          model_version="m", keys={"class": "c"}, facts_pb=b"\x00facts", decision_pb=b"\x01")
+
+
+@pytest.fixture
+def two(history_backend, tmp_path):
+    """Two services' stores on one history, fenced as holders "a" and "b"."""
+    db = tmp_path / "history.sqlite3"
+    a = history_backend.open(db, fence="a")
+    b = history_backend.open(db, fence="b")
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_two_holders_on_one_history_only_the_lease_holder_writes(two):
+    a, b = two
+    assert a.claim_writer("a", 30.0).epoch == 1
+    assert b.claim_writer("b", 30.0) is None  # never takes an unexpired lease of another
+    a.mark_decisions(["x"], "held", 1.0)
+    with pytest.raises(NotWriter, match="the writer is a"):
+        b.mark_decisions(["y"], "held", 1.0)
+    with pytest.raises(NotWriter):
+        b.record([record(1)])
+    assert a.decision_status("x") == "held" and b.decision_status("y") == "" and b.decision("d1") is None
+    lease = b.writer()
+    assert (lease.holder, lease.epoch) == ("a", 1) and lease.expires_at - lease.now == pytest.approx(30.0, abs=2.0)
+    renewed = a.claim_writer("a", 30.0)  # renewing keeps the epoch
+    assert (renewed.holder, renewed.epoch) == ("a", 1)
+
+
+def test_an_expired_lease_is_taken_over_with_the_next_epoch_and_the_old_holder_writes_nothing(two):
+    a, b = two
+    first = a.claim_writer("a", 0.3)
+    a.record([record(1)])
+    wait_for(lambda: not b.writer().valid, 10, "a's lease to expire on the database's clock")
+    with pytest.raises(NotWriter, match="expired"):  # expired: a writes nothing, even before b claims
+        a.record([record(2)])
+    taken = b.claim_writer("b", 30.0)
+    assert (taken.holder, taken.epoch) == ("b", first.epoch + 1)
+    with pytest.raises(NotWriter, match="the writer is b"):
+        a.record_decision(decision_id="d3", decided_at=1.0, job_class="c", user="u", account="a", partition="p",
+                          job_name="n", action="share", shards=1, model_version="m", keys={KeyLevel.CLASS: "c"},
+                          facts_pb=b"", decision_pb=b"")
+    assert a.claim_writer("a", 30.0) is None
+    b.record([record(4)])
+    assert [d.decision_id for d in b.decisions()] == ["d1", "d4"]
+
+
+def test_a_holder_whose_lease_went_round_keeps_out_until_it_claims_again(two):
+    """a released, b took and released, the lease is free: a's fence still refuses a write with
+    the epoch it last had; its next claim (a new epoch) lets it write."""
+    a, b = two
+    a.claim_writer("a", 30.0)
+    a.release_writer("a")
+    assert not a.writer().valid
+    b.claim_writer("b", 30.0)
+    b.release_writer("b")
+    with pytest.raises(NotWriter):
+        a.mark_decisions(["x"], "held", 1.0)
+    again = a.claim_writer("a", 30.0)
+    assert again.epoch == 3
+    a.mark_decisions(["x"], "held", 1.0)
+    assert b.decision_status("x") == "held"
+
+
+def test_an_unfenced_store_never_looks_at_the_lease(history_backend, tmp_path):
+    db = tmp_path / "history.sqlite3"
+    fenced = history_backend.open(db, fence="b")
+    free = history_backend.open(db)
+    try:
+        fenced.claim_writer("b", 30.0)
+        free.mark_decisions(["x"], "held", 1.0)  # the single-host default: no lease, no check
+        with pytest.raises(NotWriter, match="the writer is b"):
+            history_backend.open(db, fence="c").mark_decisions(["y"], "held", 1.0)
+        assert fenced.decision_status("x") == "held" and fenced.decision_status("y") == ""
+    finally:
+        fenced.close()
+        free.close()
+
+
+def test_the_journal_keeps_a_standbys_decisions_until_it_is_the_writer(two, tmp_path):
+    a, b = two
+    a.claim_writer("a", 30.0)
+    journal = tmp_path / "b.journal"
+    log = DecisionLog(journal, b.record)
+    for i in range(5):
+        log.record(record(i, "s"))
+    wait_for(lambda: "NotWriter" in log.failing, 10, "the standby's writer to be refused")
+    assert b.known_decisions([f"s{i}" for i in range(5)]) == set()
+    assert len(list(log.records())) == 5
+    log.close()  # stopped while standby: at once, the decisions stay journaled
+    assert len(list(log.records())) == 5
+    # next start, still standby: it starts (nothing lost), then writes once it holds the lease
+    log = DecisionLog(journal, b.record)
+    a.release_writer("a")
+    assert b.claim_writer("b", 30.0).epoch == 2
+    log.flush()
+    assert b.known_decisions([f"s{i}" for i in range(5)]) == {f"s{i}" for i in range(5)}
+    log.close()
+    assert journal.stat().st_size == 0
+
+
+def test_keys_are_compared_byte_for_byte(history_backend, tmp_path):
+    store = history_backend.open(tmp_path / "history.sqlite3")
+    try:
+        for name, samples in (("Alice/train", 1), ("alice/train", 2), ("alice/train ", 3)):
+            store.record_finish(_obs(name), {KeyLevel.USER_NAME: name},
+                                lambda s, n=samples: ClassStats(samples=s.samples + n))
+        got = {k: store.stats({KeyLevel.USER_NAME: k})[KeyLevel.USER_NAME].samples
+               for k in ("Alice/train", "alice/train", "alice/train ")}
+        assert got == {"Alice/train": 1, "alice/train": 2, "alice/train ": 3}
+    finally:
+        store.close()
+
+
+def _obs(name: str):
+    from policy_service.adapters.history import ObservationRow
+    return ObservationRow(f"e-{name}", 1, "", "n1", (0,), 1.0, 2.0, 1.0, 0, 1, False, 0, False, "none", 2.0,
+                          f"i/{name}", 0)
+
+
+@pytest.fixture
+def mariadb_backend(mariadb_server):
+    name = f"swapaware_m{next(_names)}"
+    yield Backend("mariadb", mariadb_server.database(name))
+    mariadb_server.drop(name)
+
+
+def test_a_killed_mariadb_connection_is_reopened(mariadb_backend, mariadb_server, tmp_path):
+    history_backend = mariadb_backend
+    store = history_backend.open(tmp_path / "history.sqlite3")
+    try:
+        store.mark_decisions(["x"], "held", 1.0)
+        assert store.decision_status("x") == "held"
+        for conn in (store._rconn, store._conn):
+            mariadb_server.sql(f"KILL {conn._raw.thread_id()}")
+        assert store.decision_status("x") == "held"  # a read: retried once on a new connection
+        with pytest.raises(HistoryUnavailable, match="lost"):
+            store.mark_decisions(["y"], "held", 1.0)  # a write: refused (retryable), never half done
+        store.mark_decisions(["y"], "held", 1.0)  # ... and the next one works
+        assert store.decision_status("y") == "held"
+    finally:
+        store.close()
+
+
+def test_a_write_blocked_by_another_sessions_lock_is_retryable(mariadb_backend, tmp_path):
+    """innodb_lock_wait_timeout (5 s in the test server) runs out: HistoryUnavailable, nothing
+    written; the DecisionLog writer retries such errors."""
+    history_backend = mariadb_backend
+    import pymysql
+    store = history_backend.open(tmp_path / "history.sqlite3")
+    h = history_backend.history
+    other = pymysql.connect(unix_socket=h.unix_socket, user=h.user, password=Path(h.password_file).read_text().strip(),
+                            database=h.database, autocommit=False)
+    try:
+        store.mark_decisions(["x"], "held", 1.0)
+        with other.cursor() as cur:
+            cur.execute("SELECT * FROM decision_status WHERE decision_id='x' FOR UPDATE")
+        t0 = time.monotonic()
+        with pytest.raises(HistoryUnavailable, match="lock conflict"):
+            store.mark_decisions(["x"], "never_held", 2.0)
+        assert time.monotonic() - t0 >= 4.0
+        other.rollback()
+        assert store.decision_status("x") == "held"
+    finally:
+        other.close()
+        store.close()
