@@ -211,10 +211,11 @@ def _register_subsystem_commands() -> None:
     """Commands that live beside their subsystems."""
     from policy_service.admin import doctor_command, gres_conf_command
     from policy_service.ha_cli import ha_command
+    from policy_service.history_cli import history_command
     from policy_service.report import report_command
     from policy_service.sim.cli import simulate_command
 
-    for cmd in (doctor_command, gres_conf_command, ha_command, report_command, simulate_command):
+    for cmd in (doctor_command, gres_conf_command, ha_command, history_command, report_command, simulate_command):
         main.add_command(cmd)
 
 

@@ -29,6 +29,9 @@ class HistoryConfig:
         if isinstance(self.backend, str):  # HistoryConfig(backend="mariadb") in tests and benches
             object.__setattr__(self, "backend", HistoryBackend(self.backend))
 
+    def __str__(self) -> str:
+        return self.where()
+
     def where(self) -> str:
         """The database, for logs and messages (never the password)."""
         at = self.unix_socket or f"{self.host or '127.0.0.1'}:{self.port}"
@@ -47,3 +50,9 @@ def history_errors(h: HistoryConfig) -> list[str]:
         if not h.user:
             errors.append("history.user must be set for the mariadb backend")
     return errors
+
+
+def history_source(cfg) -> "HistoryConfig | object":
+    """What readers of the history open (ReadOnlyHistory): the MariaDB database, or the SQLite
+    file at service.db_path."""
+    return cfg.history if cfg.history.backend is HistoryBackend.MARIADB else cfg.service.db_path

@@ -176,7 +176,7 @@ class HistoryStore:
     def _read(self, sql: str, args=()) -> list[tuple]:
         """One statement on the read connection (its own snapshot; never waits for a writer)."""
         with self._rlock:
-            return self._rconn.execute(sql, args).fetchall()
+            return list(self._rconn.execute(sql, args).fetchall())
 
     def _backup(self, version: int) -> None:
         """A copy of a history about to be migrated, beside it (``<path>.schema<N>.bak``, 0600)."""

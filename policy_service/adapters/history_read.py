@@ -1,6 +1,7 @@
 """The history opened read-only for reports (``swapaware report``): never creates or migrates it.
 Reads schema 3 and, for a history the service has not opened since an upgrade, schema 2 (whose
-runs and observations all count as legacy: known by job id only)."""
+runs and observations all count as legacy: known by job id only). A SQLite file (``mode=ro``), or
+the MariaDB database a ``HistoryConfig`` names (a read-only session)."""
 from __future__ import annotations
 
 import sqlite3
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Iterable
 from urllib.parse import quote
 
+from policy_service.adapters.history_db import HistoryUnavailable, MyConn, mariadb_engine
 from policy_service.adapters.history_schema import (
     DECISION_COLS,
     OBSERVATION_COLS,
@@ -18,6 +20,7 @@ from policy_service.adapters.history_schema import (
     decision_row,
     observation_row,
 )
+from policy_service.history_config import HistoryConfig
 
 READABLE_VERSIONS = (2, SCHEMA_VERSION)
 
@@ -31,18 +34,25 @@ class ReadOnlyHistory:
 
     CHUNK = 500  # ids per IN (...) query, below SQLite's variable limit
 
-    def __init__(self, path: Path | str):
-        path = Path(path)
-        if not path.is_file():
-            raise HistoryUnreadable(f"no history database at {path}")
+    def __init__(self, path: Path | str | HistoryConfig):
+        if isinstance(path, HistoryConfig):
+            self._errors: tuple = (HistoryUnavailable, *mariadb_engine().errors)
+            self._conn = MyConn(path, read_only=True)
+            where = path.where()
+        else:
+            path = where = Path(path)
+            self._errors = (sqlite3.Error,)
+            if not path.is_file():
+                raise HistoryUnreadable(f"no history database at {path}")
         try:
-            self._conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=10.0)
+            if isinstance(path, Path):
+                self._conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=10.0)
             row = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        except sqlite3.Error as exc:
-            raise HistoryUnreadable(f"{path} is not a swapaware history database (or unreadable): {exc}") from None
+        except self._errors as exc:
+            raise HistoryUnreadable(f"{where} is not a swapaware history database (or unreadable): {exc}") from None
         if row is None or int(row[0]) not in READABLE_VERSIONS:
             self._conn.close()
-            raise HistoryUnreadable(f"{path}: history schema {row[0] if row else '?'}, this build reads "
+            raise HistoryUnreadable(f"{where}: history schema {row[0] if row else '?'}, this build reads "
                                     f"{' and '.join(map(str, READABLE_VERSIONS))}")
         self.version = int(row[0])
 
@@ -62,7 +72,7 @@ class ReadOnlyHistory:
             for i in range(0, len(ids), self.CHUNK):
                 part = ids[i:i + self.CHUNK]
                 out += self._conn.execute(sql.format(marks=",".join("?" * len(part))), part).fetchall()
-        except sqlite3.Error as exc:
+        except self._errors as exc:
             raise HistoryUnreadable(f"cannot read the history: {exc}") from None
         return out
 

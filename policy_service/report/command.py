@@ -9,6 +9,7 @@ import click
 
 from policy_service.adapters.slurm import SlurmError, cluster_release, open_slurm
 from policy_service.config import Config, ConfigError, load_config
+from policy_service.history_config import history_source
 from policy_service.report.aggregate import load_report
 from policy_service.report.formats import format_csv, format_json, format_table
 from policy_service.report.html import format_html
@@ -100,7 +101,7 @@ def report_command(start: str, end: str, by: str, fmt: str, with_jobs: bool, plo
     except SlurmError as exc:
         raise click.ClickException(f"accounting: {exc}") from None
     live = live_admin_comments(slurm, accounting, live_lookups)
-    rep = load_report(accounting, cfg.service.db_path, by=by, shards_per_gpu=cfg.gpu.shards_per_gpu,
+    rep = load_report(accounting, history_source(cfg), by=by, shards_per_gpu=cfg.gpu.shards_per_gpu,
                       now=time.time(), start=start, end=end, slurm_backend=type(slurm).__name__,
                       live_comments=live, shard_bytes=cfg.gpu.shard_bytes)
     if rep.history_error:
