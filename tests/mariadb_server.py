@@ -52,7 +52,7 @@ class MariaDbServer:
         return self.root / "mariadb.log"
 
     @classmethod
-    def start(cls, timeout_s: float = 120.0) -> "MariaDbServer":
+    def start(cls, timeout_s: float = 120.0, buffer_pool: str = "64M") -> "MariaDbServer":
         root = Path(tempfile.mkdtemp(prefix="swapaware-mariadb-"))
         os.chmod(root, 0o711)
         data = root / "data"
@@ -65,7 +65,7 @@ class MariaDbServer:
         server.proc = subprocess.Popen(
             [_tool("mariadbd"), "--no-defaults", "--user=root", f"--datadir={data}", f"--socket={server.socket}",
              f"--pid-file={root / 'mysqld.pid'}", "--skip-networking", "--skip-name-resolve",
-             f"--log-error={server.log}", "--skip-log-bin", "--innodb-buffer-pool-size=64M",
+             f"--log-error={server.log}", "--skip-log-bin", f"--innodb-buffer-pool-size={buffer_pool}",
              "--innodb-log-file-size=16M", "--innodb-flush-log-at-trx-commit=2", "--innodb-lock-wait-timeout=5"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout_s
