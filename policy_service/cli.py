@@ -13,8 +13,9 @@ import grpc
 from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import FailoverClient, configured_client, service_addresses
+from policy_service.client import FailoverClient, configured_client
 from policy_service.config import Config, ConfigError, LinkKind, UnsafeTokenFile, load_config, read_token
+from policy_service.core.ha import service_addresses
 from policy_service.core.request import script_fingerprint
 
 _SBATCH_RE = re.compile(r"^#SBATCH\s+(--?[\w-]+)(?:[= ]\s*(\S.*?))?\s*$")
@@ -142,7 +143,7 @@ def explain(job_id, decision_id, script, gres, job_name, user, comment, as_json,
 
 def cli_client(cfg: Config, deadline_s: float, token: str | None):
     """The CLI's client: ``ha.controllers`` in turn where set (docs/ha.md), else hooks.service_address."""
-    addresses = service_addresses(cfg, cfg.hooks.service_address)
+    addresses = service_addresses(cfg)
     if len(addresses) == 1:
         return configured_client(cfg, addresses[0], deadline_s, token)
     return FailoverClient(lambda a: configured_client(cfg, a, deadline_s, token), addresses, deadline_s)

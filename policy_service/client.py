@@ -210,11 +210,6 @@ class FailoverClient:
         self.close()
 
 
-def service_addresses(cfg, single: str) -> tuple[str, ...]:
-    """Where the clients of ``cfg`` find the service: ``ha.controllers`` when set, else ``single``."""
-    return tuple(cfg.ha.controllers) or (single,)
-
-
 def configured_client(cfg, address: str, deadline_s: float, token: str | None = None) -> PolicyClient:
     """A client as ``cfg`` (policy_service.config.Config) says: TLS from ``[tls]`` (a bad file
     raises ConfigError), a MUNGE credential per call where ``[auth] munge`` says so (auto: where

@@ -7,6 +7,7 @@ from fractions import Fraction
 from typing import Sequence
 
 from policy_service.admin.billing import billing_checks
+from policy_service.core.ha import service_addresses
 from policy_service.admin.check import Check, _check, _list_values
 from policy_service.adapters.slurm_files import (
     GresConf,
@@ -221,8 +222,9 @@ def doctor_checks(slurm_conf_text: str, gres_conf_text: str, cfg: Config, teleme
     checks += billing_checks(conf, gres, cfg.gpu.shards_per_gpu)
     checks += _telemetry_checks(telemetry, cfg, gres, hostname)
     if service_reachable is not None:
-        checks.append(_check("service", service_reachable, f"policy service at {cfg.hooks.service_address}",
-                             "start it (swapaware serve) or fix hooks.service_address"))
+        checks.append(_check("service", service_reachable, "policy service at "
+                             + " or ".join(service_addresses(cfg)),
+                             "start it (swapaware serve) or fix hooks.service_address (ha.controllers)"))
     if agent_reachable is not None:
         checks.append(_check("agent", agent_reachable, f"node agent at {cfg.hooks.agent_socket}",
                              "start swapaware-agent (systemd unit in contrib/) or fix hooks.agent_socket"))

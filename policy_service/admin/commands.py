@@ -14,6 +14,7 @@ from policy_service.admin.checks import (Check, doctor_checks, enforcement_check
                                         shards_fitting)
 from policy_service.adapters.slurm_files import parse_slurm_conf
 from policy_service.config import Config, ConfigError, load_config
+from policy_service.core.ha import service_addresses
 from slurm_plugin.nvml import GpuTelemetry, TelemetryError, open_telemetry
 
 log = logging.getLogger("swapaware.admin")
@@ -75,7 +76,8 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
     missing = [Check(f"read {p}", False, "file not readable", "pass --slurm-conf / --gres-conf")
                for p, t in ((slurm_conf, slurm_text), (gres_conf, gres_text)) if t is None]
     telemetry, opened = _open_telemetry_checked(cfg)
-    service = None if no_probes else probe_service(cfg.hooks.service_address, cfg.hooks.deadline_s, cfg.tls)
+    service = None if no_probes else any(probe_service(a, cfg.hooks.deadline_s, cfg.tls)  # ha.controllers: any
+                                         for a in service_addresses(cfg))
     agent = None
     if not no_probes:
         from slurm_plugin.agent_client import status

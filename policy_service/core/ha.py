@@ -110,6 +110,12 @@ def writer_until(claim_started: float, ttl_s: float, margin_s: float) -> float:
     return claim_started + max(0.0, ttl_s - margin_s)
 
 
+def service_addresses(cfg) -> tuple[str, ...]:
+    """Where clients find the service (``cfg``: policy_service.config.Config): every controller's in
+    ``ha.controllers``, else ``hooks.service_address`` alone."""
+    return tuple(cfg.ha.controllers) or (cfg.hooks.service_address,)
+
+
 def standby_message(writer: str | None) -> str:
     """What a standby service answers to writes (clients move on to the next address)."""
     return f"standby: writer is {writer or 'nobody (no service holds the lease)'}"

@@ -78,3 +78,12 @@ def test_standby_message_names_the_writer():
 def test_unsafe_owner(uid, mode, bad):
     why = unsafe_owner("x", uid, mode, (0, 1000))
     assert (why is None) if bad is None else (bad in why)
+
+
+def test_service_addresses_are_the_controllers_else_the_single_address():
+    from policy_service.config import Config, HaConfig, HookConfig
+    from policy_service.core.ha import service_addresses
+
+    assert service_addresses(Config(hooks=HookConfig(service_address="ctl:1"))) == ("ctl:1",)
+    assert service_addresses(Config(hooks=HookConfig(service_address="ctl:1"),
+                                    ha=HaConfig(controllers=("a:1", "b:2")))) == ("a:1", "b:2")
