@@ -185,12 +185,13 @@ local function parse(path, text, settings)
     dec[d] = p      -- where its line starts: decoded at its first use
     p = e + 1
   end
+  -- key lines, indexed by their 16-hex digest (short strings: Lua hashes them whole; see T.digest)
   local index = {}
   for _ = 1, h.entries do
     local e = find(text, "\n", p, true)
-    local t = find(text, "\t", p, true)
-    if e == nil or e >= stop or t == nil or t > e then return broken(path, "fewer key lines than counted") end
-    index[sub(text, p, t - 1)] = t + 1
+    if e == nil or e >= stop then return broken(path, "fewer key lines than counted") end
+    local d = sub(text, p, p + 15)
+    if index[d] == nil then index[d] = p end     -- the publisher writes each digest once
     p = e + 1
   end
   if p ~= stop then return broken(path, "more lines than counted") end
@@ -354,10 +355,34 @@ end
 local LETTER = { short = "s", normal = "n", long = "l", unknown = "u" }
 local ESCAPE = { ["\\"] = "\\\\", ["\t"] = "\\t", ["\n"] = "\\n" }
 
--- entry_at(tbl, key): where the key's line goes on after the key, or nil (no entry).
+-- digest(key): 16 hex of two polynomial hashes over every byte (admission_format.key_digest).
+-- The lines are indexed by it, not by the key: Lua 5.1 hashes a string longer than 31 bytes from
+-- every (length / 32 + 1)-th byte only, so keys that differ between those bytes would share one
+-- hash and their index would cost time quadratic in their number.
+local byte, min = string.byte, math.min
+function T.digest(key)
+  local n = #key
+  local h1, h2 = n, 0
+  for i = 1, n, 4096 do
+    local bytes = { byte(key, i, min(n, i + 4095)) }
+    for j = 1, #bytes do
+      local b = bytes[j]
+      h1 = (h1 * 31 + b) % 4294967296
+      h2 = (h2 * 65599 + b) % 4294967291
+    end
+  end
+  return string.format("%08x%08x", h1, h2)
+end
+
+-- entry_at(tbl, key): where the key's line goes on after the key, or nil (no entry). The line's
+-- key must be the whole key: the digest only finds it.
 local function entry_at(tbl, key)
+  local p = tbl.index[T.digest(key)]
+  if p == nil then return nil end
   if find(key, "[\\\t\n]") then key = string.gsub(key, "[\\\t\n]", ESCAPE) end
-  return tbl.index[key]
+  local q = p + 17 + #key
+  if sub(tbl.text, p + 16, q) ~= "\t" .. key .. "\t" then return nil end
+  return q + 1
 end
 
 -- pick(tbl, pos, state): (plan, entry number, letter) of the entry's decision in the state, or nil.

@@ -86,11 +86,15 @@ def _pieces(doc: dict, built: list) -> Iterator[bytes]:
     document without entries): no copy of the whole table is made, so no single step holds the GIL
     for long. Each distinct decision is written once; each key's line names its decisions by number."""
     decisions = admission_format.Decisions()
-    refs = [[(state, decisions.number(text)) for state, _, text in (part.partition("\t")
-                                                                       for part in known.text.split("\n"))]
-            for _, known in built]
-    yield admission_format.header_lines(doc, len(decisions.numbers), len(built)).encode()
-    lines = (admission_format.entry_line(key, known.entry, r) for (key, known), r in zip(built, refs))
+    digests: set[str] = set()
+    kept = []  # (key, known, refs); a key whose digest a newer key has is left out (the RPC path decides it)
+    for key, known in built:
+        if known.digest not in digests:
+            digests.add(known.digest)
+            kept.append((key, known, [(state, decisions.number(text)) for state, _, text in
+                                      (part.partition("\t") for part in known.text.split("\n"))]))
+    yield admission_format.header_lines(doc, len(decisions.numbers), len(kept)).encode()
+    lines = (admission_format.entry_line(known.digest, key, known.entry, r) for key, known, r in kept)
     batch: list[str] = []
     size = 0
     for line in itertools.chain(decisions.lines(), lines, (admission_format.END + "\n",)):
@@ -113,6 +117,7 @@ class _Known(NamedTuple):
     entry: int  # its entry number
     text: str  # its decisions, one "<state>\t<decision line>" per line (admission_format; "": none publishable)
     templates: tuple  # (its states, digest, body) as the archive stores them (admission_archive.stored_entry)
+    digest: str  # admission_format.key_digest of its key, the plugin's index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,7 +330,7 @@ class AdmissionPublisher:
         facts.work_dir = ""
         deps = admission.keys_read(keys, read.get("stats", {}), self.cfg)
         text, templates = self._fragment(i, out, jr, keys, facts)
-        known = _Known(generation, self._learned(deps), deps, i, text, templates)
+        known = _Known(generation, self._learned(deps), deps, i, text, templates, admission_format.key_digest(key))
         self._known[key] = tuple(known)
         return known
 

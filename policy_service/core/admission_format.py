@@ -9,9 +9,16 @@ decoded the first time a job uses it.
     {"version": <16 hex>, "generated_at": s, "valid_until": s, "dialect": .., "mode": ..,
      "per_qos": bool, "decisions": D, "entries": E}\\n           (one line)
     <decision JSON>\\n                                           (D lines, numbered from 1)
-    <key>\\t<entry number, 7 digits>\\t<refs>\\n                  (E lines)
+    <digest>\\t<key>\\t<entry number, 7 digits>\\t<refs>\\n        (E lines)
     end\\n
 
+``<digest>``: ``key_digest`` of the key, 16 hex. The plugin indexes the lines by it: Lua 5.1 hashes
+a string longer than 31 bytes from every (length / 32 + 1)-th byte only, so keys that differ
+between those bytes (job names run_001..run_999, time limits) share one hash, and indexing them by
+the key itself costs time quadratic in their number (measured: 10,000 keys of 1,000 classes with
+1,440 time limits had 20 distinct Lua hashes). The digest is never trusted alone: a job's line is
+used only when its key equals the job's whole key (a digest two keys share: the newer is written,
+the other takes the RPC path).
 ``<key>``: ``admission.table_key`` with "\\\\", TAB and LF written as "\\\\\\\\", "\\\\t", "\\\\n" (the
 plugin escapes a job's key the same way before it looks it up). ``<refs>``: the state letters
 (``admission.STATE_LETTER``) each followed by its decision's number, space-separated (``s3 n4 l4
@@ -45,6 +52,15 @@ _HEADER = ("version", "generated_at", "valid_until", "dialect", "mode", "per_qos
 assert len(TOKEN_PLACEHOLDER) == TOKEN_CHARS
 
 
+def key_digest(key: str) -> str:
+    """16 hex of two polynomial hashes over every byte of the key (the plugin's T.digest)."""
+    h1, h2 = len(key.encode()), 0
+    for b in key.encode():
+        h1 = (h1 * 31 + b) % 4294967296
+        h2 = (h2 * 65599 + b) % 4294967291
+    return f"{h1:08x}{h2:08x}"
+
+
 def escape_key(key: str) -> str:
     return key.translate(str.maketrans(_ESCAPE)) if ("\\" in key or "\t" in key or "\n" in key) else key
 
@@ -61,12 +77,17 @@ def _token_at(comment: str) -> int:
     return at + len(_ID_TOKEN) - 4
 
 
+def _comment(decision) -> tuple[str, int]:
+    """(a decision's AdminComment template, where its token starts: -1 when it holds none whole)."""
+    fields = decision.get("set") if isinstance(decision, dict) else None
+    comment = fields.get("admin_comment") if isinstance(fields, dict) else None
+    return (comment, _token_at(comment)) if isinstance(comment, str) else ("", -1)
+
+
 def shared(decision) -> object:
     """``decision`` with its template's token replaced by TOKEN_PLACEHOLDER (as it is when it
     holds no whole token: the plugin then refuses it, as it refuses any such decision)."""
-    comment = decision.get("set", {}).get("admin_comment") if isinstance(decision, dict) and isinstance(
-        decision.get("set"), dict) else None
-    at = _token_at(comment) if isinstance(comment, str) else -1
+    comment, at = _comment(decision)
     if at < 0:
         return decision
     out = dict(decision, set=dict(decision["set"]))
@@ -80,9 +101,7 @@ def decision_text(decision) -> str:
 
 
 def _filled(decision, ref: TableRef):
-    comment = decision.get("set", {}).get("admin_comment") if isinstance(decision, dict) and isinstance(
-        decision.get("set"), dict) else None
-    at = _token_at(comment) if isinstance(comment, str) else -1
+    comment, at = _comment(decision)
     if at < 0 or comment[at:at + TOKEN_CHARS] != TOKEN_PLACEHOLDER:
         return decision
     out = dict(decision, set=dict(decision["set"]))
@@ -90,9 +109,9 @@ def _filled(decision, ref: TableRef):
     return out
 
 
-def entry_line(key: str, entry: int, refs: Sequence[tuple[str, int]]) -> str:
+def entry_line(digest: str, key: str, entry: int, refs: Sequence[tuple[str, int]]) -> str:
     """A key's line: ``refs`` = (state or "*", decision number) pairs."""
-    return f"{escape_key(key)}\t{entry:07d}\t{' '.join(f'{STATE_LETTER[s]}{n}' for s, n in refs)}\n"
+    return f"{digest}\t{escape_key(key)}\t{entry:07d}\t{' '.join(f'{STATE_LETTER[s]}{n}' for s, n in refs)}\n"
 
 
 def header_lines(doc: Mapping, decisions: int, entries: int | None) -> str:
@@ -122,10 +141,8 @@ def _entry_number(entry: Mapping) -> int:
     """The entry's "i", else the number in its first decision's token (documents written by hand)."""
     if isinstance(entry.get("i"), int):
         return entry["i"]
-    for state, d in entry.items():
-        comment = d.get("set", {}).get("admin_comment") if isinstance(d, dict) and isinstance(d.get("set"),
-                                                                                                  dict) else None
-        at = _token_at(comment) if isinstance(comment, str) else -1
+    for d in entry.values():
+        comment, at = _comment(d)
         if at >= 0 and comment[at + 21:at + TOKEN_CHARS - 1].isdigit():
             return int(comment[at + 21:at + TOKEN_CHARS - 1])
     return 0
@@ -135,10 +152,14 @@ def render_table(doc: Mapping) -> bytes:
     """The file of a table document (``admission.table_file``; entries ``None``: a header that
     counts none, as a broken file)."""
     decisions = Decisions()
-    lines = []
+    lines, digests = [], set()
     for key, entry in (doc["entries"] or {}).items():
+        digest = key_digest(key)
+        if digest in digests:
+            continue
+        digests.add(digest)
         refs = [(state, decisions.number(decision_text(d))) for state, d in entry.items() if state != "i"]
-        lines.append(entry_line(key, _entry_number(entry), refs))
+        lines.append(entry_line(digest, key, _entry_number(entry), refs))
     entries = None if doc["entries"] is None else len(lines)
     return "".join([header_lines(doc, len(decisions.numbers), entries), *decisions.lines(), *lines,
                     END + "\n"]).encode()
@@ -157,8 +178,9 @@ def read_table(data: bytes) -> dict:
     decisions = [json.loads(line) for line in lines[2:2 + n_dec]]
     entries: dict[str, dict] = {}
     for line in lines[2 + n_dec:2 + n_dec + n_ent]:
-        key, number, refs = line.split("\t")
-        if not (len(number) == 7 and number.isdigit() and _REFS.match(refs)):
+        digest, key, number, refs = line.split("\t")
+        if not (len(number) == 7 and number.isdigit() and _REFS.match(refs)
+                and key_digest(unescape_key(key)) == digest):
             raise ValueError(f"entry line {line!r}")
         i = int(number)
         entry: dict = {"i": i}

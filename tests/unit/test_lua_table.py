@@ -292,7 +292,7 @@ UNUSABLE = {
     "missing": (lambda t: t.unlink(), "no such file"),
     "not_regular": (not_regular, "not a regular file"),
     "truncated": (truncate, "corrupt or truncated (no last line end)"),
-    "corrupt": (corrupt, "corrupt or truncated (fewer key lines than counted)"),
+    "corrupt": (corrupt, "corrupt or truncated (more lines than counted)"),
     "header_not_json": (header_not_json, "corrupt or truncated (header not JSON)"),
     "format": (doc_change(format="swapaware-admission/9"), "format swapaware-admission/9 unknown"),
     "json": (json_table, 'format {"format": "swapaware-admission/1"'),
@@ -514,3 +514,31 @@ def test_more_lines_than_counted_is_never_used(setup):
     res = p.submit(dict(job))
     assert res["job"] == job and res["rpc_calls"] == 1
     assert any("corrupt or truncated (more lines than counted)" in line for line in res["logs"]), res["logs"]
+
+
+def test_a_line_is_used_only_for_its_whole_key_whatever_its_digest(setup):
+    """The digest only finds a line: a job whose digest names a line of another key takes the RPC
+    path (a digest two keys share cannot hand one job's decision to the other)."""
+    from policy_service.core.admission_format import key_digest
+    make, table = setup
+    p = make()
+    mine, other = gpu_job(), gpu_job(name="other")
+    publish(p, table, [(other, {"*": decision(50, "a")})])
+    text = table.read_text()
+    write_atomic(table, text.replace(key_digest(p.key(other)), key_digest(p.key(mine))))
+    res = p.submit(dict(mine))
+    assert res["job"] == mine and res["rpc_calls"] == 1 and res["counters"]["table_miss"] == 1
+    res = p.submit(dict(other))                  # its own digest is in no line now
+    assert res["job"] == other and res["rpc_calls"] == 2
+
+
+def test_the_plugins_digest_is_the_services(setup):
+    from policy_service.core.admission_format import key_digest
+    make, table = setup
+    p = make()
+    for job in KEY_JOBS + [gpu_job(comment="a\tb\\n\n")]:
+        job = {k: v for k, v in job.items() if v is not None}
+        key = p.key(job)
+        publish(p, table, [(job, {"*": decision(60, "a")})])
+        assert key_digest(key) in table.read_text()
+        assert p.submit(dict(job))["counters"]["table_hit"] >= 1
