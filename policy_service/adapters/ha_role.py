@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Callable
 
 from policy_service.config import HaConfig
-from policy_service.core.ha import (ROLE_FILE_MODE, Control, LeaseAction, LeaseView, Role, Signals, control, lease_step, parse_role,
-                                    standby_message, unsafe_owner, writer_until)
+from policy_service.core.ha import (ROLE_FILE_MODE, Control, LeaseAction, LeaseView, Role, Signals, control,
+                                    lease_step, parse_role, standby_message, unsafe_owner, writer_until)
 
 log = logging.getLogger("swapaware.ha")
 
