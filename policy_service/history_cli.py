@@ -6,15 +6,8 @@ from pathlib import Path
 
 import click
 
-from policy_service.config import Config, ConfigError, load_config
+from policy_service.config import ConfigError
 from policy_service.history_config import HistoryBackend
-
-
-def _load(config: str | None) -> Config:
-    try:
-        return load_config(Path(config) if config else None)
-    except ConfigError as exc:
-        raise click.ClickException(f"configuration: {exc}") from None
 
 
 @click.group("history")
@@ -34,6 +27,7 @@ def migrate_command(source: Path, resume: bool, batch: int, config: str | None) 
     verify each table's row count, and print rows/s."""
     from policy_service.adapters.history_db import HistoryUnavailable
     from policy_service.adapters.history_migrate import MigrationError, migrate_history
+    from policy_service.cli import _load  # (cli.py registers this group: imported when run)
 
     cfg = _load(config)
     if cfg.history.backend is not HistoryBackend.MARIADB:

@@ -25,7 +25,6 @@ import itertools
 import json
 import logging
 import os
-import sqlite3
 import tempfile
 import threading
 import time
@@ -250,24 +249,24 @@ class AdmissionPublisher:
         return ", ".join(changed) + " changed" if changed else ""
 
     # ------------------------------------------------------------------ keys
-    def _reader(self) -> sqlite3.Connection:
-        return sqlite3.connect(f"file:{self.handler.store.path}?mode=ro", uri=True, timeout=10)
+    def _reader(self):
+        return self.handler.store.open_reader()  # its own connection: a long scan never holds up Admit
 
     def _newest_rowid(self) -> int:
-        db = self._reader()
+        db, seq = self._reader(), self.handler.store.seq
         try:
-            return db.execute("SELECT COALESCE(MAX(rowid), 0) FROM decisions").fetchone()[0]
+            return int(db.execute(f"SELECT COALESCE(MAX({seq}), 0) FROM decisions").fetchone()[0])
         finally:
             db.close()
 
     def _read_keys(self, now: float) -> list[tuple[str, bytes]]:
         """The keys to publish, newest first: (key, facts_pb)."""
         self.handler.flush()  # decisions handed out so far are in the history
-        db = self._reader()
+        db, seq = self._reader(), self.handler.store.seq
         try:
-            if db.execute("SELECT COALESCE(MAX(rowid), 0) FROM decisions").fetchone()[0] < self._last_rowid:
+            if int(db.execute(f"SELECT COALESCE(MAX({seq}), 0) FROM decisions").fetchone()[0]) < self._last_rowid:
                 self._last_rowid = 0  # another history file (restored): read it all again
-            rows = db.execute("SELECT rowid, decided_at, facts_pb FROM decisions WHERE rowid > ? ORDER BY rowid",
+            rows = db.execute(f"SELECT {seq}, decided_at, facts_pb FROM decisions WHERE {seq} > ? ORDER BY {seq}",
                               (self._last_rowid,))
             for rowid, at, facts_pb in rows:
                 self._last_rowid = rowid

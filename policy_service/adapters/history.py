@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from policy_service.adapters import history_lease as lease
 from policy_service.adapters.history_db import (SQLITE, MARIADB_SCHEMA, HistoryUnavailable, MyConn,  # noqa: F401
                                                 mariadb_engine, retryable)
+from policy_service.adapters.history_file import SqliteFile, _identity
 from policy_service.adapters.history_guard import (HistoryMissing, HistoryOwnerError, before_new_history,  # noqa: F401
                                                    note_history, private_history_file)
 from policy_service.adapters.history_read import HistoryUnreadable, ReadOnlyHistory  # noqa: F401  (API)
@@ -50,7 +51,7 @@ from policy_service.history_config import HistoryBackend, HistoryConfig
 log = logging.getLogger(__name__)
 
 
-class HistoryStore:
+class HistoryStore(SqliteFile):
     """The history: SQLite at ``path`` (':memory:' for tests of callers), or a MariaDB database
     (``mariadb``: its [history] config; ``open_history`` picks from the Config).
 
@@ -127,70 +128,10 @@ class HistoryStore:
         if int(found) != SCHEMA_VERSION:
             raise RuntimeError(f"{self.where}: history schema {found}, this build reads {SCHEMA_VERSION}")
 
-    def _reader(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
-        conn.execute("PRAGMA query_only=1")
-        return conn
-
-    def check_file(self) -> str:
-        """Whether the file at ``path`` is still the database this store has open. When it was
-        removed or replaced while the service ran, the open database (its connections keep the
-        old file alive) is copied back to ``path`` (a replacing file is kept beside it as
-        ``<path>.replaced-<time>``) and the store reopens it. Returns what happened ("": nothing)."""
-        if self._ident is None or _identity(self.path) == self._ident:  # (None: in memory, or not a file)
-            return ""
-        with self._lock, self._rlock:
-            now = _identity(self.path)
-            if now == self._ident:
-                return ""
-            what = "was removed" if now is None else "was replaced by another file"
-            if now is not None:
-                aside = f"{self.path}.replaced-{int(time.time())}"
-                os.replace(self.path, aside)
-                what += f" (kept as {aside})"
-            tmp = Path(f"{self.path}.restoring")
-            tmp.unlink(missing_ok=True)
-            private_history_file(tmp)
-            dest = sqlite3.connect(str(tmp))
-            try:
-                self._conn.backup(dest)
-                decisions = dest.execute("SELECT count(*) FROM decisions").fetchone()[0]
-            finally:
-                dest.close()
-            self._conn.close()
-            self._rconn.close()
-            for leftover in ("-wal", "-shm"):  # a stray WAL must never be applied to the restored file
-                Path(self.path + leftover).unlink(missing_ok=True)
-            os.replace(tmp, self.path)
-            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._rconn = self._reader()
-            self._ident = _identity(self.path)
-        note_history(Path(self.path), created=False)  # its marker may have gone with it
-        message = f"history {self.path} {what} while the service ran: restored from the open database " \
-                  f"({decisions} decisions)"
-        log.error("%s", message)
-        return message
-
     def _read(self, sql: str, args=()) -> list[tuple]:
         """One statement on the read connection (its own snapshot; never waits for a writer)."""
         with self._rlock:
             return list(self._rconn.execute(sql, args).fetchall())
-
-    def _backup(self, version: int) -> None:
-        """A copy of a history about to be migrated, beside it (``<path>.schema<N>.bak``, 0600)."""
-        if self.path == ":memory:" or self.engine is not SQLITE:
-            return
-        copy = Path(f"{self.path}.schema{version}.bak")
-        if copy.exists():
-            return
-        private_history_file(copy)
-        dest = sqlite3.connect(str(copy))
-        try:
-            self._conn.backup(dest)
-        finally:
-            dest.close()
 
     def close(self) -> None:
         with self._lock:
@@ -219,6 +160,19 @@ class HistoryStore:
         if holder == self.fence:
             self._fence_epoch = None
 
+    @property
+    def seq(self) -> str:
+        """The column that numbers decisions in the order they were recorded (a decision recorded
+        again gets a new number): SQLite's rowid, MariaDB's ``seq``."""
+        return "rowid" if self.engine is SQLITE else "seq"
+
+    def open_reader(self):
+        """A read-only connection of its own (for a long scan that must not hold up Admit's reads);
+        the caller closes it. Statements in SQLite's spelling, as everywhere in the store."""
+        if self.engine is SQLITE:
+            return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
+        return MyConn(self._conn.cfg, read_only=True)
+
     def writer(self) -> WriterLease | None:
         """The lease as it stands (None: never claimed), with the database's clock."""
         with self._rlock:
@@ -233,10 +187,10 @@ class HistoryStore:
                keys_json, facts_pb, decision_pb)
         if self.fence is not None:
             with self._tx() as c:
-                c.execute("INSERT OR REPLACE INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
+                c.execute(_INSERT_DECISION, row)
             return
         with self._lock:  # one statement: autocommit is its own transaction
-            self._conn.execute("INSERT OR REPLACE INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
+            self._conn.execute(_INSERT_DECISION, row)
 
     def record(self, records) -> None:
         """Decisions from the decision journal (adapters.decision_log.DecisionRecord), in one
@@ -245,7 +199,7 @@ class HistoryStore:
                  r.shards, r.model_version, json.dumps(r.keys, sort_keys=True), r.facts_pb, r.decision_pb)
                 for r in records]
         with self._tx() as c:
-            c.executemany("INSERT OR REPLACE INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            c.executemany(_INSERT_DECISION, rows)
 
     def decision(self, decision_id: str) -> DecisionRow | None:
         rows = self._read(f"SELECT {DECISION_COLS} FROM decisions WHERE decision_id=?", (decision_id,))
@@ -421,19 +375,17 @@ class HistoryStore:
         return [observation_row(r) for r in self._read(sql + " ORDER BY finished_at", args)]
 
 
+# (the columns named: a MariaDB history has one more, ``seq``, that numbers the rows as SQLite's rowid)
+_INSERT_DECISION = ("INSERT OR REPLACE INTO decisions (decision_id, decided_at, job_class, user, account, partition, "
+                    "job_name, action, shards, model_version, keys_json, facts_pb, decision_pb) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)")
+
+
 def open_history(cfg, accept_empty: bool = False, fence: str | None = None) -> HistoryStore:
     """The history the Config names: [history] backend (SQLite at service.db_path by default)."""
     if cfg.history.backend is HistoryBackend.MARIADB:
         return HistoryStore(cfg.service.db_path, accept_empty, fence=fence, mariadb=cfg.history)
     return HistoryStore(cfg.service.db_path, accept_empty, fence=fence)
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _claim_event(c, event_id: str, kind: str, now: float) -> bool:

@@ -52,7 +52,8 @@ def mariadb_sql(text: str) -> str:
 
 
 # --------------------------------------------------------------------------- schema
-# The same tables as history_schema.SCHEMA: keys VARCHAR (an index needs a length), REAL ->
+# The same tables as history_schema.SCHEMA (decisions has ``seq``: the order rows were recorded
+# in, as SQLite's rowid, for readers that follow new decisions): keys VARCHAR (an index needs a length), REAL ->
 # DOUBLE, BLOB -> LONGBLOB, InnoDB, utf8mb4 compared byte for byte, trailing spaces too (user and
 # job names are case-sensitive; utf8mb4_nopad_bin: MariaDB 10.2 and later). MariaDB commits DDL at
 # once: the schema is created statement by statement.
@@ -64,7 +65,8 @@ MARIADB_SCHEMA = (
         decision_id {_K} PRIMARY KEY, decided_at DOUBLE NOT NULL, job_class TEXT NOT NULL, user {_K},
         account TEXT NOT NULL, `partition` TEXT NOT NULL, job_name TEXT NOT NULL, action TEXT NOT NULL,
         shards INTEGER NOT NULL, model_version TEXT NOT NULL, keys_json TEXT NOT NULL, facts_pb LONGBLOB NOT NULL,
-        decision_pb LONGBLOB NOT NULL, INDEX decisions_user (user, decided_at), INDEX decisions_at (decided_at)) {_T}""",
+        decision_pb LONGBLOB NOT NULL, seq BIGINT NOT NULL AUTO_INCREMENT, UNIQUE KEY decisions_seq (seq),
+        INDEX decisions_user (user, decided_at)) {_T}""",
     f"""CREATE TABLE IF NOT EXISTS runs (
         instance {_K}, node VARCHAR(255) NOT NULL DEFAULT '', job_id BIGINT NOT NULL,
         submit_time BIGINT NOT NULL DEFAULT 0, decision_id VARCHAR(255) NOT NULL DEFAULT '',
