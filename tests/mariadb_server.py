@@ -165,3 +165,11 @@ def history_backend(request) -> Backend:
     name = f"swapaware_t{next(_names)}"
     yield Backend("mariadb", server.database(name))
     server.drop(name)
+
+
+@pytest.fixture
+def mariadb_backend(mariadb_server) -> Backend:
+    """A new database of the session's MariaDB (tests of MariaDB alone)."""
+    name = f"swapaware_m{next(_names)}"
+    yield Backend("mariadb", mariadb_server.database(name))
+    mariadb_server.drop(name)

@@ -242,4 +242,4 @@ def short_dir() -> Iterator[Path]:
         yield Path(d)
 
 
-from tests.mariadb_server import history_backend, mariadb_server  # noqa: E402,F401  (fixtures: both history backends)
+from tests.mariadb_server import history_backend, mariadb_backend, mariadb_server  # noqa: E402,F401  (fixtures)

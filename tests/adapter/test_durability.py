@@ -101,6 +101,40 @@ def test_kill_9_while_the_history_is_write_locked_loses_no_answered_decision(env
     assert set(answered) <= found, set(answered) - found
 
 
+def test_kill_9_while_the_mariadb_history_is_locked_loses_no_answered_decision(env, mariadb_backend, mariadb_server):
+    """The same on a MariaDB history: another session holds the decisions table (LOCK TABLES
+    ... WRITE); Admits answer at once from the journal; after kill -9 and a restart every answered
+    decision is in MariaDB."""
+    import pymysql
+    env = {**env, **mariadb_backend.env}
+    h, sock = mariadb_backend.history, Path(env["SWAPAWARE_SERVICE__SOCKET_PATH"])
+    with service_process(env) as p:
+        admit(sock, "warmup")
+        other = pymysql.connect(unix_socket=h.unix_socket, user=h.user, database=h.database,
+                                password=Path(h.password_file).read_text().strip())
+        try:
+            with other.cursor() as cur:
+                cur.execute("LOCK TABLES decisions WRITE")
+            t0 = time.monotonic()
+            answered = [admit(sock, f"locked-{i}")["response"]["decision"]["decisionId"] for i in range(20)]
+            took = time.monotonic() - t0
+            kill_9(p)
+        finally:
+            other.close()  # its lock goes with it
+    assert took < 4.0
+    store = mariadb_backend.open(env["SWAPAWARE_SERVICE__DB_PATH"])
+    try:
+        assert not set(answered) & store.known_decisions(answered)  # none reached MariaDB before kill -9
+    finally:
+        store.close()
+    with service_process(env):  # the journal is committed at start
+        store = mariadb_backend.open(env["SWAPAWARE_SERVICE__DB_PATH"])
+        try:
+            assert store.known_decisions(answered) == set(answered)
+        finally:
+            store.close()
+
+
 def test_a_burst_killed_midway_keeps_every_answered_decision(env):
     db, sock = Path(env["SWAPAWARE_SERVICE__DB_PATH"]), Path(env["SWAPAWARE_SERVICE__SOCKET_PATH"])
     answered: list[str] = []

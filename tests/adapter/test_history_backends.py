@@ -11,7 +11,6 @@ import pytest
 from policy_service.adapters.decision_log import DecisionLog, DecisionRecord
 from policy_service.adapters.history import HistoryUnavailable, NotWriter
 from policy_service.core.types import ClassStats, KeyLevel
-from tests.mariadb_server import Backend, _names
 from tests.waiting import wait_for
 
 
@@ -137,13 +136,6 @@ def _obs(name: str):
     from policy_service.adapters.history import ObservationRow
     return ObservationRow(f"e-{name}", 1, "", "n1", (0,), 1.0, 2.0, 1.0, 0, 1, False, 0, False, "none", 2.0,
                           f"i/{name}", 0)
-
-
-@pytest.fixture
-def mariadb_backend(mariadb_server):
-    name = f"swapaware_m{next(_names)}"
-    yield Backend("mariadb", mariadb_server.database(name))
-    mariadb_server.drop(name)
 
 
 def test_a_killed_mariadb_connection_is_reopened(mariadb_backend, mariadb_server, tmp_path):
