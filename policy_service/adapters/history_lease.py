@@ -47,10 +47,11 @@ class NotWriter(HistoryUnavailable):
 
 def _row(c, engine: Engine, lock: bool) -> tuple[tuple | None, float]:
     """(holder, epoch, expires_at) or None, and the database's clock."""
-    now = float(c.execute(f"SELECT {engine.now_sql}").fetchone()[0])
-    row = c.execute("SELECT holder, epoch, expires_at FROM writer_lease WHERE name=?" + (engine.lock_row if lock else ""),
-                    (LEASE_NAME,)).fetchone()
-    return (None if row is None else (str(row[0]), int(row[1]), float(row[2]))), now
+    row = c.execute(f"SELECT holder, epoch, expires_at, {engine.now_sql} FROM writer_lease WHERE name=?"
+                    + (engine.lock_row if lock else ""), (LEASE_NAME,)).fetchone()  # one round trip
+    if row is None:
+        return None, float(c.execute(f"SELECT {engine.now_sql}").fetchone()[0])
+    return (str(row[0]), int(row[1]), float(row[2])), float(row[3])
 
 
 def read(c, engine: Engine) -> WriterLease | None:
