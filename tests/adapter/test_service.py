@@ -167,12 +167,12 @@ def test_concurrent_finishes_of_one_class_lose_no_update(client, slurm_jobs, ser
     assert service.store.stats(row.keys)[next(iter(row.keys))].runs == len(ids)
 
 
-def test_history_survives_restart(tmp_path):
+def test_history_survives_restart(tmp_path, history_backend):
     path = tmp_path / "h.sqlite3"
-    s = HistoryStore(path)
+    s = history_backend.open(path)
     s.record_start(event_id="e", job_id=5, decision_id="", node="n", gpus=[0], started_at=1.0, received_at=1.0)
     s.close()
-    s2 = HistoryStore(path)
+    s2 = history_backend.open(path)
     assert s2.run(5).started_at == 1.0 and s2.event_seen("e")
     s2.close()
 
@@ -199,14 +199,14 @@ def test_socket_takes_a_burst_of_concurrent_connections(service):
     assert all(b'"response"' in r for r in replies)
 
 
-def test_stop_records_every_decision_handed_out(service_env, slurm_jobs):
+def test_stop_records_every_decision_handed_out(service_env, slurm_jobs, history_backend):
     from policy_service.config import load_config
     from policy_service.server import start_service
 
-    svc = start_service(load_config(env=service_env), slurm=slurm_jobs)
+    svc = start_service(load_config(env={**service_env, **history_backend.env}), slurm=slurm_jobs)
     ids = [svc.handler.admit(pb.AdmitRequest(job=facts(name=f"n{i}"))).decision.decision_id for i in range(200)]
     svc.stop(0)
-    store = HistoryStore(service_env["SWAPAWARE_SERVICE__DB_PATH"])
+    store = history_backend.open(service_env["SWAPAWARE_SERVICE__DB_PATH"])
     assert {d.decision_id for d in store.decisions()} >= set(ids)
     store.close()
 
