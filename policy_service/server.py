@@ -65,7 +65,7 @@ class RunningService:
         self._socket_server.shutdown()  # type: ignore[attr-defined]
         self._socket_server.server_close()  # type: ignore[attr-defined]
         self.grpc_server.stop(grace_s).wait(grace_s + 1)
-        if self.role is None or self.role.is_writer():
+        if self.role is None or drained_while_writer(self.handler, self.role, self.role.cfg.lease_ttl_s):
             self.handler.close()  # every decision handed out is recorded before exit
         # else: a standby's decisions stay in its journal (read back at the next start)
         if self.role is not None:
@@ -79,6 +79,16 @@ class RunningService:
         self.store.close()
         if self.admission_archive is not None:
             self.admission_archive.close()
+
+
+def drained_while_writer(handler: PolicyHandler, role: RoleKeeper, within_s: float) -> bool:
+    """Whether every decision handed out reached the history, waiting up to ``within_s`` while this
+    service writes: a standby's stay journaled, and a writer that loses its lease while stopping
+    does not wait for ever (DecisionLog.flush has no bound)."""
+    end = time.monotonic() + within_s
+    while handler.decisions.pending() and role.is_writer() and time.monotonic() < end:
+        time.sleep(0.05)
+    return not handler.decisions.pending()
 
 
 GIL_SWITCH_INTERVAL_S = 0.0002  # see serve_forever

@@ -294,3 +294,16 @@ def test_a_writer_cut_off_from_the_history_stops_when_its_lease_would_have_run_o
     assert "cannot read or claim the writer lease" in caplog.text
     clock[0] += 1.5
     assert not role.step() and role.standby_reason() == "standby: writer is nobody (no service holds the lease)"
+
+
+def test_a_standby_stops_at_once_keeping_its_journaled_decisions(pair, short_dir):
+    a = pair("a", Role.PRIMARY)
+    wait_for(a.role.is_writer, 10, "a to write")
+    b = pair("b", Role.PRIMARY)
+    d_b = admit_locally(b, "journaled-on-b")
+    t0 = time.monotonic()
+    b.stop(0)  # its writer cannot take the decision (a writes): stopping does not wait for that
+    del pair.running["b"]
+    assert time.monotonic() - t0 < 10.0
+    assert a.store.decision(d_b) is None
+    assert d_b.encode() in (short_dir / "b" / "history.sqlite3.journal").read_bytes()
