@@ -92,10 +92,10 @@ def main() -> None:
         until(a.role.is_writer, 30)
         b = service(base, "b", db, Role.BACKUP, args.ttl, args.renew)
         try:
+            write_role(base / "b" / "run" / "role", Role.PRIMARY, time.time())  # b's claim is refused first
             write_role(base / "a" / "run" / "role", Role.BACKUP, time.time())
-            write_role(base / "b" / "run" / "role", Role.PRIMARY, time.time())
             handover = until(b.role.is_writer, 60)
-            print(f"handover (primary-off on a, primary-on on b) until b writes: {handover:.2f} s "
+            print(f"handover (primary-on on b, then primary-off on a) until b writes: {handover:.2f} s "
                   f"(ttl {args.ttl:g} s, renew {args.renew:g} s)")
             spool = base / "spool"
             addr = {n: f"127.0.0.1:{s.grpc_port}" for n, s in (("a", a), ("b", b))}

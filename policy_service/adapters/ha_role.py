@@ -22,6 +22,7 @@ from policy_service.core.ha import (ROLE_FILE_MODE, Control, LeaseAction, LeaseV
                                     lease_step, parse_role, standby_message, unsafe_owner, writer_until)
 
 log = logging.getLogger("swapaware.ha")
+ROLE_FILE_POLL_S = 0.1  # how often the thread looks whether `swapaware ha primary-on|off` rewrote the role file
 
 
 def holder_name(cfg: HaConfig) -> str:
@@ -86,6 +87,7 @@ class RoleKeeper:
         self._thread: threading.Thread | None = None
         self.on_change: list[Callable[[bool], None]] = []  # called with is_writer() when it changes
         self.last_control: Control | None = None
+        self._control_since = float("-inf")  # monotonic: when this slurmctld was last seen taking control
 
     # ------------------------------------------------------------------ what others ask
     def is_writer(self) -> bool:
@@ -131,6 +133,8 @@ class RoleKeeper:
         with self._lock:
             was = self.is_writer()
             ctl = control(self.signals(), self.admit_fresh_s)
+            if ctl.in_control and not (self.last_control and self.last_control.in_control):
+                self._control_since = self.mono()
             self.last_control = ctl
             why = ctl.why
             try:
@@ -187,15 +191,37 @@ class RoleKeeper:
         self._said = said
 
     # ------------------------------------------------------------------ the thread
+    def _claiming(self) -> bool:
+        """In control but not (yet) the writer, within a lease's time of taking control: the old
+        writer's release or expiry is looked for every ROLE_FILE_POLL_S, not every renew_s."""
+        c = self.last_control
+        return (c is not None and c.in_control and not self.is_writer()
+                and self.mono() - self._control_since < self.cfg.lease_ttl_s + self.cfg.renew_s)
+
+    def _role_stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self.cfg.role_file)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
     def start(self) -> "RoleKeeper":
+        """A round every renew_s, and at once when the role file changes (looked at every
+        ROLE_FILE_POLL_S) or slurmctld's Admit arrives while standby."""
         def loop() -> None:
+            due, stamp, last = 0.0, None, float("-inf")
             while not self._stop.is_set():
-                try:
-                    self.step()
-                except Exception:  # noqa: BLE001 - the thread must outlive anything
-                    log.exception("ha: role round failed")
-                self._wake.wait(self.cfg.renew_s)
-                self._wake.clear()
+                now_stamp = self._role_stamp()
+                if self.mono() >= due or now_stamp != stamp:
+                    stamp, last = now_stamp, self.mono()
+                    try:
+                        self.step()
+                    except Exception:  # noqa: BLE001 - the thread must outlive anything
+                        log.exception("ha: role round failed")
+                    due = self.mono() + (ROLE_FILE_POLL_S if self._claiming() else self.cfg.renew_s)
+                if self._wake.wait(max(0.0, min(ROLE_FILE_POLL_S, due - self.mono()))):
+                    self._wake.clear()  # a burst of Admits: one round per ROLE_FILE_POLL_S at most
+                    due = min(due, last + ROLE_FILE_POLL_S)
 
         self._thread = threading.Thread(target=loop, name="ha-role", daemon=True)
         self._thread.start()
