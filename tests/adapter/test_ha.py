@@ -244,20 +244,20 @@ def test_slurmctlds_admit_on_the_local_socket_is_evidence_of_control(pair):
     wait_for(lambda: a.store.decision(d_id) is not None, 15, "the decision in the history")
 
 
-def test_ha_commands_write_the_role_and_status_tells_the_lease(short_dir):
+def test_ha_commands_write_the_role_and_status_tells_the_lease(short_dir, history_backend):
     from click.testing import CliRunner
 
     from policy_service.cli import main
 
     db = short_dir / "history.sqlite3"
     env = {"SWAPAWARE_SERVICE__DB_PATH": str(db), "SWAPAWARE_HA__ROLE_FILE": str(short_dir / "run" / "role"),
-           "SWAPAWARE_HA__HOLDER": "ctl2", "SWAPAWARE_HA__ENABLED": "true"}
+           "SWAPAWARE_HA__HOLDER": "ctl2", "SWAPAWARE_HA__ENABLED": "true", **history_backend.env}
     run = CliRunner().invoke
     done = run(main, ["ha", "primary-on"], env=env)
     assert done.exit_code == 0, done.output
     assert (short_dir / "run" / "role").read_text().startswith("primary ")
     assert (short_dir / "run" / "role").stat().st_mode & 0o777 == 0o644
-    store = HistoryStore(db)
+    store = history_backend.open(db)
     try:
         store.claim_writer("ctl1", 30.0)
         done = run(main, ["ha", "status", "--json"], env=env)
