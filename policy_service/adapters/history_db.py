@@ -146,9 +146,13 @@ class MyConn:
         where = ({"unix_socket": self.cfg.unix_socket} if self.cfg.unix_socket
                  else {"host": self.cfg.host or "127.0.0.1", "port": self.cfg.port})
         try:
+            # A server that stops answering (network cut) must not hold a thread forever: a read
+            # gives up after twice the connect timeout (Admit's reads), a write after 120 s (above
+            # InnoDB's lock wait); either is then a lost connection (HistoryUnavailable).
+            timeout = 2 * self.cfg.connect_timeout_s if self.read_only else max(120.0, 2 * self.cfg.connect_timeout_s)
             raw = self._pymysql.connect(user=self.cfg.user, password=password or "", database=self.cfg.database,
-                                        connect_timeout=self.cfg.connect_timeout_s, autocommit=True,
-                                        charset="utf8mb4", **where)
+                                        connect_timeout=self.cfg.connect_timeout_s, read_timeout=timeout,
+                                        write_timeout=timeout, autocommit=True, charset="utf8mb4", **where)
         except self._pymysql.Error as exc:
             raise _unavailable(exc, f"cannot connect to {self.cfg.where()}") if retryable(exc) else exc
         with raw.cursor() as cur:  # '||' concatenates (as in SQLite); strict types; UTC timestamps
