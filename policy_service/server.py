@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import pwd
 import signal
+import socket
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ from policy_service.adapters.admission_catchup import attach as attach_catchup
 from policy_service.adapters.admission_catchup import chain
 from policy_service.adapters.admission_publish import AdmissionPublisher
 from policy_service.adapters.grpc_server import start_grpc
-from policy_service.adapters.ha_role import RoleKeeper, holder_name, only_while_writer
+from policy_service.adapters.ha_role import RoleKeeper, heartbeat_probe, holder_name, only_while_writer
 from policy_service.adapters.history import HistoryStore, open_history
 from policy_service.adapters.local_socket import start_local_socket
 from policy_service.adapters.partitions import SlurmConfWatch, slurm_conf_path
@@ -241,7 +242,10 @@ def follow_role(cfg: Config, store: HistoryStore, handler: PolicyHandler, author
     as writer), then kept by its thread; events are refused and background writes skipped while
     standby."""
     slurm_uid = getattr(getattr(authorizer, "trust", None), "slurm_uid", None)
-    role = RoleKeeper(store, cfg.ha, slurm_uid=slurm_uid)
+    me = holder_name(cfg.ha)
+    names = tuple(dict.fromkeys((me, socket.gethostname().split(".")[0], socket.gethostname())))
+    role = RoleKeeper(store, cfg.ha, slurm_uid=slurm_uid,
+                      probe=heartbeat_probe(slurm_conf_path(cfg.service.slurm_conf), names))
     handler.standby = role.standby_reason
 
     def local_admit(uid: int | None) -> None:

@@ -19,7 +19,10 @@ from typing import Callable
 
 from policy_service.config import HaConfig
 from policy_service.core.ha import (ROLE_FILE_MODE, Control, LeaseAction, LeaseView, Role, Signals, control,
-                                    lease_step, parse_role, standby_message, unsafe_owner, writer_until)
+                                    controllers_of, heartbeat_role, lease_step, parse_role, standby_message,
+                                    unsafe_owner, writer_until)
+
+Probe = Callable[[], "tuple[Role | None, str]"]  # the controller's own answer, and where it came from
 
 log = logging.getLogger("swapaware.ha")
 ROLE_FILE_POLL_S = 0.1  # how often the thread looks whether `swapaware ha primary-on|off` rewrote the role file
@@ -53,6 +56,35 @@ def read_role_file(path: Path, trusted: tuple[int, ...] | None = None) -> tuple[
     return role, st.st_mtime, "" if role is not None else f"{path} says neither primary nor backup"
 
 
+def heartbeat_probe(slurm_conf: Path, names: tuple[str, ...],
+                    wall: Callable[[], float] = time.time) -> Probe | None:
+    """slurmctld's own answer from the ``heartbeat`` file in StateSaveLocation (core/ha.py), where
+    slurm.conf names two or more SlurmctldHost lines, this host (any of ``names``) among them, and a
+    StateSaveLocation; None (said in the log) where it does not."""
+    try:
+        conf = controllers_of(slurm_conf.read_text(errors="replace"))
+    except OSError as exc:
+        log.info("ha: slurm.conf %s not read (%s): the role file and local Admits tell the role", slurm_conf, exc)
+        return None
+    mine = conf.index_of(names)
+    if len(conf.hosts) < 2 or mine is None or not conf.state_dir:
+        log.info("ha: slurmctld's heartbeat not used (SlurmctldHost %s, this host %s, StateSaveLocation %r)",
+                 ", ".join(conf.hosts) or "none", "/".join(names), conf.state_dir)
+        return None
+    path = Path(conf.state_dir) / "heartbeat"
+
+    def probe() -> tuple[Role | None, str]:
+        try:
+            data = path.read_bytes()[:64]
+        except OSError as exc:
+            return None, f"{path}: {exc.strerror or exc}"
+        return heartbeat_role(data, mine, len(conf.hosts), wall(), conf.timeout_s)
+
+    log.info("ha: slurmctld's heartbeat %s tells the role (this host is SlurmctldHost #%d of %d)", path, mine,
+             len(conf.hosts))
+    return probe
+
+
 def lease_view(lease) -> LeaseView | None:
     """core's view of the store's WriterLease (holder, epoch, expires_at, now)."""
     if lease is None:
@@ -63,9 +95,9 @@ def lease_view(lease) -> LeaseView | None:
 
 class RoleKeeper:
     """``store``: a HistoryStore with claim_writer / release_writer / writer. ``probe``: the
-    controller's own answer (Role or None when it cannot tell), None: not asked."""
+    controller's own answer (Role or None when it cannot tell, and why), None: not asked."""
 
-    def __init__(self, store, cfg: HaConfig, *, probe: Callable[[], Role | None] | None = None,
+    def __init__(self, store, cfg: HaConfig, *, probe: Probe | None = None,
                  slurm_uid: int | None = None, wall: Callable[[], float] = time.time,
                  mono: Callable[[], float] = time.monotonic):
         self.store, self.cfg, self.probe, self.wall, self.mono = store, cfg, probe, wall, mono
@@ -80,6 +112,7 @@ class RoleKeeper:
         self._local_admit_at: float | None = None
         self._said: tuple | None = None  # the last role logged, with its reason
         self._role_file_problem = ""
+        self._probe_problem = ""
         self._store_error = ""
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -119,13 +152,16 @@ class RoleKeeper:
             if problem:
                 log.error("ha: role file not used: %s", problem)
             self._role_file_problem = problem
-        answer = None
+        answer, why = None, ""
         if self.probe is not None:
             try:
-                answer = self.probe()
+                answer, why = self.probe()
             except Exception as exc:  # noqa: BLE001 - the other signals still count
-                log.debug("ha: the controller's answer is not known: %s", exc)
-        return Signals(now=self.wall(), role_file=role, role_file_at=at, controller=answer,
+                why = f"{type(exc).__name__}: {exc}"
+            if answer is None and why != self._probe_problem:
+                log.info("ha: slurmctld's own answer not known (%s): the role file and local Admits tell", why)
+            self._probe_problem = why if answer is None else ""
+        return Signals(now=self.wall(), role_file=role, role_file_at=at, controller=answer, controller_why=why,
                        local_admit_at=self._local_admit_at)
 
     def step(self) -> bool:

@@ -7,7 +7,9 @@ A service is the writer iff it holds the store's writer lease. It tries to take 
 while its own slurmctld is in control; the evidence (``Signals``):
   * the role file that ``swapaware ha primary-on`` / ``primary-off`` write (slurmctld runs them as
     SlurmctldPrimaryOnProg / SlurmctldPrimaryOffProg when it becomes primary / backup);
-  * the controller's own answer (where the running release tells it), when one was read;
+  * the controller's own answer: the ``heartbeat`` file slurmctld keeps in StateSaveLocation names
+    the SlurmctldHost line of the controller in control (measured on 22.05: 16 bytes, the time
+    and that index as big-endian uint64s); ``scontrol ping`` does not tell;
   * an Admit arriving on the controller-local socket: only the slurmctld in control runs
     job_submit.
 The newest explicit evidence wins; a service never takes an unexpired lease of another holder
@@ -16,7 +18,10 @@ The newest explicit evidence wins; a service never takes an unexpired lease of a
 from __future__ import annotations
 
 import enum
+import re
+import shlex
 import stat
+import struct
 from dataclasses import dataclass
 
 ROLE_FILE_MODE = 0o644
@@ -41,6 +46,7 @@ class Signals:
     role_file: Role | None = None  # None: no (usable) role file
     role_file_at: float | None = None  # its mtime
     controller: Role | None = None  # the controller's own answer; None: not known
+    controller_why: str = ""  # where that answer came from
     local_admit_at: float | None = None  # the last Admit that arrived on the local socket
 
 
@@ -74,7 +80,7 @@ def control(s: Signals, admit_fresh_s: float) -> Control:
     known, is the state now; else the newest of the role file and a local Admit (an Admit within
     ``admit_fresh_s`` counts, one older than the role file does not override it)."""
     if s.controller is not None:
-        return Control(s.controller is Role.PRIMARY, f"slurmctld says it is {s.controller.value}")
+        return Control(s.controller is Role.PRIMARY, s.controller_why or f"slurmctld says it is {s.controller.value}")
     admit_fresh = s.local_admit_at is not None and s.now - s.local_admit_at <= admit_fresh_s
     if s.role_file is not None:
         newer_admit = admit_fresh and (s.role_file_at is None or s.local_admit_at > s.role_file_at)
@@ -138,3 +144,73 @@ def unsafe_owner(what: str, st_uid: int, st_mode: int, trusted_uids: tuple[int, 
     if st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{what} is writable by group or others (mode {stat.S_IMODE(st_mode):04o})"
     return None
+
+
+HEARTBEAT_BYTES = 16
+SLURMCTLD_TIMEOUT_DEFAULT_S = 120.0  # slurm.conf's default SlurmctldTimeout
+
+
+@dataclass(frozen=True)
+class Controllers:
+    """What slurm.conf says of the controllers: SlurmctldHost names in order (the first is the
+    primary), StateSaveLocation, SlurmctldTimeout."""
+
+    hosts: tuple[str, ...]
+    state_dir: str
+    timeout_s: float
+
+    def index_of(self, names: tuple[str, ...]) -> int | None:
+        """The position of this host (any of ``names``) among the SlurmctldHost lines."""
+        for i, h in enumerate(self.hosts):
+            if h in names:
+                return i
+        return None
+
+
+def controllers_of(slurm_conf: str) -> Controllers:
+    """SlurmctldHost lines in order (ControlMachine / BackupController on old configs),
+    StateSaveLocation and SlurmctldTimeout from slurm.conf's text."""
+    hosts: list[str] = []
+    legacy: dict[str, str] = {}
+    params: dict[str, str] = {}
+    for raw in slurm_conf.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            parts = shlex.split(line)
+        except ValueError:
+            parts = line.split()
+        for part in parts:
+            key, _, value = part.partition("=")
+            key = key.lower()
+            if key == "slurmctldhost":
+                hosts.append(re.sub(r"\(.*\)$", "", value).strip())
+            elif key in ("controlmachine", "backupcontroller"):
+                legacy[key] = value.split(",")[0].strip()
+            else:
+                params[key] = value
+    if not hosts:
+        hosts = [legacy[k] for k in ("controlmachine", "backupcontroller") if legacy.get(k)]
+    try:
+        timeout = float(params.get("slurmctldtimeout", "") or SLURMCTLD_TIMEOUT_DEFAULT_S)
+    except ValueError:
+        timeout = SLURMCTLD_TIMEOUT_DEFAULT_S
+    return Controllers(tuple(h for h in hosts if h), params.get("statesavelocation", ""), timeout)
+
+
+def heartbeat_role(data: bytes, mine: int, controllers: int, now: float, timeout_s: float) -> tuple[Role | None, str]:
+    """This controller's role from StateSaveLocation's ``heartbeat`` (``mine``: its SlurmctldHost
+    index), and why; None when the file does not tell: not the measured format, a writer index
+    no SlurmctldHost has, or older than SlurmctldTimeout (no controller in control writes it)."""
+    if len(data) != HEARTBEAT_BYTES:
+        return None, f"heartbeat is {len(data)} bytes, not {HEARTBEAT_BYTES}"
+    at, index = struct.unpack(">QQ", data)
+    if abs(now - at) > 86400:
+        return None, f"heartbeat time {at} is not a time near now"
+    if index >= controllers:
+        return None, f"heartbeat names SlurmctldHost #{index}, slurm.conf has {controllers}"
+    if now - at > timeout_s:
+        return None, f"heartbeat {now - at:.0f} s old (SlurmctldTimeout {timeout_s:.0f} s)"
+    role = Role.PRIMARY if index == mine else Role.BACKUP
+    return role, f"slurmctld's heartbeat names SlurmctldHost #{index}" + (" (this host)" if role is Role.PRIMARY else "")

@@ -87,3 +87,39 @@ def test_service_addresses_are_the_controllers_else_the_single_address():
     assert service_addresses(Config(hooks=HookConfig(service_address="ctl:1"))) == ("ctl:1",)
     assert service_addresses(Config(hooks=HookConfig(service_address="ctl:1"),
                                     ha=HaConfig(controllers=("a:1", "b:2")))) == ("a:1", "b:2")
+
+
+def test_controllers_of_slurm_conf():
+    from policy_service.core.ha import controllers_of
+
+    c = controllers_of("SlurmctldHost=ctl1(10.0.0.1)\nSlurmctldHost=ctl2  # backup\n"
+                       "StateSaveLocation=/shared/state\nSlurmctldTimeout=5\nNodeName=n1 Gres=gpu:1\n")
+    assert (c.hosts, c.state_dir, c.timeout_s) == (("ctl1", "ctl2"), "/shared/state", 5.0)
+    assert (c.index_of(("ctl2", "x")), c.index_of(("n1",))) == (1, None)
+    old = controllers_of("ControlMachine=a\nBackupController=b\n")  # before SlurmctldHost
+    assert (old.hosts, old.timeout_s) == (("a", "b"), 120.0)
+
+
+NOW = 1_733_360_000.0
+
+
+@pytest.mark.parametrize("age,index,role,says", [
+    (5, 1, Role.PRIMARY, "#1 (this host)"),
+    (5, 0, Role.BACKUP, "#0"),
+    (100, 1, None, "old"),  # no controller writes it: not known
+    (5, 2, None, "has 2"),
+    (NOW - 5, 1, None, "not a time"),
+])
+def test_heartbeat_role(age, index, role, says):
+    import struct
+
+    from policy_service.core.ha import heartbeat_role
+
+    got, why = heartbeat_role(struct.pack(">QQ", int(NOW - age), index), 1, 2, now=NOW, timeout_s=10.0)
+    assert got is role and says in why
+
+
+def test_heartbeat_of_another_size_is_not_read():
+    from policy_service.core.ha import heartbeat_role
+
+    assert heartbeat_role(b"\0" * 12, 0, 2, now=1000.0, timeout_s=10.0)[0] is None
