@@ -102,7 +102,7 @@ def main() -> None:
         server = MariaDbServer.start(buffer_pool="512M")  # as the dev cluster's (contrib/dev-cluster/cluster.sh)
         h = server.database("bench")
         maria_cfg = load_config(env={"SWAPAWARE_HISTORY__BACKEND": "mariadb", "SWAPAWARE_HISTORY__UNIX_SOCKET":
-                                     h.unix_socket, "SWAPAWARE_HISTORY__DATABASE": h.database,
+                                     h.unix_socket, "SWAPAWARE_HISTORY__DATABASE": h.database, "SWAPAWARE_HISTORY__USER": h.user,
                                      "SWAPAWARE_HISTORY__PASSWORD_FILE": h.password_file,
                                      "SWAPAWARE_SERVICE__DB_PATH": str(tmp / "maria" / "history.sqlite3")})
     try:

@@ -3,7 +3,7 @@ start_mariadb): a datadir made by mariadb-install-db in a temporary directory, n
 (--skip-networking), a Unix socket beside it, run as root with --user=root, stopped by its pid.
 
 ``MariaDbServer.start()`` waits until the server answers; ``database(name)`` creates a database
-and a user ``swapaware`` with a password (written to a 0600 file, as ``history.password_file``
+and a user of that name with a password (written to a 0600 file, as ``history.password_file``
 wants it) and returns the HistoryConfig that reaches it. Used by the session fixture
 ``mariadb`` (tests/adapter/conftest.py) and by the benches.
 """
@@ -21,7 +21,6 @@ from pathlib import Path
 
 from policy_service.history_config import HistoryConfig
 
-USER = "swapaware"
 
 
 def missing() -> str:
@@ -42,6 +41,7 @@ def _tool(name: str) -> str:
 class MariaDbServer:
     root: Path
     proc: subprocess.Popen | None = None
+    buffer_pool: str = "64M"
 
     @property
     def socket(self) -> Path:
@@ -61,47 +61,32 @@ class MariaDbServer:
                             "--auth-root-authentication-method=socket", "--skip-test-db", "--skip-name-resolve",
                             "--innodb-log-file-size=16M"], stdin=subprocess.DEVNULL, stdout=out,
                            stderr=subprocess.STDOUT, check=True, timeout=timeout_s)
-        server = cls(root)
-        server.proc = subprocess.Popen(
-            [_tool("mariadbd"), "--no-defaults", "--user=root", f"--datadir={data}", f"--socket={server.socket}",
-             f"--pid-file={root / 'mysqld.pid'}", "--skip-networking", "--skip-name-resolve",
-             f"--log-error={server.log}", "--skip-log-bin", f"--innodb-buffer-pool-size={buffer_pool}",
-             "--innodb-log-file-size=16M", "--innodb-flush-log-at-trx-commit=2", "--innodb-lock-wait-timeout=5"],
+        server = cls(root, buffer_pool=buffer_pool)
+        server.launch(timeout_s)
+        return server
+
+    def launch(self, timeout_s: float = 120.0) -> None:
+        """Start mariadbd on this datadir and wait until it answers (again, after ``shutdown``)."""
+        self.proc = subprocess.Popen(
+            [_tool("mariadbd"), "--no-defaults", "--user=root", f"--datadir={self.root / 'data'}",
+             f"--socket={self.socket}", f"--pid-file={self.root / 'mysqld.pid'}", "--skip-networking",
+             "--skip-name-resolve", f"--log-error={self.log}", "--skip-log-bin",
+             f"--innodb-buffer-pool-size={self.buffer_pool}", "--innodb-log-file-size=16M",
+             "--innodb-flush-log-at-trx-commit=2", "--innodb-lock-wait-timeout=5"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while True:
-            if server.proc.poll() is not None:
-                raise RuntimeError(f"mariadbd exited ({server.proc.returncode}); see {server.log}")
-            if server.socket.exists() and server.sql("SELECT 1", check=False).returncode == 0:
-                return server
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mariadbd exited ({self.proc.returncode}); see {self.log}")
+            if self.socket.exists() and self.sql("SELECT 1", check=False).returncode == 0:
+                return
             if time.monotonic() > deadline:
-                server.stop()
-                raise RuntimeError(f"mariadbd did not answer within {timeout_s:.0f} s; see {server.log}")
+                self.stop()
+                raise RuntimeError(f"mariadbd did not answer within {timeout_s:.0f} s; see {self.log}")
             time.sleep(0.1)  # polling the server's socket until it answers
 
-    def sql(self, text: str, check: bool = True) -> subprocess.CompletedProcess:
-        """Run SQL as the server's root (socket authentication)."""
-        return subprocess.run([_tool("mariadb"), "--no-defaults", f"--socket={self.socket}", "-uroot", "-N", "-e",
-                               text], capture_output=True, text=True, check=check, timeout=60)
-
-    def database(self, name: str) -> HistoryConfig:
-        """A new, empty database ``name`` that the user ``swapaware`` may use, and its config."""
-        password = secrets.token_hex(16)
-        self.sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin; "
-                 f"CREATE USER IF NOT EXISTS '{USER}'@'localhost' IDENTIFIED BY '{password}'; "
-                 f"ALTER USER '{USER}'@'localhost' IDENTIFIED BY '{password}'; "
-                 f"GRANT ALL ON `{name}`.* TO '{USER}'@'localhost';")
-        pw_file = self.root / f"{name}.password"
-        fd = os.open(pw_file, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(password + "\n")
-        return HistoryConfig(backend="mariadb", unix_socket=str(self.socket), database=name, user=USER,
-                             password_file=str(pw_file))
-
-    def drop(self, name: str) -> None:
-        self.sql(f"DROP DATABASE IF EXISTS `{name}`")
-
-    def stop(self) -> None:
+    def shutdown(self) -> None:
+        """Stop mariadbd (by its pid), keeping its datadir (``launch`` starts it again)."""
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
             try:
@@ -109,6 +94,31 @@ class MariaDbServer:
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+
+    def sql(self, text: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run SQL as the server's root (socket authentication)."""
+        return subprocess.run([_tool("mariadb"), "--no-defaults", f"--socket={self.socket}", "-uroot", "-N", "-e",
+                               text], capture_output=True, text=True, check=check, timeout=60)
+
+    def database(self, name: str) -> HistoryConfig:
+        """A new, empty database ``name`` and a user of the same name that may use it (with the
+        grants docs/history-backends.md names), and its config."""
+        password = secrets.token_hex(16)
+        self.sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4; "
+                 f"CREATE USER '{name}'@'localhost' IDENTIFIED BY '{password}'; "
+                 f"GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX ON `{name}`.* TO '{name}'@'localhost';")
+        pw_file = self.root / f"{name}.password"
+        fd = os.open(pw_file, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+        return HistoryConfig(backend="mariadb", unix_socket=str(self.socket), database=name, user=name,
+                             password_file=str(pw_file))
+
+    def drop(self, name: str) -> None:
+        self.sql(f"DROP DATABASE IF EXISTS `{name}`; DROP USER IF EXISTS '{name}'@'localhost'")
+
+    def stop(self) -> None:
+        self.shutdown()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

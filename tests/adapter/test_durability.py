@@ -108,6 +108,7 @@ def test_kill_9_while_the_mariadb_history_is_locked_loses_no_answered_decision(e
     import pymysql
     env = {**env, **mariadb_backend.env}
     h, sock = mariadb_backend.history, Path(env["SWAPAWARE_SERVICE__SOCKET_PATH"])
+    mariadb_server.sql(f"GRANT LOCK TABLES ON `{h.database}`.* TO '{h.user}'@'localhost'")  # (the service needs none)
     with service_process(env) as p:
         admit(sock, "warmup")
         other = pymysql.connect(unix_socket=h.unix_socket, user=h.user, database=h.database,

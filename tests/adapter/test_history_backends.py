@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from policy_service.adapters.decision_log import DecisionLog, DecisionRecord
-from policy_service.adapters.history import HistoryUnavailable, NotWriter
+from policy_service.adapters.history import HistoryStore, HistoryUnavailable, NotWriter
 from policy_service.core.types import ClassStats, KeyLevel
 from tests.waiting import wait_for
 
@@ -177,3 +177,29 @@ def test_a_write_blocked_by_another_sessions_lock_is_retryable(mariadb_backend, 
     finally:
         other.close()
         store.close()
+
+
+def test_decisions_wait_in_the_journal_while_the_database_is_down(tmp_path):
+    """A MariaDB server of its own, stopped under the store: the writer gets HistoryUnavailable
+    (cannot connect) and retries; the decisions are in the history once the server is back."""
+    from tests.mariadb_server import MariaDbServer, missing
+    if missing():
+        pytest.skip(missing())
+    server = MariaDbServer.start()
+    try:
+        store = HistoryStore(tmp_path / "history.sqlite3", mariadb=server.database("down"))
+        log = DecisionLog(tmp_path / "journal", store.record)
+        log.record(record(0))
+        log.flush()
+        server.shutdown()
+        for i in range(1, 6):
+            log.record(record(i))
+        wait_for(lambda: "HistoryUnavailable" in log.failing, 30, lambda: f"the writer to fail ({log.failing!r})")
+        assert len(list(log.records())) == 5
+        server.launch()
+        log.flush()
+        assert store.known_decisions([f"d{i}" for i in range(6)]) == {f"d{i}" for i in range(6)}
+        log.close()
+        store.close()
+    finally:
+        server.stop()
