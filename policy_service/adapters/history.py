@@ -67,7 +67,7 @@ class HistoryStore(SqliteFile):
         self._fence_epoch: int | None = None
         self._ident: tuple[int, int] | None = None
         if mariadb is not None:
-            self._open_mariadb(path, mariadb)
+            self._open_mariadb(path, mariadb, accept_empty)
             return
         self.engine = SQLITE
         self.path = self.where = str(path)
@@ -105,8 +105,11 @@ class HistoryStore(SqliteFile):
             self._rlock = threading.Lock()
             self._ident = _identity(self.path)
 
-    def _open_mariadb(self, path: Path | str, cfg: HistoryConfig) -> None:
-        # path stays service.db_path: the decision journal lies beside it, on local disk
+    def _open_mariadb(self, path: Path | str, cfg: HistoryConfig, accept_empty: bool) -> None:
+        """``path`` stays service.db_path: the decision journal lies beside it, on local disk. An
+        empty database where files beside ``path`` show that this host had a history (its SQLite
+        file's marker, a journal) is refused unless ``accept_empty``: a switch of backend without
+        ``swapaware history migrate`` would start every class over without a word."""
         self.engine, self.path, self.where = mariadb_engine(), str(path), cfg.where()
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -114,6 +117,10 @@ class HistoryStore(SqliteFile):
         self._rconn, self._rlock = MyConn(cfg, read_only=True), threading.Lock()
         with self._lock:
             before = stored_version(self._conn, self.engine)
+            if before is None and self.path != ":memory:":
+                before_new_history(Path(self.path), accept_empty, f"is not used: [history] names {self.where}, which "
+                                   f"holds no swapaware tables (copy the SQLite history there first: `swapaware "
+                                   f"history migrate --from {self.path}`)")
             if before is not None and before < SCHEMA_VERSION:
                 migrate(self._conn, self.engine)
             for statement in MARIADB_SCHEMA:

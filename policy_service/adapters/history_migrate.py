@@ -77,7 +77,7 @@ def migrate_history(source: Path, target: HistoryConfig, db_path: Path | str, *,
     """Copy ``source`` (SQLite) into ``target`` (MariaDB); ``db_path``: service.db_path (where the
     target store's journal would lie; nothing is written there)."""
     src = open_source(source)
-    store = HistoryStore(db_path, mariadb=target)
+    store = HistoryStore(db_path, accept_empty=True, mariadb=target)  # (an empty target is what a copy fills)
     try:
         held = {t: _count(store._conn, t) for t in TABLES}
         if any(held.values()) and not resume:

@@ -203,3 +203,16 @@ def test_decisions_wait_in_the_journal_while_the_database_is_down(tmp_path):
         store.close()
     finally:
         server.stop()
+
+
+def test_an_empty_mariadb_where_this_host_had_a_history_is_refused(mariadb_backend, tmp_path):
+    """Switching [history] to an empty MariaDB without migrating: refused (HistoryMissing names
+    the migrate command); accepted for one start with accept_empty."""
+    from policy_service.adapters.history import HistoryMissing
+    db = tmp_path / "history.sqlite3"
+    HistoryStore(db).close()  # this host's SQLite history (and its marker)
+    with pytest.raises(HistoryMissing, match="history migrate --from"):
+        mariadb_backend.open(db)
+    store = mariadb_backend.open(db, accept_empty=True)
+    store.close()
+    mariadb_backend.open(db).close()  # holds the tables now: opened without a word

@@ -40,11 +40,11 @@ def test_migrate_copies_every_table_verifies_counts_and_refuses_a_second_copy(tm
     store.close()
     for key, value in target.env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("SWAPAWARE_SERVICE__DB_PATH", str(tmp_path / "service" / "history.sqlite3"))
+    monkeypatch.setenv("SWAPAWARE_SERVICE__DB_PATH", str(src))  # the single-host service's own history
     run = CliRunner().invoke(main, ["history", "migrate", "--from", str(src), "--batch", "7"])
     assert run.exit_code == 0, run.output
     assert "rows/s; counts verified" in run.output and "decisions" in run.output
-    sqlite, maria = HistoryStore(src), target.open(tmp_path / "service" / "history.sqlite3")
+    sqlite, maria = HistoryStore(src), target.open(src)
     try:
         for table in TABLES:
             assert sqlite._read(f"SELECT COUNT(*) FROM {table}") == maria._read(f"SELECT COUNT(*) FROM {table}")
