@@ -211,8 +211,6 @@ def test_two_services_told_primary_have_one_writer_and_the_others_journal_drains
 
 
 def test_only_the_writer_publishes_the_admission_table_and_says_why_it_writes(pair, short_dir, caplog, history_backend):
-    if history_backend.name == "mariadb":
-        pytest.skip("the admission table's publisher reads the history as a SQLite file (admission_publish._reader)")
     def table_of(name):
         (short_dir / name / "table").mkdir(mode=0o755, parents=True)
         return {"SWAPAWARE_ADMISSION__TABLE_PATH": str(short_dir / name / "table" / "admission.json"),
