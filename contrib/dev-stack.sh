@@ -73,6 +73,8 @@ ensure_python() {
 tls_san() {
     local san="IP:127.0.0.1,DNS:localhost"
     if multi_node; then san+=",IP:$(ctld_addr)"; fi
+    local n
+    for n in $(controllers); do san+=",IP:$(ctl_addr "$n")"; done
     echo "$san"
 }
 
@@ -141,6 +143,39 @@ EOF
     fi
 }
 
+# Two controllers (SWAPAWARE_DEV_CONTROLLERS=2, contrib/dev-cluster/controllers.sh): a service on
+# each, in the controller's namespaces ($RUN there is its own: socket, role file, journal), both on
+# the cluster's MariaDB; hooks, agents and the CLI know both addresses.
+controllers() { if ((CONTROLLERS == 2)); then echo ctl1; echo ctl2; fi; }
+ctl_addr() { echo "${SWAPAWARE_DEV_SUBNET:-10.77.0}.$((1 + ${1#ctl}))"; }
+ctl_conf() { echo "$STATE/etc/swapaware-$1.toml"; }
+ctl_run() { echo "$STATE/nodes/$1/run"; }
+
+ha_sections() {
+    if ((CONTROLLERS != 2)); then
+        printf '# [history] sqlite and [ha] off: SWAPAWARE_DEV_CONTROLLERS=2 runs two controllers\n'
+        return 0
+    fi
+    cat <<EOF
+[history]
+backend = "mariadb"
+host = "$(ctld_addr)"
+port = ${SWAPAWARE_DB_PORT:-6816}
+database = "swapaware"
+user = "swapaware"
+password_file = "$STATE/etc/swapaware-db.pass"
+connect_timeout_s = 2.0
+
+[ha]
+enabled = true
+holder = ""
+lease_ttl_s = ${SWAPAWARE_DEV_LEASE_TTL_S:-5.0}
+renew_s = 1.0
+controllers = ["$(ctl_addr ctl1):$GRPC_PORT", "$(ctl_addr ctl2):$GRPC_PORT"]
+role_file = "$RUN/role"
+EOF
+}
+
 write_config() {
     mkdir -p "$STATE/etc" "$STATE/bin" "$RUN" "$LOGDIR" "$STATE/lib"
     local addr
@@ -168,7 +203,7 @@ min_samples = 1
 [service]
 grpc_address = "$addr:$GRPC_PORT"
 socket_path = "$SOCK"
-db_path = "$STATE/lib/history.sqlite3"
+db_path = "$(if ((CONTROLLERS == 2)); then echo "$RUN"; else echo "$STATE/lib"; fi)/history.sqlite3"
 slurm_backend = "cli"
 
 [auth]
@@ -179,7 +214,7 @@ munge = "on"
 munge_socket = "$NODE/munge/munge.socket.2"
 
 [hooks]
-service_address = "$addr:$GRPC_PORT"
+service_address = "$(if ((CONTROLLERS == 2)); then ctl_addr ctl1; else echo "$addr"; fi):$GRPC_PORT"
 deadline_s = 2.0
 spool_dir = "$NODE/spool"
 agent_socket = "$AGENT_SOCK"
@@ -196,7 +231,14 @@ replay_max_backoff_s = 4.0
 $(tls_section)
 
 $(admission_section)
+
+$(ha_sections)
 EOF
+    local n
+    for n in $(controllers); do  # each controller's service: its own address and lease holder name
+        sed -e "s|^grpc_address = .*|grpc_address = \"$(ctl_addr "$n"):$GRPC_PORT\"|" \
+            -e "s|^holder = .*|holder = \"$n\"|" "$CONF" >"$(ctl_conf "$n")"
+    done
     local hook
     open_log "$LOGDIR/hooks.log"
     for hook in prolog epilog; do
@@ -211,6 +253,12 @@ $VENV/bin/swapaware-$hook >>$LOGDIR/hooks.log 2>&1
 exit 0
 EOF
         chmod 0755 "$STATE/bin/$hook"
+    done
+    # SlurmctldPrimaryOnProg / OffProg: run by slurmctld (as SlurmUser) on its controller host.
+    for hook in on off; do
+        printf '#!/bin/sh\nexec %s/bin/swapaware ha primary-%s --config %s/etc/swapaware-"$(hostname)".toml >>%s/primary.log 2>&1\n' \
+            "$VENV" "$hook" "$STATE" "$RUN" >"$STATE/bin/primary-$hook"
+        chmod 0755 "$STATE/bin/primary-$hook"
     done
     # TaskProlog: runs as the job's user; prints the memory cap of shard jobs ("export" lines).
     # --config: this cluster's file (its fake GPUs: the cap's fractions are of the job's own GPU).
@@ -265,7 +313,11 @@ stop_daemon() {
 }
 
 wait_service() {
-    local i
+    local i n
+    if ((CONTROLLERS == 2)); then
+        for n in $(controllers); do wait_probe "$(ctl_addr "$n"):$GRPC_PORT" "$(ctl_run "$n")/swapaware.pid" "$(ctl_conf "$n")"; done
+        return 0
+    fi
     for i in $(seq 1 100); do
         # the doctor's probe: over TLS with the config's CA where it has one
         if [[ -S $SOCK ]] && "$VENV/bin/python" - "$(ctld_addr):$GRPC_PORT" "$CONF" <<'EOF' 2>/dev/null; then
@@ -283,7 +335,34 @@ EOF
     die "policy service not healthy after 20 s; see $LOGDIR/swapaware.log"
 }
 
+# wait_probe ADDRESS PIDFILE CONF: a controller's service answers the doctor's probe.
+wait_probe() {
+    local i
+    for i in $(seq 1 100); do
+        if "$VENV/bin/python" -c '
+import sys
+from pathlib import Path
+from policy_service.admin import probe_service
+from policy_service.config import load_config
+sys.exit(0 if probe_service(sys.argv[1], 1.0, load_config(Path(sys.argv[2])).tls) else 1)' "$1" "$3" 2>/dev/null; then
+            return 0
+        fi
+        pid_alive "$2" || die "policy service $1 exited; see $LOGDIR"
+        sleep 0.2
+    done
+    die "policy service $1 not healthy after 20 s; see $LOGDIR"
+}
+
 service_start() {
+    local n
+    if ((CONTROLLERS == 2)); then
+        for n in $(controllers); do
+            start_daemon "swapaware-$n" "$(ctl_run "$n")/swapaware.pid" "$CLUSTER" node-exec "$n" \
+                nice -n -5 "$VENV/bin/swapaware" serve --config "$(ctl_conf "$n")"
+        done
+        wait_service
+        return 0
+    fi
     # Nice -5, as contrib/systemd/swapaware.service: slurmctld waits for Admit holding its job lock.
     start_daemon swapaware "$RUN/swapaware.pid" nice -n -5 "$VENV/bin/swapaware" serve --config "$CONF"
     wait_service
@@ -323,7 +402,9 @@ cmd_up() {
     write_config
     stop_agents  # of an earlier cluster with other nodes
     SWAPAWARE_LUA_DIR=$ROOT/slurm_plugin SWAPAWARE_PROLOG=$STATE/bin/prolog SWAPAWARE_EPILOG=$STATE/bin/epilog \
-        SWAPAWARE_TASK_PROLOG=$STATE/bin/task-prolog \
+        SWAPAWARE_TASK_PROLOG=$STATE/bin/task-prolog SWAPAWARE_DEV_CONTROLLERS=$CONTROLLERS \
+        SWAPAWARE_PRIMARY_ON=$(if ((CONTROLLERS == 2)); then echo "$STATE/bin/primary-on"; fi) \
+        SWAPAWARE_PRIMARY_OFF=$(if ((CONTROLLERS == 2)); then echo "$STATE/bin/primary-off"; fi) \
         SWAPAWARE_SOCKET=$SOCK SWAPAWARE_DEV_TABLE=$DEV_TABLE SWAPAWARE_TABLE=$TABLE "$CLUSTER" up
     # Agents before any job can start (nothing is submitted before `up` returns); the service
     # after the cluster: it reads Slurm's release and its first queue snapshot before it answers.
@@ -343,9 +424,15 @@ swapaware dev stack is up.
 EOF
 }
 
+services_stop() {
+    local n
+    for n in ctl1 ctl2; do stop_daemon "swapaware-$n" "$(ctl_run "$n")/swapaware.pid"; done
+    stop_daemon swapaware "$RUN/swapaware.pid"
+}
+
 cmd_down() {
     stop_agents
-    stop_daemon swapaware "$RUN/swapaware.pid"
+    services_stop
     "$CLUSTER" down "$@"
 }
 
@@ -366,18 +453,20 @@ cmd_env() {
 
 # The node count: `up --nodes N`; other commands use what the last `up` chose.
 NODES=$(cat "$STATE/etc/nodes" 2>/dev/null || echo 0)
+CONTROLLERS=$(cat "$STATE/etc/controllers" 2>/dev/null || echo 1)
 case ${1:-} in
     up)
         NODES=0
         if [[ ${2:-} == --nodes ]]; then NODES=${3:?--nodes needs a count}; elif [[ ${2:-} == --nodes=* ]]; then NODES=${2#--nodes=}; fi
         [[ $NODES =~ ^[0-9]+$ ]] || die "--nodes needs a count, got '$NODES'"
+        CONTROLLERS=${SWAPAWARE_DEV_CONTROLLERS:-1}
         cmd_up ;;
     down) shift; cmd_down "$@" ;;
     status) cmd_status ;;
     env) cmd_env ;;
     venv) ensure_python ;;
     tls) ensure_tls; echo "$TLSDIR" ;;
-    service-stop) stop_daemon swapaware "$RUN/swapaware.pid" ;;
+    service-stop) services_stop ;;
     service-start) service_start ;;
     *) echo "usage: $0 up [--nodes N] | down [--purge] | status | env | venv | tls | service-stop | service-start" >&2; exit 2 ;;
 esac

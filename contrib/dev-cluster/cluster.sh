@@ -60,6 +60,8 @@ slurm_release() { slurmctld -V 2>/dev/null | sed -n 's/^slurm[^0-9]*\([0-9]*\.[0
 
 # shellcheck source=nodes.sh
 source "$HERE/nodes.sh"
+# shellcheck source=controllers.sh
+source "$HERE/controllers.sh"
 
 # version_ge A B: A >= B for dotted versions.
 
@@ -315,6 +317,13 @@ render_all() {
 
     export R_CLUSTER=$CLUSTER R_NODE=$node R_STATE=$STATE R_ETC=$ETC R_CTLD_ADDR=$(ctld_addr)
     export R_SLURMD_TIMEOUT=$SLURMD_TIMEOUT R_PARTITION_NODES=$(partition_nodes)
+    R_CTLD_HOST_LINES=$(ctld_host_lines)
+    R_CTLD_LOGFILE=$(ctld_logfile_conf)
+    R_DBD_HOST=$(dbd_host)
+    R_CTLD_TIMEOUT=$(if two_ctlds; then echo "$CTLD_TIMEOUT"; else echo 30; fi)
+    R_PRIMARY_ON_LINE=$(hook_line SlurmctldPrimaryOnProg SWAPAWARE_PRIMARY_ON)
+    R_PRIMARY_OFF_LINE=$(hook_line SlurmctldPrimaryOffProg SWAPAWARE_PRIMARY_OFF)
+    export R_CTLD_HOST_LINES R_CTLD_LOGFILE R_DBD_HOST R_CTLD_TIMEOUT R_PRIMARY_ON_LINE R_PRIMARY_OFF_LINE
     export R_CTLD_PORT=$CTLD_PORT R_SLURMD_PORT=$SLURMD_PORT R_DBD_PORT=$DBD_PORT R_DB_PORT=$DB_PORT
     export R_MUNGE_SOCKET=$MUNGE_SOCKET R_OVERSUBSCRIBE=$OVERSUBSCRIBE
     export R_DEF_MEM_PER_CPU=$DEF_MEM_PER_CPU R_MIN_JOB_AGE=$MIN_JOB_AGE
@@ -452,7 +461,7 @@ start_mariadb() {
     if [[ -n $mver ]] && version_ge "$mver" 11.6; then extra+=(--innodb-snapshot-isolation=OFF); fi
     setsid mariadbd --no-defaults --user=root \
         --datadir="$MYSQL/data" --socket="$MYSQL_SOCKET" --pid-file="$MYSQL/mysqld.pid" \
-        --port="$DB_PORT" --bind-address=127.0.0.1 --skip-name-resolve \
+        --port="$DB_PORT" --bind-address="$(db_bind_address)" --skip-name-resolve \
         --log-error="$LOG/mariadb.log" --skip-log-bin \
         --innodb-buffer-pool-size=512M --innodb-log-file-size=64M \
         --innodb-lock-wait-timeout=900 --innodb-flush-log-at-trx-commit=2 "${extra[@]}" \
@@ -539,10 +548,15 @@ start_slurmd() {
 }
 
 restart_ctld() {
-    stop_daemon slurmctld 20
-    log "starting slurmctld"
-    launch_slurmctld
-    wait_daemon slurmctld "$LOG/slurmctld.log" ctld_ok || die "slurmctld not answering; see $LOG/slurmctld.log"
+    if two_ctlds; then
+        stop_ctls
+        start_ctls
+    else
+        stop_daemon slurmctld 20
+        log "starting slurmctld"
+        launch_slurmctld
+        wait_daemon slurmctld "$LOG/slurmctld.log" ctld_ok || die "slurmctld not answering; see $LOG/slurmctld.log"
+    fi
     # A restarted slurmctld knows its nodes from its state file, but not how their slurmd sees
     # them until each registers again: SlurmdStartTime reads None until then (measured on 22.05;
     # the node shows 'unk' or already 'idle'), and Slurm 22.05 does not save a
@@ -575,17 +589,21 @@ cmd_up() {
         log "slurm.conf/gres.conf changed: restarting slurmctld and slurmd (if running)"
         stop_all_slurmd
         stop_daemons 20 slurmctld
+        stop_ctls
     fi
     nodes_down 0  # nodes of an earlier, larger cluster
     echo "$NODES" >"$ETC/nodes"
+    echo "$CONTROLLERS" >"$ETC/controllers"
 
     start_munge
     nodes_up
+    ctls_up
     start_mariadb
     setup_db_user
+    setup_history_db
     start_slurmdbd
     setup_associations
-    start_slurmctld
+    if two_ctlds; then start_ctls; else start_slurmctld; fi
     start_slurmd
 
     local d
@@ -618,7 +636,7 @@ cmd_down() {
         "") ;;
         *) die "usage: cluster.sh down [--purge]" ;;
     esac
-    if ((purge)) && is_up slurmctld; then
+    if ((purge)) && { is_up slurmctld || [[ -n $(ctl_pid ctl1)$(ctl_pid ctl2) ]]; }; then
         log "cancelling all jobs"
         squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
         wait_for "jobs to end" 20 no_jobs || true
@@ -626,6 +644,7 @@ cmd_down() {
     # slurmctld flushes to slurmdbd, which writes to MariaDB; both need munge.
     stop_all_slurmd
     stop_daemons 20 slurmctld
+    stop_ctls
     stop_daemons 20 slurmdbd
     nodes_down 1  # each node's munged, agent and whatever else runs there
     stop_daemons 30 mariadbd munged
@@ -713,7 +732,7 @@ cmd_restart_ctld() {
     need_root
     [[ -f $ETC/slurm.conf ]] || die "no $ETC/slurm.conf: run 'cluster.sh up' first"
     restart_ctld
-    echo "slurmctld restarted (pid $(pid_of slurmctld))"
+    echo "slurmctld restarted (pid $(pid_of slurmctld || ctl_pid ctl1))"
 }
 
 cmd_plugin() {
@@ -738,7 +757,7 @@ cmd_plugin() {
     esac
     grep -q '^#\?JobSubmitPlugins=' "$ETC/slurm.conf" || die "slurm.conf has no JobSubmitPlugins line"
     restart_ctld
-    echo "JobSubmitPlugins $mode (slurmctld pid $(pid_of slurmctld))"
+    echo "JobSubmitPlugins $mode (slurmctld pid $(pid_of slurmctld || ctl_pid ctl1))"
 }
 
 usage() {
@@ -755,6 +774,9 @@ usage: $(basename "$0") COMMAND
   nodes           the compute nodes' names
   node-exec NODE COMMAND...
                   COMMAND inside a compute node's namespaces (network, host name, mounts)
+  controllers | ctl-pid CTL | in-control | start-ctl CTL | cut CTL | uncut CTL
+                  with SWAPAWARE_DEV_CONTROLLERS=2 (controllers.sh): the controllers' names, a
+                  slurmctld's pid, the one in control, start one, cut one off (link and state) and back
 SWAPAWARE_DEV_NODES=N with up: N compute nodes, each in namespaces of its own (nodes.sh);
 0 (default) runs slurmd beside slurmctld. Other commands use what the last 'up' chose.
 EOF
@@ -771,16 +793,22 @@ take_lock() {
 main() {
     local cmd=${1:-}
     shift || true
-    [[ $cmd == up ]] || nodes_init other
+    [[ $cmd == up ]] || { nodes_init other; controllers_init other; }
     case $cmd in
         install) cmd_install "$@" ;;
-        up) take_lock; nodes_init up; cmd_up ;;
+        up) take_lock; nodes_init up; controllers_init up; cmd_up ;;
         down) take_lock; cmd_down "$@" ;;
         status) cmd_status ;;
         env) cmd_env ;;
         restart-ctld) take_lock; cmd_restart_ctld ;;
         plugin) take_lock; cmd_plugin "$@" ;;
         nodes) compute_nodes ;;
+        controllers) controller_names ;;
+        ctl-pid) ctl_pid "${1:?ctl-pid ctlN}" ;;
+        in-control) for n in $(controller_names); do if ctl_in_control "$n"; then echo "$n"; fi; done ;;
+        start-ctl) take_lock; start_ctl "${1:?start-ctl ctlN}" ;;
+        cut) cmd_cut "$@" ;;
+        uncut) cmd_uncut "$@" ;;
         gpus) echo "gpu_gib=$(gpu_gib) shard_gib=$SHARD_GIB types=$GPU_TYPES shards=${SWAPAWARE_DEV_GPU_SHARDS:-}" ;;
         node-exec) exec_in_node "${1:?node-exec NODE COMMAND...}" "${@:2}" ;;
         -h | --help | help) usage ;;

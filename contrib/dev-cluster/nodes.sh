@@ -34,7 +34,9 @@ nodes_init() {
 
 multi_node() { ((NODES > 0)); }
 ctld_addr() { if multi_node; then echo "$SUBNET.1"; else echo 127.0.0.1; fi; }
-node_addr() { echo "$SUBNET.$((10 + ${1#node}))"; }  # node3 -> $SUBNET.13
+node_addr() { case $1 in ctl*) ctl_addr "$1" ;; *) echo "$SUBNET.$((10 + ${1#node}))" ;; esac; }  # node3 -> $SUBNET.13
+# The bridge side's end of a host's link: swv3 for node3, swc1 for ctl1 (controllers.sh).
+node_veth() { case $1 in ctl*) echo "swc${1#ctl}" ;; *) echo "swv${1#node}" ;; esac; }
 # The compute nodes' names (single-node: the host's own name).
 compute_nodes() {
     local i
@@ -89,15 +91,18 @@ bridge_up() {
 start_node_ns() {
     local name=$1 addr pid veth
     addr=$(node_addr "$name")
-    veth=swv${name#node}
+    veth=$(node_veth "$name")
     mkdir -p "$NODES_DIR/$name/munge" "$NODES_DIR/$name/slurmd"
     chmod 755 "$NODES_DIR/$name/munge"  # munged's socket: open to local users, as /run/munge is
     if pid=$(holder_pid "$name"); then return 0; fi
     log "node $name: namespaces, address $addr"
-    # --propagation private: the node's mount of $NODE_DIR is its own.
+    # --propagation private: the node's mount of $NODE_DIR is its own. A controller (controllers.sh)
+    # also has its own $RUN.
+    local run_bind=""
+    [[ $name == ctl* ]] && run_bind=$NODES_DIR/$name/run
     unshare --net --uts --mount --propagation private -- bash -c \
-        'hostname "$1" && mount --bind "$2" "$3" && ip link set lo up && exec -a "$4" sleep infinity' \
-        _ "$name" "$NODES_DIR/$name" "$NODE_DIR" "$(holder_tag "$name")" </dev/null >/dev/null 2>&1 9>&- &
+        'hostname "$1" && mount --bind "$2" "$3" && { [ -z "$5" ] || mount --bind "$5" "$6"; } && ip link set lo up && exec -a "$4" sleep infinity' \
+        _ "$name" "$NODES_DIR/$name" "$NODE_DIR" "$(holder_tag "$name")" "$run_bind" "$RUN" </dev/null >/dev/null 2>&1 9>&- &
     echo $! >"$(holder_pidfile "$name")"
     wait_for "node $name's namespaces" 10 holder_pid "$name" || die "node $name: namespace holder did not start"
     pid=$(holder_pid "$name")
@@ -140,7 +145,7 @@ stop_node_ns() {
     fi
     kill -KILL "$pid" 2>/dev/null || true
     rm -f "$(holder_pidfile "$name")"
-    ip link del "swv${name#node}" 2>/dev/null || true
+    ip link del "$(node_veth "$name")" 2>/dev/null || true
     log "node $name: stopped"
 }
 
@@ -286,6 +291,7 @@ nodes_down() {
         name=$(basename "$f" .pid)
         keep=0
         if ((!all)) && multi_node && [[ $name =~ ^node([0-9]+)$ ]] && ((BASH_REMATCH[1] <= NODES)); then keep=1; fi
+        if ((!all)) && two_ctlds && [[ $name == ctl[12] ]]; then keep=1; fi
         ((keep)) || stop_node_ns "$name"
     done
     if ((all)) || ! multi_node; then
