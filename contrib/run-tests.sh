@@ -11,8 +11,8 @@
 #                         SWAPAWARE_RELEASES="24.11 26.05" does the same. --release none: no
 #                         integration suite.
 #   run-tests.sh --integration-only [PYTEST ARGS...]
-#       the integration suites (tests/integration on one node, then tests/multinode on a controller
-#       and three nodes) against the Slurm installed here (what run.sh calls inside a release's
+#       the integration suites (tests/integration on one node, tests/multinode on a controller
+#       and three nodes, then tests/multinode_ha on two controllers and two nodes) against the Slurm installed here (what run.sh calls inside a release's
 #       namespace)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -50,6 +50,8 @@ if ((only_integration)); then
     rc=0
     "$VENV/bin/python" -m pytest tests/integration "${args[@]+"${args[@]}"}" || rc=$?
     "$VENV/bin/python" -m pytest tests/multinode "${args[@]+"${args[@]}"}" || rc=$?
+    # Two controllers (issue 23): ctl1 and ctl2 sharing StateSaveLocation, one MariaDB history.
+    "$VENV/bin/python" -m pytest tests/multinode_ha "${args[@]+"${args[@]}"}" || rc=$?
     exit $rc
 fi
 
