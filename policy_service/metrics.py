@@ -19,7 +19,7 @@ Every series has bounded labels (actions, reason codes, modes and transports are
                                                   over auth.max_ttl_s (over_ttl), or munged's verdict
                                                   (cred_replayed, cred_expired, cred_invalid, ...)
   swapaware_queue_snapshot_age_seconds            age of the pending-queue snapshot (-1: none yet)
-  swapaware_history_bytes                         size of the history (database + WAL + journal)
+  swapaware_history_bytes                         size of the history (database + WAL + journal; MariaDB: the journal)
   swapaware_decisions_waiting                     decisions journaled, not yet in the history
   swapaware_decisions_caught_up_total{source,archived}
                                                   decisions the job_submit plugin made from the published

@@ -33,6 +33,7 @@ from policy_service.adapters.redecide import PendingRedecider
 from policy_service.adapters.slurm import ClusterRelease, SlurmAccess, cluster_release, open_slurm
 from policy_service.config import Config, read_token
 from policy_service.handler import PolicyHandler
+from policy_service.history_config import history_source
 from policy_service.tls import server_credentials, server_enabled
 
 log = logging.getLogger("swapaware.service")
@@ -183,7 +184,7 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         raise
     log.info("serving gRPC on %s (port %d, %s), local socket %s, history %s",
              cfg.service.grpc_address, port, "TLS" + (" with client certificates" if cfg.tls.client_ca else "")
-             if tls is not None else "plaintext", cfg.service.socket_path, cfg.service.db_path)
+             if tls is not None else "plaintext", cfg.service.socket_path, history_source(cfg))
     svc = RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server,
                          role=role)
     watch_history(svc, cfg.service.history_check_s)
@@ -228,6 +229,7 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
 
         writer_health(role.is_writer())
         role.on_change.insert(0, writer_health)
+        role.on_change.append(lambda writer: writer and handler.decisions.retry_now())  # the journal drains now
         role.start()
     return svc
 

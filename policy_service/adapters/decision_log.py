@@ -116,6 +116,7 @@ class DecisionLog:
         self.failing = ""  # why the last history write failed ("" while they succeed)
         self._carry: list[DecisionRecord] = []  # the previous run's, not taken at start (retryable)
         self._closing = threading.Event()
+        self._nudge = threading.Event()  # retry_now() and close(): end a retry's wait
         self._gave_up = False  # closed while not the writer: what waits stays in the journal
         if path is not None:
             self._recover()
@@ -241,7 +242,8 @@ class DecisionLog:
                 if self._closing.is_set():
                     time.sleep(backoff(attempt))
                 else:
-                    self._closing.wait(backoff(attempt))  # close() cuts the wait short
+                    self._nudge.wait(backoff(attempt))  # close() and retry_now() cut the wait short
+                    self._nudge.clear()
         if self.failing:
             log.warning("decisions are recorded in the history again")
             self.failing = ""
@@ -258,6 +260,12 @@ class DecisionLog:
     def pending(self) -> int:
         return self._queue.unfinished_tasks + len(self._carry)
 
+    def retry_now(self) -> None:
+        """Try a refused write again now, not at the end of its back-off (the service just became
+        the writer: what its journal holds reaches the history at once)."""
+        self._nudge.set()
+        self._wake.set()
+
     def flush(self) -> None:
         """Wait until every decision recorded so far is in the history (or, once closing, until
         the history refused them as this service is not the writer)."""
@@ -270,6 +278,7 @@ class DecisionLog:
         """Commit what waits and stop; a service that is not the writer stops at once, leaving what
         waits in the journal (read back at its next start)."""
         self._closing.set()
+        self._nudge.set()
         self.flush()
         try:
             self._queue.put_nowait(None)

@@ -119,6 +119,25 @@ def test_the_journal_keeps_a_standbys_decisions_until_it_is_the_writer(two, tmp_
     assert journal.stat().st_size == 0
 
 
+def test_a_new_writer_commits_its_journal_at_once_not_after_the_back_off(two, tmp_path, monkeypatch):
+    import policy_service.adapters.decision_log as decision_log
+    monkeypatch.setattr(decision_log, "RETRY_MIN_S", 60.0)  # a refused write would wait a minute
+    monkeypatch.setattr(decision_log, "RETRY_MAX_S", 60.0)
+    a, b = two
+    a.claim_writer("a", 30.0)
+    log = DecisionLog(tmp_path / "b.journal", b.record)
+    try:
+        log.record(record(0, "n"))
+        wait_for(lambda: "NotWriter" in log.failing, 10, "the standby's writer to be refused")
+        a.release_writer("a")
+        b.claim_writer("b", 30.0)
+        log.retry_now()  # what the service does when its role keeper makes it the writer
+        wait_for(lambda: b.known_decisions(["n0"]) == {"n0"}, 20, "the journaled decision in the history")
+        assert log.failing == ""
+    finally:
+        log.close()
+
+
 def test_keys_are_compared_byte_for_byte(history_backend, tmp_path):
     store = history_backend.open(tmp_path / "history.sqlite3")
     try:
