@@ -47,15 +47,20 @@ ctld_logfile_conf() { if two_ctlds; then echo "$RUN/slurmctld.log"; else echo "$
 
 ctl_pid() { pid_in_node "$1" slurmctld "$(ctl_pidfile "$1")"; }
 
-# ctl_in_control NAME: the shared heartbeat names this controller (16 bytes: big-endian time,
-# big-endian index of its SlurmctldHost line) and is fresh.
+# ctl_in_control NAME: the shared heartbeat names this controller (22.05: 16 bytes, big-endian time
+# and the index of its SlurmctldHost line) and is fresh. Where the heartbeat reads otherwise (other
+# releases), the last SlurmctldPrimaryOnProg/OffProg run says so (the role file of a live slurmctld).
 ctl_in_control() {
-    local hb=$STATE/spool/ctld/heartbeat hex idx
-    [[ -r $hb ]] || return 1
-    hex=$(od -An -tx1 -v "$hb" | tr -d ' \n')
-    ((${#hex} == 32)) || return 1
-    idx=$((16#${hex:16:16}))
-    ((idx == ${1#ctl} - 1)) && (($(date +%s) - 16#${hex:0:16} <= 3 * CTLD_TIMEOUT))
+    local hb=$STATE/spool/ctld/heartbeat hex idx role
+    hex=$(od -An -tx1 -v "$hb" 2>/dev/null | tr -d ' \n')
+    if ((${#hex} == 32)); then
+        idx=$((16#${hex:16:16}))
+        ((idx == ${1#ctl} - 1)) && (($(date +%s) - 16#${hex:0:16} <= 3 * CTLD_TIMEOUT))
+        return
+    fi
+    [[ -n $(ctl_pid "$1") ]] || return 1
+    read -r role _ <"$NODES_DIR/$1/run/role" 2>/dev/null || return 1
+    [[ $role == primary ]]
 }
 
 ctl_answers() { scontrol ping 2>/dev/null | grep -q "at $1 is UP"; }
@@ -111,15 +116,15 @@ cmd_cut() {
     local name=${1:?cut ctlN} pid
     pid=$(holder_pid "$name") || die "$name is not up"
     ip link set "$(node_veth "$name")" down
-    nsenter -t "$pid" -m mount -t tmpfs -o size=1m swapaware-cut "$STATE/spool/ctld"
+    nsenter -t "$pid" -m -r mount -t tmpfs -o size=1m swapaware-cut "$STATE/spool/ctld"
     log "$name: cut off (link down, state directory hidden)"
 }
 
 cmd_uncut() {
     local name=${1:?uncut ctlN} pid
     pid=$(holder_pid "$name") || die "$name is not up"
-    while nsenter -t "$pid" -m findmnt -n "$STATE/spool/ctld" | grep -q swapaware-cut; do
-        nsenter -t "$pid" -m umount "$STATE/spool/ctld"
+    while nsenter -t "$pid" -m -r findmnt -n "$STATE/spool/ctld" | grep -q swapaware-cut; do
+        nsenter -t "$pid" -m -r umount "$STATE/spool/ctld"
     done
     ip link set "$(node_veth "$name")" up
     log "$name: back on the network"
