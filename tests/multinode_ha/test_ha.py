@@ -156,10 +156,39 @@ def report(what: str, res: BurstResult, c: Counts, on_at: float) -> None:
 
 def restore_primary(stack: Stack) -> None:
     """ctl1 running and in control again (22.05's `scontrol takeover` stops the primary)."""
-    if not cluster_cmd(stack, "ctl-pid", "ctl1", check=False).stdout.strip():
+    if not ctl_running(stack, "ctl1"):
         cluster_cmd(stack, "start-ctl", "ctl1")
     wait_for(lambda: in_control(stack) == "ctl1", 60, lambda: f"ctl1 in control (now: {in_control(stack)!r})", 0.5)
+    # A primary back from a cut tells the backup to give up (its PrimaryOffProg): until then both act
+    # as primary, and a job one of them made may be unknown to the other. 22.05's backup was seen to
+    # hang there ("REQUEST_CONTROL reply but backup not completely done relinquishing control") and
+    # exit without its OffProg: then it is started again, as the backup.
+    # (hung: alive 29 s after REQUEST_CONTROL, still primary, answering nothing: killed by its pid)
+    try:
+        wait_for(lambda: role_of(stack, "ctl2") != "primary" or not ctl_running(stack, "ctl2"), 45,
+                 "ctl2's PrimaryOffProg or its exit", 0.5)
+    except AssertionError:
+        pid = cluster_cmd(stack, "ctl-pid", "ctl2", check=False).stdout.strip()
+        print(f"\n[ha] ctl2's slurmctld (pid {pid}) hung giving control back: killed")
+        if pid:
+            stack.run("kill", "-KILL", pid, check=False)
+        wait_for(lambda: not ctl_running(stack, "ctl2"), 15, "ctl2's slurmctld gone", 0.2)
+    if not ctl_running(stack, "ctl2"):
+        cluster_cmd(stack, "start-ctl", "ctl2")
+        wait_for(lambda: role_of(stack, "ctl2") == "backup", 30, "ctl2 standing by", 0.5)
     wait_for(lambda: "writer lease: ctl1" in ha_status(stack), 30, lambda: f"ctl1 the writer: {ha_status(stack)}", 0.5)
+
+
+def ctl_running(stack: Stack, ctl: str) -> bool:
+    return bool(cluster_cmd(stack, "ctl-pid", ctl, check=False).stdout.strip())
+
+
+def role_of(stack: Stack, ctl: str) -> str:
+    """What the last PrimaryOnProg/OffProg on ``ctl`` wrote ("primary", "backup"; "" before any)."""
+    try:
+        return (stack.state / "nodes" / ctl / "run" / "role").read_text().split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def ha_status(stack: Stack) -> str:
