@@ -62,13 +62,18 @@ def in_control(stack: Stack) -> str:
     return cluster_cmd(stack, "in-control", check=False).stdout.strip()
 
 
-def history_rows(stack: Stack, tag: str) -> dict[str, list[tuple[str, float]]]:
-    """job name -> (decision id, decided_at) in the MariaDB history, for the burst's job names."""
+def history_db(stack: Stack):
+    """A connection to the cluster's swapaware history (MariaDB on the bridge side)."""
     import pymysql
 
     password = Path(stack.state / "etc" / "swapaware-db.pass").read_text().strip()
-    conn = pymysql.connect(host=f"{SUBNET}.1", port=int(PORTS["SWAPAWARE_DB_PORT"]), user="swapaware",
+    return pymysql.connect(host=f"{SUBNET}.1", port=int(PORTS["SWAPAWARE_DB_PORT"]), user="swapaware",
                            password=password, database="swapaware", connect_timeout=5)
+
+
+def history_rows(stack: Stack, tag: str) -> dict[str, list[tuple[str, float]]]:
+    """job name -> (decision id, decided_at) in the MariaDB history, for the burst's job names."""
+    conn = history_db(stack)
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT job_name, decision_id, decided_at FROM decisions WHERE job_name LIKE %s",
@@ -264,11 +269,7 @@ def test_both_services_told_primary_one_writes(ha_cluster: Stack) -> None:
 
 
 def observations_per_job(stack: Stack, jobs: list[int]) -> dict[int, int]:
-    import pymysql
-
-    password = Path(stack.state / "etc" / "swapaware-db.pass").read_text().strip()
-    conn = pymysql.connect(host=f"{SUBNET}.1", port=int(PORTS["SWAPAWARE_DB_PORT"]), user="swapaware",
-                           password=password, database="swapaware", connect_timeout=5)
+    conn = history_db(stack)
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT job_id, COUNT(*) FROM observations WHERE job_id IN ("
