@@ -231,6 +231,40 @@ def test_takeover_during_a_burst(ha_cluster: Stack) -> None:
     restore_primary(ha_cluster)
 
 
+def observations_per_job(stack: Stack, jobs: list[int]) -> dict[int, int]:
+    conn = history_db(stack)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT job_id, COUNT(*) FROM observations WHERE job_id IN ("
+                        + ",".join(["%s"] * len(jobs)) + ") GROUP BY job_id", jobs)
+            return {int(j): int(n) for j, n in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def test_observations_during_a_takeover_arrive_once(ha_cluster: Stack) -> None:
+    """Jobs that run across a takeover: their hooks' events go to whichever service
+    writes (a standby refuses them, the lease gap spools them on the node, the agent replays); each
+    job ends with exactly one observation."""
+    restore_primary(ha_cluster)
+    # All submitted and running before the switch: 22.05's backup refused shard submissions after a
+    # takeover ("Requested node configuration is not available"; sinfo there showed 0 shards).
+    script = fake_alloc_script(ha_cluster, 1, hold_s=4)
+    jobs = [ha_cluster.sbatch(script, "--gres=shard:1", f"--job-name=ha-obs-{i}") for i in range(4)]
+    # check=False: 26.05 answered 'Invalid job id' for a job it had just accepted (seen once)
+    wait_for(lambda: all(job_field(ha_cluster.run("scontrol", "show", "job", "-o", str(j), check=False).stdout,
+                                   "JobState") == "RUNNING" for j in jobs), 60, "the jobs running", 0.2)
+    ha_cluster.run("scontrol", "takeover")
+    for j in jobs:
+        ha_cluster.wait_done(j, 120)
+    wait_for(lambda: len(observations_per_job(ha_cluster, jobs)) == len(jobs), 90,
+             lambda: f"one observation per job: {observations_per_job(ha_cluster, jobs)}", 0.5)
+    counts = observations_per_job(ha_cluster, jobs)
+    print(f"\n[ha] observations across a takeover: {len(jobs)} jobs, per job {sorted(counts.values())}")
+    assert sorted(counts) == sorted(jobs) and set(counts.values()) == {1}, counts
+    restore_primary(ha_cluster)
+
+
 def test_primary_cut_off_during_a_burst(ha_cluster: Stack) -> None:
     """Decisions the cut-off primary had answered but not yet written wait in its journal: they
     arrive once it is back and writes again, so they are counted after that."""
@@ -267,35 +301,3 @@ def test_both_services_told_primary_one_writes(ha_cluster: Stack) -> None:
     finally:
         ha_cluster.node("ctl2", f"{venv}/bin/swapaware", "ha", "primary-off", "--config", conf)
 
-
-def observations_per_job(stack: Stack, jobs: list[int]) -> dict[int, int]:
-    conn = history_db(stack)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT job_id, COUNT(*) FROM observations WHERE job_id IN ("
-                        + ",".join(["%s"] * len(jobs)) + ") GROUP BY job_id", jobs)
-            return {int(j): int(n) for j, n in cur.fetchall()}
-    finally:
-        conn.close()
-
-
-def test_observations_during_a_takeover_arrive_once(ha_cluster: Stack) -> None:
-    """Jobs that run across a takeover: their hooks' events go to whichever service
-    writes (a standby refuses them, the lease gap spools them on the node, the agent replays); each
-    job ends with exactly one observation."""
-    restore_primary(ha_cluster)
-    # All submitted and running before the switch: 22.05's backup refused shard submissions after a
-    # takeover ("Requested node configuration is not available"; sinfo there showed 0 shards).
-    script = fake_alloc_script(ha_cluster, 1, hold_s=4)
-    jobs = [ha_cluster.sbatch(script, "--gres=shard:1", f"--job-name=ha-obs-{i}") for i in range(4)]
-    wait_for(lambda: all(job_field(ha_cluster.show_job(j), "JobState") == "RUNNING" for j in jobs), 60,
-             "the jobs running", 0.2)
-    ha_cluster.run("scontrol", "takeover")
-    for j in jobs:
-        ha_cluster.wait_done(j, 120)
-    wait_for(lambda: len(observations_per_job(ha_cluster, jobs)) == len(jobs), 90,
-             lambda: f"one observation per job: {observations_per_job(ha_cluster, jobs)}", 0.5)
-    counts = observations_per_job(ha_cluster, jobs)
-    print(f"\n[ha] observations across a takeover: {len(jobs)} jobs, per job {sorted(counts.values())}")
-    assert sorted(counts) == sorted(jobs) and set(counts.values()) == {1}, counts
-    restore_primary(ha_cluster)
