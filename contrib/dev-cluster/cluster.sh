@@ -166,6 +166,23 @@ wait_for() {
     done
 }
 
+# stop_pids WHAT PID...: SIGTERM to the PIDs (of WHAT, for the log), wait up to 20 s for all
+# to exit, then SIGKILL the rest. No PIDs: nothing to do.
+stop_pids() {
+    local what=$1
+    shift
+    (($#)) || return 0
+    log "stopping $what (pid $*)"
+    kill -TERM "$@" 2>/dev/null || true
+    wait_for "$what to stop" 20 no_pid_alive "$@" || kill -KILL "$@" 2>/dev/null || true
+}
+
+no_pid_alive() {
+    local p
+    for p in "$@"; do kill -0 "$p" 2>/dev/null && return 1; done
+    return 0
+}
+
 # stop_daemons TIMEOUT_S NAME...: SIGTERM to all of them at once, wait up to
 # TIMEOUT_S for all to exit, then SIGKILL the rest.
 stop_daemons() {

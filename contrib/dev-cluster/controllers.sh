@@ -87,10 +87,7 @@ stop_ctls() {
         pid=$(ctl_pid "$name")
         [[ -n $pid ]] && pids+=("$pid")
     done
-    ((${#pids[@]})) || return 0
-    log "stopping slurmctld (pid ${pids[*]})"
-    kill -TERM "${pids[@]}" 2>/dev/null || true
-    wait_for "slurmctld to stop" 20 no_pid_alive "${pids[@]}" || kill -KILL "${pids[@]}" 2>/dev/null || true
+    stop_pids slurmctld ${pids[@]+"${pids[@]}"}
 }
 
 # Both controllers' namespaces and munged (before slurmctld: the nodes must reach them).

@@ -246,16 +246,7 @@ stop_all_slurmd() {
         pid=$(pid_in_node "$name" slurmd "$(slurmd_pidfile "$name")")
         [[ -n $pid ]] && pids+=("$pid")
     done
-    ((${#pids[@]})) || return 0
-    log "stopping slurmd (pid ${pids[*]})"
-    kill -TERM "${pids[@]}" 2>/dev/null || true
-    wait_for "slurmd to stop" 20 no_pid_alive "${pids[@]}" || kill -KILL "${pids[@]}" 2>/dev/null || true
-}
-
-no_pid_alive() {
-    local p
-    for p in "$@"; do kill -0 "$p" 2>/dev/null && return 1; done
-    return 0
+    stop_pids slurmd ${pids[@]+"${pids[@]}"}
 }
 
 # The slurm.conf lines of the nodes and the partition.
