@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
-from policy_service.adapters import history_lease as lease
 from policy_service.adapters.history_db import (SQLITE, MARIADB_SCHEMA, HistoryUnavailable, MyConn,  # noqa: F401
                                                 mariadb_engine, retryable)
 from policy_service.adapters.history_file import SqliteFile, _identity
@@ -44,14 +43,14 @@ from policy_service.adapters.history_schema import (  # noqa: F401  (the rows ar
     stored_version,
     unresolved_key,
 )
-from policy_service.adapters.history_lease import NotWriter, WriterLease  # noqa: F401  (API)
+from policy_service.adapters.history_lease import FencedWrites, NotWriter, WriterLease  # noqa: F401  (API)
 from policy_service.core.types import ClassStats, KeyLevel
 from policy_service.history_config import HistoryBackend, HistoryConfig
 
 log = logging.getLogger(__name__)
 
 
-class HistoryStore(SqliteFile):
+class HistoryStore(SqliteFile, FencedWrites):
     """The history: SQLite at ``path`` (':memory:' for tests of callers), or a MariaDB database
     (``mariadb``: its [history] config; ``open_history`` picks from the Config).
 
@@ -147,26 +146,6 @@ class HistoryStore(SqliteFile):
             with self._rlock:
                 self._rconn.close()
 
-    def _tx(self, fenced: bool = True) -> "_Tx":
-        """A write transaction; ``fenced``: checked against the writer lease when ``fence`` is set."""
-        return _Tx(self, fenced and self.fence is not None)
-
-    # --- the writer lease (history_lease.py) ---------------------------------------------------
-    def claim_writer(self, holder: str, ttl_s: float) -> WriterLease | None:
-        """Take or renew the writer lease for ``ttl_s`` seconds; None while another holds it."""
-        with self._tx(fenced=False) as c:
-            got = lease.claim(c, self.engine, holder, ttl_s)
-        if got is not None and holder == self.fence:
-            self._fence_epoch = got.epoch
-        return got
-
-    def release_writer(self, holder: str) -> None:
-        """Expire the lease now, if ``holder`` holds it."""
-        with self._tx(fenced=False) as c:
-            lease.release(c, self.engine, holder)
-        if holder == self.fence:
-            self._fence_epoch = None
-
     @property
     def seq(self) -> str:
         """The column that numbers decisions in the order they were recorded (a decision recorded
@@ -179,11 +158,6 @@ class HistoryStore(SqliteFile):
         if self.engine is SQLITE:
             return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
         return MyConn(self._conn.cfg, read_only=True)
-
-    def writer(self) -> WriterLease | None:
-        """The lease as it stands (None: never claimed), with the database's clock."""
-        with self._rlock:
-            return lease.read(self._rconn, self.engine)
 
     # --- decisions -----------------------------------------------------------------------
     def record_decision(self, *, decision_id: str, decided_at: float, job_class: str, user: str, account: str,
@@ -400,45 +374,3 @@ def _claim_event(c, event_id: str, kind: str, now: float) -> bool:
         return True
     cur = c.execute("INSERT OR IGNORE INTO events VALUES (?,?,?)", (event_id, kind, now))
     return cur.rowcount == 1
-
-
-class _Tx:
-    """The store's write lock + a write transaction (SQLite: BEGIN IMMEDIATE), COMMIT, or ROLLBACK
-    on error; ``fenced``: the writer lease checked first, inside it (NotWriter: rolled back)."""
-
-    def __init__(self, store: HistoryStore, fenced: bool):
-        self.store, self.fenced = store, fenced
-
-    def _end(self, commit: bool) -> None:
-        conn = self.store._conn
-        if isinstance(conn, MyConn):
-            conn.end(commit)
-        else:
-            conn.execute("COMMIT" if commit else "ROLLBACK")
-
-    def __enter__(self):
-        store = self.store
-        store._lock.acquire()
-        begun = False
-        try:
-            if isinstance(store._conn, MyConn):
-                store._conn.begin()
-            else:
-                store._conn.execute("BEGIN IMMEDIATE")
-            begun = True
-            if self.fenced:
-                lease.check_fence(store._conn, store.engine, store.fence, store._fence_epoch)
-        except BaseException:
-            try:
-                if begun:
-                    self._end(False)
-            finally:
-                store._lock.release()
-            raise
-        return store._conn
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self._end(exc_type is None)
-        finally:
-            self.store._lock.release()

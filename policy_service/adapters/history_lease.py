@@ -12,12 +12,14 @@ differ still agree on when it expired).
   back and nothing is written. A lease lost between two of a service's writes stops the second.
 
 Each function runs on the connection of a transaction the caller opened (``HistoryStore._tx``).
+``FencedWrites``: what ``HistoryStore`` does with the lease: its write transactions (fenced where
+the store has a holder name), and the claim, release and read of the lease.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policy_service.adapters.history_db import Engine, HistoryUnavailable
+from policy_service.adapters.history_db import Engine, HistoryUnavailable, MyConn
 
 LEASE_NAME = "history"
 
@@ -95,3 +97,74 @@ def check_fence(c, engine: Engine, holder: str, epoch: int | None) -> None:
         raise NotWriter(None, f"this service's lease expired {now - expires_at:.1f} s ago")
     if epoch is None or current_epoch != epoch:
         raise NotWriter(current, f"epoch {current_epoch}, this service claimed {epoch}")
+
+
+class FencedWrites:
+    """The writer lease and the write transactions of ``HistoryStore`` (its engine, fence,
+    _fence_epoch, _conn, _lock, _rconn, _rlock)."""
+
+    def _tx(self, fenced: bool = True) -> "_Tx":
+        """A write transaction; ``fenced``: checked against the writer lease when ``fence`` is set."""
+        return _Tx(self, fenced and self.fence is not None)
+
+    def claim_writer(self, holder: str, ttl_s: float) -> WriterLease | None:
+        """Take or renew the writer lease for ``ttl_s`` seconds; None while another holds it."""
+        with self._tx(fenced=False) as c:
+            got = claim(c, self.engine, holder, ttl_s)
+        if got is not None and holder == self.fence:
+            self._fence_epoch = got.epoch
+        return got
+
+    def release_writer(self, holder: str) -> None:
+        """Expire the lease now, if ``holder`` holds it."""
+        with self._tx(fenced=False) as c:
+            release(c, self.engine, holder)
+        if holder == self.fence:
+            self._fence_epoch = None
+
+    def writer(self) -> WriterLease | None:
+        """The lease as it stands (None: never claimed), with the database's clock."""
+        with self._rlock:
+            return read(self._rconn, self.engine)
+
+
+class _Tx:
+    """The store's write lock + a write transaction (SQLite: BEGIN IMMEDIATE), COMMIT, or ROLLBACK
+    on error; ``fenced``: the writer lease checked first, inside it (NotWriter: rolled back)."""
+
+    def __init__(self, store: FencedWrites, fenced: bool):
+        self.store, self.fenced = store, fenced
+
+    def _end(self, commit: bool) -> None:
+        conn = self.store._conn
+        if isinstance(conn, MyConn):
+            conn.end(commit)
+        else:
+            conn.execute("COMMIT" if commit else "ROLLBACK")
+
+    def __enter__(self):
+        store = self.store
+        store._lock.acquire()
+        begun = False
+        try:
+            if isinstance(store._conn, MyConn):
+                store._conn.begin()
+            else:
+                store._conn.execute("BEGIN IMMEDIATE")
+            begun = True
+            if self.fenced:
+                check_fence(store._conn, store.engine, store.fence, store._fence_epoch)
+        except BaseException:
+            try:
+                if begun:
+                    self._end(False)
+            finally:
+                store._lock.release()
+            raise
+        return store._conn
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._end(exc_type is None)
+        finally:
+            self.store._lock.release()
