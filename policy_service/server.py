@@ -212,6 +212,9 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
                                  poll_s=cfg.policy.queue_poll_s, window_s=cfg.service.reconcile_window_s,
                                  gate=None if role is None else lambda call: only_while_writer(call, role, 0))
     if monitor is not None and role is not None:  # re-decisions, requeues, the gate file, catch-up
+        # The catch-up is gated twice on a standby, on purpose: catchup.learn by the gate given to
+        # attach_catchup above (needed: it covers the hook-event and reconcile paths too), and here the
+        # whole poll, which also spares a standby catch-up's squeue (from_live) that learn would discard.
         monitor.on_poll = only_while_writer(monitor.on_poll, role) if monitor.on_poll is not None else None
     if slurm is not None:
         reconciler = Reconciler(store, slurm, cfg.service.reconcile_window_s, cfg.service.reconcile_settle_s,
