@@ -262,8 +262,45 @@ function M.wants_gpu(job_desc)
   return false
 end
 
+-- The job_desc fields decide() reads besides the GRES fields and those of M.SLURM_FIELD_LIMITS.
+local FACT_FIELDS = { "user_name", "user_id", "time_limit", "script", "environment", "min_nodes", "num_tasks",
+  "het_job_offset", "ntasks_per_tres", "shared" }
+local function index(t, k) return t[k] end
+
+-- read_fields(job_desc, fields, into): into[f] = job_desc[f] for each f of the list (no raise
+-- expected: slurmctld's job_desc gives nil for a field it does not know; one that raises is left
+-- nil, as reading it where it is used did).
+local function read_fields(job_desc, fields, into)
+  for i = 1, #fields do
+    local ok, v = pcall(index, job_desc, fields[i])
+    if ok then into[fields[i]] = v end
+  end
+  return into
+end
+-- The fields read once the job wants a GPU: those of the limit check and the facts, but the GRES.
+local OTHER_FIELDS = {}
+do
+  local gres = {}
+  for _, f in ipairs(GRES_FIELDS) do gres[f] = true end
+  for field in pairs(M.SLURM_FIELD_LIMITS) do
+    if not gres[field] then OTHER_FIELDS[#OTHER_FIELDS + 1] = field end
+  end
+  for _, f in ipairs(FACT_FIELDS) do OTHER_FIELDS[#OTHER_FIELDS + 1] = f end
+end
+
+-- snapshot(job_desc, s): a plain table of every job_desc field decide() reads, each read once
+-- (``s``: the GRES fields already read). slurmctld's job_desc is a table whose every read calls
+-- into slurmctld (a chain of string compares over the field names, then a new Lua string;
+-- getpwuid for user_name, two tables for environment), under the Lua mutex and the job write lock:
+-- reading each field where it was used read the script three times and the GRES and limit fields
+-- twice.
+function M.snapshot(job_desc, s)
+  s = s or read_fields(job_desc, GRES_FIELDS, {})
+  return read_fields(job_desc, OTHER_FIELDS, s)
+end
+
 function M.facts(job_desc, submit_uid)
-  local env_ok, env = pcall(function() return job_desc.environment end)
+  local env_ok, env = pcall(index, job_desc, "environment")
   return {
     user = text(job_desc.user_name, 1024),
     uid = num(submit_uid or job_desc.user_id),
@@ -420,16 +457,16 @@ end
 -- over_slurm_limit(job_desc): the first field slurmctld will refuse the job for, and its size.
 function M.over_slurm_limit(job_desc)
   for field, limit in pairs(M.SLURM_FIELD_LIMITS) do
-    local ok, v = pcall(function() return job_desc[field] end)
+    local ok, v = pcall(index, job_desc, field)
     if ok and type(v) == "string" and #v > limit then return field, #v, limit end
   end
   return nil
 end
 
--- by_table(job_desc, submit_uid): true when the published admission table decided the job
--- (swapaware_table.lua); false: the job takes the RPC path. Never raises.
+-- by_table(job_desc, facts): true when the published admission table decided the job
+-- (swapaware_table.lua) from its facts; false: the job takes the RPC path. Never raises.
 M.table_error = nil
-local function by_table(job_desc, submit_uid)
+local function by_table(job_desc, facts)
   if not have_table then
     if M.table_error ~= "module" then
       M.table_error = "module"
@@ -438,7 +475,7 @@ local function by_table(job_desc, submit_uid)
     end
     return false
   end
-  local ok, hit = pcall(T.decide, M, job_desc, submit_uid, now())
+  local ok, hit = pcall(T.decide, M, job_desc, facts, now())
   if ok then return hit end
   if M.table_error ~= tostring(hit) then
     M.table_error = tostring(hit)
@@ -449,14 +486,16 @@ end
 
 local function decide(job_desc, submit_uid)
   if not M.settings.enabled then return end
-  if not M.wants_gpu(job_desc) then return end
-  local script = job_desc.script
+  local jd = read_fields(job_desc, GRES_FIELDS, {})
+  if not M.wants_gpu(jd) then return end
+  M.snapshot(job_desc, jd)   -- from here on the job's fields are read from jd, written to job_desc
+  local script = jd.script
   if script ~= nil and #script > M.settings.max_script_bytes then
     log_info("job passes unchanged: its batch script is %d bytes, over max_script_bytes=%d (Slurm's " ..
              "max_script_size refuses it)", #script, M.settings.max_script_bytes)
     return
   end
-  local field, size, limit = M.over_slurm_limit(job_desc)
+  local field, size, limit = M.over_slurm_limit(jd)
   if field then
     log_info("job passes unchanged, nothing recorded: its %s is %d bytes, over Slurm's %d (slurmctld refuses " ..
              "the job after job_submit)", field, size, limit)
@@ -466,7 +505,11 @@ local function decide(job_desc, submit_uid)
     log_error("lua-cjson is not installed; job passes unchanged")
     return
   end
-  if M.settings.table ~= nil and M.settings.table ~= "" and by_table(job_desc, submit_uid) then return end
+  local facts = nil   -- computed once, for the table path and the RPC path alike
+  if M.settings.table ~= nil and M.settings.table ~= "" then
+    facts = M.facts(jd, submit_uid)
+    if by_table(job_desc, facts) then return end
+  end
   local st = M.state
   if now() < st.open_until then
     M.counters.breaker_open = M.counters.breaker_open + 1
@@ -477,7 +520,7 @@ local function decide(job_desc, submit_uid)
     return
   end
   local c = M.counters
-  local line = cjson.encode({ method = "Admit", request = { job = M.facts(job_desc, submit_uid), brief = true,
+  local line = cjson.encode({ method = "Admit", request = { job = facts or M.facts(jd, submit_uid), brief = true,
     plugin = { instance = c.instance, breakerOpen = c.breaker_open, serviceError = c.service_error } } })
   local resp, err = M.call(M.settings.socket, line, M.settings.timeout_ms / 1000)
   if not resp then return breaker_fail(err) end

@@ -400,13 +400,13 @@ local function pick(tbl, pos, state)
   return plan_of(tbl, tonumber(d)), number, letter
 end
 
--- decide(M, job_desc, submit_uid, now_s): true when the table decided the job (its assignments
--- applied), false when it takes the RPC path. May raise: the caller runs it under pcall.
-function T.decide(M, job_desc, submit_uid, now_s)
+-- decide(M, job_desc, facts, now_s): true when the table decided the job of these facts
+-- (M.facts; its assignments applied to job_desc), false when it takes the RPC path. May raise:
+-- the caller runs it under pcall.
+function T.decide(M, job_desc, facts, now_s)
   local settings = M.settings
   local tbl = T.current(settings, now_s)
   if tbl == nil then return false end
-  local facts = M.facts(job_desc, submit_uid)
   local pos = entry_at(tbl, T.key(facts))
   if pos == nil then
     T.counters.table_miss = T.counters.table_miss + 1

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from policy_service.adapters.fleet import counts_by_type, partition_gpus
+from policy_service.adapters.fleet import GpuShards, counts_by_type, partition_gpus, shard_counts
 from policy_service.adapters.slurm_files import GresConf, SlurmConf, parse_gres_conf, parse_slurm_conf
+from policy_service.core.types import LiveShards
 
 log = logging.getLogger("swapaware.service")
 
@@ -41,6 +42,8 @@ class PartitionDefaults:
     # (node, device number) -> that GPU's shards, from gres.conf (checked against the node agents'
     # NVML totals: events.EventApplier)
     gpu_shards: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    # every partition -> its GPUs with shards (node, type, count): where the controller refuses shards
+    gpus: Mapping[str, tuple[GpuShards, ...]] = field(default_factory=dict)
 
     def _names(self, partition: str) -> list[str]:
         return [p.strip() for p in (partition or "").split(",") if p.strip()] or [self.default_partition]
@@ -58,12 +61,43 @@ class PartitionDefaults:
         return tuple(sorted({c for n in names for t, counts in self.shards[n].items()
                              if not want or not t or t == want for c in counts}))
 
+    def live_shard_counts(self, partition: str, gpu_type: str,
+                          live: LiveShards | None) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
+        """(shard_counts of the GPUs the controller in control takes shard jobs on, "node: why" of
+        the nodes it refuses them on). ``live`` None, or a partition not known: shard_counts, ()."""
+        counts = self.shard_counts(partition, gpu_type)
+        if live is None or counts is None:
+            return counts, ()
+        want = gpu_type.lower()
+        gpus = [g for n in self._names(partition) for g in self.gpus.get(n, ())
+                if not want or not g.type or g.type.lower() == want]
+        kept, refused = _split_refused(gpus, live)
+        return (counts, ()) if not refused else (shard_counts(kept), refused)
+
+    def shards_refused(self, live: LiveShards | None) -> tuple[str, ...]:
+        """"node: why" of every node with shards whose shards the controller in control refuses."""
+        if live is None:
+            return ()
+        return _split_refused([g for gpus in self.gpus.values() for g in gpus], live)[1]
+
     def all_shard_counts(self) -> set[int]:
         """Every shard count a GPU of a known partition has."""
         return {c for by_type in self.shards.values() for counts in by_type.values() for c in counts}
 
 
 NONE = PartitionDefaults()
+
+
+def _split_refused(gpus: list[GpuShards], live: LiveShards) -> tuple[list[GpuShards], tuple[str, ...]]:
+    """(the GPUs the controller takes shard jobs on, "node: why" of the nodes it refuses them on)."""
+    kept, refused = [], {}
+    for g in gpus:
+        why = live.refuses(g.node, g.type)
+        if why:
+            refused.setdefault(g.node, why)
+        else:
+            kept.append(g)
+    return kept, tuple(f"{node}: {why}" for node, why in sorted(refused.items()))
 
 
 def _set(value: str) -> bool:
@@ -85,10 +119,10 @@ def partition_defaults(conf: SlurmConf, gres: GresConf | None = None) -> Partiti
         if part.get("Default").strip().upper() == "YES":
             default = part.name
     gres = gres or GresConf({}, ())
-    shards = {part.name: counts_by_type(partition_gpus(conf, part, gres)) for part in conf.partitions}
-    per_gpu = {(g.node, g.index): int(g.shards) for part in conf.partitions for g in partition_gpus(conf, part, gres)
-               if g.index is not None}
-    return PartitionDefaults(by, default, shards, per_gpu)
+    gpus = {part.name: tuple(partition_gpus(conf, part, gres)) for part in conf.partitions}
+    shards = {name: counts_by_type(of) for name, of in gpus.items()}
+    per_gpu = {(g.node, g.index): int(g.shards) for of in gpus.values() for g in of if g.index is not None}
+    return PartitionDefaults(by, default, shards, per_gpu, gpus)
 
 
 class SlurmConfWatch:

@@ -31,7 +31,9 @@ from policy_service.adapters.slurm_text import (  # noqa: F401  (the parsers are
     parse_qos_priorities,
     parse_sacct_instances,
     parse_sacct_json,
+    NodeGres,
     parse_sinfo_gpus,
+    parse_sinfo_nodes,
     parse_squeue_instances,
     parse_squeue_pending,
     scontrol_field,
@@ -67,6 +69,8 @@ class SlurmAccess(Protocol):
     def pending_jobs(self) -> list[PendingJob]: ...
 
     def cluster_gpus(self) -> int: ...
+
+    def cluster_nodes(self) -> NodeGres: ...
 
     def qos_priorities(self) -> dict[str, int]: ...
 
@@ -203,7 +207,10 @@ class CliSlurm:
         return parse_squeue_pending(self._run(["squeue", "-h", "-a", "-t", "PENDING", "-O", SQUEUE_PENDING_FORMAT]))
 
     def cluster_gpus(self) -> int:
-        return parse_sinfo_gpus(self._run(["sinfo", "-h", "-N", "-o", SINFO_NODE_FORMAT]))
+        return self.cluster_nodes().gpus
+
+    def cluster_nodes(self) -> NodeGres:
+        return parse_sinfo_nodes(self._run(["sinfo", "-h", "-N", "-o", SINFO_NODE_FORMAT]))
 
     def qos_priorities(self) -> dict[str, int]:
         return parse_qos_priorities(self._run(["sacctmgr", "-n", "-P", "show", "qos", "format=name,priority"]))
@@ -292,6 +299,9 @@ class PyslurmSlurm:
 
     def cluster_gpus(self) -> int:
         return self._cli.cluster_gpus()
+
+    def cluster_nodes(self) -> NodeGres:
+        return self._cli.cluster_nodes()
 
     def qos_priorities(self) -> dict[str, int]:
         return self._cli.qos_priorities()

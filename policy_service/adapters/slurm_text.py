@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 
 class SlurmError(RuntimeError):
@@ -229,25 +229,47 @@ def _split_gres(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def parse_sinfo_gpus(text: str) -> int:
-    """GPUs on the nodes that take jobs, from ``sinfo -h -N -o SINFO_NODE_FORMAT`` (a node in
-    several partitions is listed once per partition and counted once)."""
-    seen: dict[str, int] = {}
+@dataclass(frozen=True)
+class NodeGres:
+    """What one ``sinfo -h -N -o SINFO_NODE_FORMAT`` says of the nodes that take jobs: their GPUs
+    and, per node, the shards the controller reports (LiveShards.by_node)."""
+
+    gpus: int
+    shards: Mapping[str, Mapping[str, int]]
+
+
+def parse_sinfo_nodes(text: str) -> NodeGres:
+    """GPUs and shards of the nodes that take jobs (a node in several partitions is listed once per
+    partition and counted once; a node down, drained, ... counts no GPU and lists no shards)."""
+    gpus: dict[str, int] = {}
+    shards: dict[str, dict[str, int]] = {}
     for line in text.splitlines():
         cols = line.split("|")
         if len(cols) < 3 or not cols[0].strip():
             continue
         node, gres, state = cols[0].strip(), cols[1], cols[2].strip().lower().rstrip("*~#!%$@^-")
         if state.startswith(_UNAVAILABLE_NODE_STATES):
-            seen.setdefault(node, 0)
+            gpus.setdefault(node, 0)
             continue
-        gpus = 0
+        n, by_type = 0, {}
         for entry in _split_gres("" if gres.strip() == "(null)" else gres):
             fields = entry.split("(", 1)[0].split(":")
-            if fields[0] == "gpu" and len(fields) > 1 and fields[-1].isdigit():
-                gpus += int(fields[-1])
-        seen[node] = gpus
-    return sum(seen.values())
+            if len(fields) < 2 or not fields[-1].isdigit():
+                continue
+            if fields[0] == "gpu":
+                n += int(fields[-1])
+            elif fields[0] == "shard":
+                kind = fields[1].lower() if len(fields) > 2 else ""
+                by_type[kind] = by_type.get(kind, 0) + int(fields[-1])
+        gpus[node] = n
+        if by_type:
+            shards[node] = by_type
+    return NodeGres(sum(gpus.values()), shards)
+
+
+def parse_sinfo_gpus(text: str) -> int:
+    """GPUs on the nodes that take jobs, from ``sinfo -h -N -o SINFO_NODE_FORMAT``."""
+    return parse_sinfo_nodes(text).gpus
 
 
 # ----------------------------------------------------------------------------- job instances

@@ -114,6 +114,15 @@ def shard_counts(req: JobRequest, cfg: Config) -> tuple[int, ...]:
     return req.gpu_shard_counts if req.gpu_shard_counts is not None else (cfg.gpu.shards_per_gpu,)
 
 
+def shards_refused_reason(req: JobRequest) -> Reason:
+    """Why a job that could share keeps its request: the controller in control refuses shard jobs
+    on every GPU it can land on (req.shards_refused, from the live counts: LiveShards)."""
+    shown = "; ".join(req.shards_refused[:3]) + (f"; and {len(req.shards_refused) - 3} more nodes"
+                                                  if len(req.shards_refused) > 3 else "")
+    return Reason(ReasonCode.SHARDS_REFUSED, f"not shared: Slurm would refuse a shard job where it can land "
+                                             f"({shown}); the request stays")
+
+
 def _of_gpus(counts: tuple[int, ...], shard: int) -> str:
     """How the GPUs a job can land on are cut, for reasons: "8 shards" or "4 or 8 shards"."""
     return f"{' or '.join(map(str, counts))} shards of {estimator.fmt_bytes(shard)}"
@@ -288,6 +297,8 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
     if short is not None:
         return *whole, [short]
     counts = shard_counts(req, cfg)
+    if not counts and req.shards_refused:
+        return *whole, [shards_refused_reason(req)]
     if not counts:
         return *whole, [Reason(ReasonCode.NO_SHARD_GPUS,
                                f"no {g.gpu_type + ' ' if g.gpu_type else ''}GPU of partition "
@@ -335,6 +346,8 @@ def _whole_as_shards(req: JobRequest, cfg: Config, dialect: SlurmDialect) -> tup
     can land on has the same count; else 0 (the request stays: a GPU with fewer shards would hold
     the job's whole GPU in part, and one with more would go to it in part)."""
     counts = shard_counts(req, cfg)
+    if not counts and req.shards_refused:
+        return 0, shards_refused_reason(req)
     if len(counts) == 1:
         return counts[0], _as_shards_reason(counts[0], dialect, req.gpu.gpu_type)
     of = f"{req.gpu.gpu_type} GPUs" if req.gpu.gpu_type else "GPUs"
@@ -397,7 +410,8 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     if (action is Action.WHOLE_GPU and _single_gpu(req) and not _keeps_request(req) and cfg.policy.enable_sharing
             and whole_gpu_as_shards(cfg, dialect)):
         shards, held = _whole_as_shards(req, cfg, dialect)
-        route_reasons.append(held)
+        if held.code not in {r.code for r in route_reasons}:  # shards_refused said once
+            route_reasons.append(held)
     if replaces and whole_because is None:
         route_reasons.insert(0, Reason(ReasonCode.REDECIDED, f"re-decided while the job was pending: replaces "
                                                              f"decision {replaces}"))

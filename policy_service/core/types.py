@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 from policy_service.config import AccessClass, PolicyMode
 
@@ -81,6 +82,7 @@ class ReasonCode(enum.Enum):
     PER_GPU_OPTION = "per_gpu_option"  # --cpus-per-gpu, --mem-per-gpu, ...: no faithful shard translation
     PER_GPU_DEFAULT = "per_gpu_default"  # the partition's DefCpuPerGPU / DefMemPerGPU: a shard job gets none
     NO_SHARD_GPUS = "no_shard_gpus"  # no GPU the job can land on has shards (gres.conf)
+    SHARDS_REFUSED = "shards_refused"  # the controller in control takes no shard job where it can land (LiveShards)
     WHOLE_GPU_SIZES_DIFFER = "whole_gpu_sizes_differ"  # 22.05: GPUs of different shard counts, whole kept as gpu
     EXCLUSIVE = "exclusive"  # --exclusive: Slurm never starts an exclusive job holding shards
     DRY_RUN_NOT_SLURMCTLD = "dry_run_not_slurmctld"  # an Admit not from slurmctld: answered, not recorded
@@ -134,6 +136,43 @@ class JobRequest:
     # Shard counts (distinct, sorted) of the GPUs with shards the job can land on: its partitions'
     # nodes, its GPU type (adapters/fleet.py). None: not known, every GPU has gpu.shards_per_gpu.
     gpu_shard_counts: tuple[int, ...] | None = None
+    # Why GPUs of its partitions were left out of gpu_shard_counts: the controller in control
+    # refuses shards there now (LiveShards.refuses), one "node: why" per node. Empty: none left out.
+    shards_refused: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LiveShards:
+    """The shards the controller in control reports per node (``sinfo`` %G), read with each queue
+    poll: node -> lower-case GPU type ("" where it shows them untyped) -> shards. A node is
+    listed only while it takes jobs. ``unread``: why these counts may not be the controller's now
+    (it changed since the poll); every GPU then counts as refusing shards until the next poll.
+
+    Measured on Slurm 22.05 (docs/slurm-releases.md): a backup that took over with ``scontrol
+    takeover`` reports ``shard:<type>:0`` on every node and refuses every shard job until the
+    primary is back; a controller that just started reports slurm.conf's untyped count for the
+    seconds before the nodes register, and refuses most shard jobs then."""
+
+    by_node: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    unread: str = ""
+
+    def refuses(self, node: str, gpu_type: str | None) -> str:
+        """Why the controller would refuse a shard job on ``node``'s GPUs of ``gpu_type`` (None: the
+        fleet does not type them); "" when it would not, or does not say (node not listed)."""
+        if self.unread:
+            return self.unread
+        counts = self.by_node.get(node)
+        if counts is None:
+            return ""
+        if gpu_type:
+            t = gpu_type.lower()
+            if t in counts:
+                return "" if counts[t] > 0 else f"the controller in control reports 0 {t} shards"
+            if counts and not any(counts.keys()):
+                return ("the controller in control shows the node's shards untyped (slurm.conf's count: "
+                        "the node has not registered with it yet)")
+            return ""
+        return "" if sum(counts.values()) > 0 or not counts else "the controller in control reports 0 shards"
 
 
 @dataclass(frozen=True)
@@ -146,6 +185,7 @@ class QueueState:
     # Per QoS name: GPUs asked for by the pending jobs whose QoS priority is at least that QoS's
     # (the queue ahead of a new job of that QoS). A QoS not listed sees the whole queue.
     ahead_by_qos: tuple[tuple[str, float], ...] = ()
+    live_shards: LiveShards | None = None  # the nodes' shards as the same poll read them (None: not read)
 
     def pending_for(self, qos: str) -> float:
         """GPUs pending ahead of a new job of ``qos`` (the whole queue when unknown)."""

@@ -215,6 +215,27 @@ def test_an_entry_held_as_star_serves_every_state(setup):
     assert f"tbl={VERSION}:0000004a " in res["job"]["admin_comment"]
 
 
+def test_each_job_desc_field_is_read_once_and_the_job_is_the_same(setup):
+    """slurmctld's job_desc answers every read with a call into slurmctld (under its Lua mutex and
+    job write lock): the plugin reads each field once per job, on the table path and on the RPC
+    path, and decides the same as from a plain table."""
+    make, table = setup
+    p = make()
+    known, other = gpu_job(), gpu_job(name="other")
+    entry = {"*": decision(8, "a")}
+    publish(p, table, [(known, entry)], gate=gate_doc({"": "normal"}))
+    hit = p.req("submit_counted", job=dict(known))
+    assert hit["job"] == expected(known, entry["*"], decision_id(hit["job"])) and hit["rpc_calls"] == 0
+    miss = p.req("submit_counted", job=dict(other))
+    assert miss["job"] == other and miss["rpc_calls"] == 1
+    for res in (hit, miss):
+        assert {"script", "tres_per_node", "user_name", "environment", "name", "comment"} <= set(res["reads"])
+        assert {k: n for k, n in res["reads"].items() if n > 1} == {}
+    cpu = p.req("submit_counted", job={"user_name": "alice", "name": "cpu", "script": "#!/bin/sh\n"})
+    assert set(cpu["reads"]) == {"tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket"}
+    assert cpu["rpc_calls"] == 1                  # (the count of this Lua state: the miss above)
+
+
 # --- the RPC path ----------------------------------------------------------------------------
 
 def test_a_job_the_table_does_not_hold_takes_the_rpc_path(setup):

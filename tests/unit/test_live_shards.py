@@ -1,0 +1,114 @@
+"""The shards the controller in control reports (sinfo %G), read with each queue poll: a GPU there
+with none is not offered to a shard job. Measured on Slurm 22.05 (docs/slurm-releases.md): a backup
+that took over with `scontrol takeover` shows `shard:<type>:0` on every node and refuses every shard
+job; a controller whose nodes have not registered yet shows slurm.conf's untyped count."""
+import dataclasses
+
+import pytest
+
+from policy_service.adapters.partitions import partition_defaults
+from policy_service.adapters.slurm_files import parse_gres_conf, parse_slurm_conf
+from policy_service.adapters.slurm_text import parse_sinfo_nodes
+from policy_service.core import policy
+from policy_service.core.dialect import SLURM_22_05
+from policy_service.core.request import history_keys, job_request
+from policy_service.core.types import Action, KeyLevel, LiveShards, ReasonCode
+
+from .test_fleet import GRES_CONF, SLURM_24_11, SLURM_CONF
+from .test_policy import NO_OVERSUB, history
+
+# What the 22.05 dev cluster's controllers showed (docs/slurm-releases.md, "22.05: shards after a takeover")
+IN_CONTROL = "node1|gpu:a100:2,gpu:h100:2,shard:a100:8,shard:h100:16|idle\nnode2|gpu:l4:1|idle\n"
+BACKUP_AFTER_TAKEOVER = "node1|gpu:a100:2,gpu:h100:2,shard:a100:0,shard:h100:0|idle\nnode2|gpu:l4:1|idle\n"
+NOT_REGISTERED = "node1|gpu:a100:2,gpu:h100:2,shard:24|unknown*\n"
+NOT_REGISTERED_IDLE = "node1|gpu:a100:2,gpu:h100:2,shard:24|idle\n"
+
+
+@pytest.mark.parametrize("text,gpus,shards", [
+    (IN_CONTROL, 5, {"node1": {"a100": 8, "h100": 16}}),
+    (BACKUP_AFTER_TAKEOVER, 5, {"node1": {"a100": 0, "h100": 0}}),
+    (NOT_REGISTERED, 0, {}),  # a node that takes no jobs lists nothing
+    (NOT_REGISTERED_IDLE, 4, {"node1": {"": 24}}),
+    ("n1|gpu:a100:4(S:0-1),shard:a100:32(S:0-1)|mixed\nn1|gpu:a100:4(S:0-1),shard:a100:32(S:0-1)|mixed\n", 4,
+     {"n1": {"a100": 32}}),  # a node in two partitions: once
+    ("n1|(null)|idle\n", 0, {}),
+])
+def test_sinfo_gives_each_nodes_gpus_and_shards(text, gpus, shards):
+    nodes = parse_sinfo_nodes(text)
+    assert (nodes.gpus, nodes.shards) == (gpus, shards)
+
+
+@pytest.mark.parametrize("by_node,node,gpu_type,refused", [
+    ({"n1": {"a100": 8}}, "n1", "a100", False),
+    ({"n1": {"a100": 0, "h100": 16}}, "n1", "a100", True),
+    ({"n1": {"a100": 0, "h100": 16}}, "n1", "h100", False),
+    ({"n1": {"": 24}}, "n1", "a100", True),  # untyped where gres.conf types them: not registered yet
+    ({"n1": {"": 24}}, "n1", None, False),  # an untyped fleet: untyped is what it always shows
+    ({"n1": {"": 0}}, "n1", None, True),
+    ({"n1": {"a100": 0}}, "n1", None, True),
+    ({"n1": {"a100": 0}}, "n2", "a100", False),  # a node the controller does not list: nothing known
+    ({"n1": {"a100": 8}}, "n1", "v100", False),  # a type it does not list: nothing known
+])
+def test_which_gpus_the_controller_refuses_shards_on(by_node, node, gpu_type, refused):
+    assert bool(LiveShards(by_node).refuses(node, gpu_type)) is refused
+    assert LiveShards(by_node, unread="switched").refuses(node, gpu_type) == "switched"
+
+
+@pytest.fixture(scope="module")
+def parts():
+    return partition_defaults(parse_slurm_conf(SLURM_CONF), parse_gres_conf(GRES_CONF))
+
+
+def live(text: str) -> LiveShards:
+    return LiveShards(parse_sinfo_nodes(text).shards)
+
+
+def test_the_gpus_a_job_can_land_on_are_those_the_controller_takes_shard_jobs_on(parts):
+    assert parts.live_shard_counts("gpu", "", live(IN_CONTROL)) == ((4, 8), ())
+    assert parts.live_shard_counts("gpu", "", None) == ((4, 8), ())
+    counts, refused = parts.live_shard_counts("gpu", "", live(BACKUP_AFTER_TAKEOVER))
+    assert counts == () and refused == ("node1: the controller in control reports 0 a100 shards",)
+    only_a100 = live("node1|gpu:a100:2,gpu:h100:2,shard:a100:0,shard:h100:16|idle\n")
+    assert parts.live_shard_counts("gpu", "", only_a100)[0] == (8,)
+    assert parts.live_shard_counts("gpu", "h100", only_a100) == ((8,), ())
+    assert parts.live_shard_counts("gpu", "a100", only_a100)[0] == ()
+    assert parts.live_shard_counts("gpu", "", live(NOT_REGISTERED_IDLE))[0] == ()
+    assert parts.live_shard_counts("nowhere", "", live(BACKUP_AFTER_TAKEOVER)) == (None, ())
+    assert parts.shards_refused(live(BACKUP_AFTER_TAKEOVER)) == (
+        "node1: the controller in control reports 0 a100 shards",)
+    assert parts.shards_refused(live(IN_CONTROL)) == () and parts.shards_refused(None) == ()
+
+
+def _decide(peak_gib, counts, refused, fields=None, dialect=SLURM_24_11):
+    fields = fields or {"tres_per_node": "gres/gpu:1"}
+    req, access = job_request(user="u", account="a", partition="gpu", job_name="t", script_fingerprint="fp",
+                              gres_fields=fields, gpu_shard_counts=counts)
+    req = dataclasses.replace(req, shards_refused=refused)
+    return policy.decide(req, history(peak_gib) if peak_gib else {}, NO_OVERSUB, decision_id="d", now=1.0,
+                         job_class=history_keys(req)[KeyLevel.CLASS], gres_fields=fields, access=access,
+                         dialect=dialect)
+
+
+REFUSED = ("node1: the controller in control reports 0 a100 shards",)
+
+
+def test_a_job_that_would_share_keeps_its_request_where_slurm_would_refuse_shards():
+    shared = _decide(3, (4, 8), ())
+    assert (shared.action, shared.rewrite.tres_per_node) == (Action.SHARE, "gres/shard:1")
+    d = _decide(3, (), REFUSED)
+    assert (d.action, d.shards, d.rewrite.tres_per_node) == (Action.WHOLE_GPU, 0, None)
+    (why,) = [r.message for r in d.reasons if r.code is ReasonCode.SHARDS_REFUSED]
+    assert "node1: the controller in control reports 0 a100 shards" in why and "request stays" in why, why
+    assert " why=shards_refused," in d.rewrite.admin_comment, d.rewrite.admin_comment  # what sacct shows
+
+
+def test_22_05_does_not_hold_a_whole_gpu_as_shards_the_controller_refuses():
+    held = _decide(0, (4,), (), fields={"tres_per_node": "gres:gpu:a100:1"}, dialect=SLURM_22_05)
+    assert held.rewrite.tres_per_node == "gres:shard:a100:4"
+    d = _decide(0, (), REFUSED, fields={"tres_per_node": "gres:gpu:a100:1"}, dialect=SLURM_22_05)
+    assert (d.action, d.shards, d.rewrite.tres_per_node) == (Action.WHOLE_GPU, 0, None)
+    codes = [r.code for r in d.reasons]
+    assert codes.count(ReasonCode.SHARDS_REFUSED) == 1 and ReasonCode.WHOLE_GPU_AS_SHARDS not in codes, codes
+    shared = _decide(3, (), REFUSED, fields={"tres_per_node": "gres:gpu:a100:1"}, dialect=SLURM_22_05)
+    assert [r.code for r in shared.reasons].count(ReasonCode.SHARDS_REFUSED) == 1
+    assert shared.rewrite.tres_per_node is None
