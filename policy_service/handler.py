@@ -30,8 +30,8 @@ from policy_service.core.enforcement import NodeEnforcementRegistry, NodeReport
 from policy_service.core.mode import apply_mode
 from policy_service.adapters.partitions import PartitionDefaults
 from policy_service.core.request import PER_GPU_OPTIONS, RequestError, history_keys, job_request
-from policy_service.core.types import (Action, Decision, EstimateSource, JobRequest, KeyLevel, QueueState, Reason,
-                                      ReasonCode, Rewrite)
+from policy_service.core.types import (Action, Decision, EstimateSource, JobRequest, KeyLevel, LiveShards,
+                                      QueueState, Reason, ReasonCode, Rewrite)
 from policy_service.correlation import Correlator
 from policy_service.events import MAX_JOB_ID, EventApplier, gpu_utilisation  # noqa: F401  (gpu_utilisation: API)
 from policy_service.limits import oversize
@@ -258,8 +258,9 @@ class PolicyHandler:
                 partition_gpu_defaults=parts.for_job(job.partition) if parts else ())
         except RequestError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        if parts:  # the GPUs its partitions hold, of the type it asks for
-            jr = dataclasses.replace(jr, gpu_shard_counts=parts.shard_counts(job.partition, jr.gpu.gpu_type))
+        if parts:  # the GPUs its partitions hold, of the type it asks for, where the controller takes shard jobs
+            counts, refused = parts.live_shard_counts(job.partition, jr.gpu.gpu_type, self._live_shards(queue))
+            jr = dataclasses.replace(jr, gpu_shard_counts=counts, shards_refused=refused)
         keys = history_keys(jr)
         stats = (stats_of or self.store.stats)(keys)
         d = policy.decide(jr, stats, self.cfg, decision_id=decision_id or self.new_id(), now=self.clock(),
@@ -268,6 +269,16 @@ class PolicyHandler:
                           dialect=self.dialect, whole_because=whole_because,
                           enforcement=self.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s))
         return d, jr, keys
+
+    def _live_shards(self, queue: QueueState | None | object) -> LiveShards | None:
+        """The shards the controller in control reports, from the snapshot decided with; while this
+        service is standby an Admit comes from a controller taking over, whose counts it has not read."""
+        live = queue.live_shards if isinstance(queue, QueueState) else None
+        why = self.standby() if self.standby is not None else None
+        if why is None:
+            return live
+        return dataclasses.replace(live or LiveShards(), unread=f"this service is standby ({why}): the shards of "
+                                                                "the controller taking over are not read yet")
 
     # ------------------------------------------------------------------ pending jobs
     def whole_decision_keys(self, admin_comment: str) -> tuple[str, dict] | None:

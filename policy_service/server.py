@@ -201,6 +201,7 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
                                                      reader_gid=slurmctld_gid(authorizer))
         if role is not None:  # the standby publishes nothing: the writer's table is the one
             svc.admission_publisher.tick = only_while_writer(svc.admission_publisher.tick, role)
+            role.on_change.append(svc.admission_publisher.became_writer)
         svc.admission_publisher.start()
         if monitor is not None:  # the gate file follows each queue snapshot, first
             monitor.on_poll = chain(svc.admission_publisher.on_queue_poll, monitor.on_poll)
@@ -233,6 +234,9 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         writer_health(role.is_writer())
         role.on_change.insert(0, writer_health)
         role.on_change.append(lambda writer: writer and handler.decisions.retry_now())  # the journal drains now
+        if monitor is not None:  # the controller in control may have changed: read its nodes' shards now
+            role.on_change.append(lambda writer: monitor.controller_changed(
+                f"this service became {'writer' if writer else 'standby'}"))
         role.start()
     return svc
 

@@ -2,7 +2,9 @@
 
 The policy shares GPUs only while GPU work waits (``policy.share_min_queue``). Admit must not
 call Slurm on slurmctld's path (job_submit holds its locks), so a thread polls ``squeue`` and
-``sinfo`` every ``policy.queue_poll_s`` and Admit reads the last snapshot. A snapshot older than
+``sinfo`` every ``policy.queue_poll_s`` (at once when the controller in control may have changed)
+and Admit reads the last snapshot. The sinfo also gives each node's shards as the controller in
+control reports them (LiveShards): a GPU there with none is not offered to a shard job. A snapshot older than
 three periods is reported with its age and the policy treats the queue as unknown.
 
 The service takes the first snapshot before it answers (``wait_first_poll``): a decision in the
@@ -21,7 +23,7 @@ from typing import Callable, Iterable, Mapping
 from policy_service.adapters.slurm import PendingJob, SlurmAccess
 from policy_service.config import Config
 from policy_service.core.request import RequestError, gpu_request
-from policy_service.core.types import GresKind, QueueState
+from policy_service.core.types import GresKind, LiveShards, QueueState
 
 log = logging.getLogger("swapaware.queue")
 
@@ -38,8 +40,10 @@ def first_poll_bound_s(cfg: Config) -> float:
 
 
 def reads_queue(cfg: Config) -> bool:
-    """Whether a policy rule uses the queue (the service then polls Slurm for it)."""
-    return (cfg.policy.share_min_queue > 0 or cfg.policy.redecide_pending
+    """Whether a policy rule uses the queue (the service then polls Slurm for it), or [ha] is
+    enabled: the same poll reads the shards the controller in control reports (a Slurm 22.05
+    backup after a takeover refuses shard jobs; core/types.LiveShards)."""
+    return (cfg.policy.share_min_queue > 0 or cfg.policy.redecide_pending or cfg.ha.enabled
             or (cfg.policy.compute_aware and cfg.policy.overcommit_compute_min_queue > 0))
 
 
@@ -87,13 +91,30 @@ class QueueMonitor:
         self._attempted = threading.Event()  # set once the first poll succeeded or failed
         self._last_error = ""
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # controller_changed: how often, and why last; a snapshot from a poll begun before the
+        # last change has its shard counts marked unread
+        self._changes = 0
+        self._polled_change = 0
+        self._change_why = ""
+
+    def controller_changed(self, why: str) -> None:
+        """The controller in control may have changed (this service's role changed): its nodes'
+        shards are not known until a poll begun after now; poll at once."""
+        with self._lock:
+            self._changes += 1
+            self._change_why = why
+        self._wake.set()
 
     def poll_once(self) -> QueueState | None:
+        with self._lock:
+            change = self._changes
         try:
             pending = self.slurm.pending_jobs()
-            state = queue_state(pending, self.slurm.cluster_gpus(), self.cfg.gpu.shards_per_gpu,
-                                self._qos_priorities())
+            nodes = self.slurm.cluster_nodes()
+            state = queue_state(pending, nodes.gpus, self.cfg.gpu.shards_per_gpu, self._qos_priorities())
+            state = dataclasses.replace(state, live_shards=LiveShards(nodes.shards))
         except Exception as exc:  # noqa: BLE001  (the monitor thread must outlive any Slurm surprise)
             if not self._failing:  # one line per outage, not one per poll
                 log.warning("cannot read the queue from Slurm (%s); decisions treat it as unknown once the "
@@ -106,7 +127,7 @@ class QueueMonitor:
             log.info("queue snapshot from Slurm available again")
         self._failing = False
         with self._lock:
-            self._state, self._taken_at = state, self.clock()
+            self._state, self._taken_at, self._polled_change = state, self.clock(), change
         self._attempted.set()  # before on_poll: re-deciding pending jobs does not hold up a start
         log.debug("queue: %.2f GPUs pending of %d", state.pending_gpus, state.total_gpus)
         if self.on_poll is not None:
@@ -132,8 +153,13 @@ class QueueMonitor:
         """The last snapshot with its age; None before the first successful poll."""
         with self._lock:
             state, taken = self._state, self._taken_at
+            unread = self._change_why if self._polled_change != self._changes else ""
         if state is None:
             return None
+        if unread:
+            live = state.live_shards or LiveShards()
+            state = dataclasses.replace(state, live_shards=dataclasses.replace(
+                live, unread=f"{unread}: the shards of the controller now in control are not read yet"))
         return dataclasses.replace(state, age_s=max(0.0, self.clock() - taken))
 
     def wait_first_poll(self, timeout_s: float | None = None) -> QueueState | None:
@@ -156,8 +182,9 @@ class QueueMonitor:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()
             self.poll_once()
-            self._stop.wait(self.cfg.policy.queue_poll_s)
+            self._wake.wait(self.cfg.policy.queue_poll_s)
 
     def start(self) -> QueueMonitor:
         self._thread = threading.Thread(target=self._loop, name="queue-monitor", daemon=True)
@@ -166,5 +193,6 @@ class QueueMonitor:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(2 * self.cfg.service.slurm_timeout_s + 1)

@@ -97,6 +97,13 @@ class SlurmJobs:
     def cluster_gpus(self) -> int:
         return self.gpus
 
+    # node -> lower-case type -> shards, as sinfo %G shows them (LiveShards.by_node)
+    node_shards: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def cluster_nodes(self):
+        from policy_service.adapters.slurm_text import NodeGres
+        return NodeGres(self.gpus, {n: dict(c) for n, c in self.node_shards.items()})
+
     qos_table: dict[str, int] = field(default_factory=dict)  # {}: no per-QoS view
 
     def qos_priorities(self) -> dict[str, int]:

@@ -4,9 +4,11 @@ import logging
 from pathlib import Path
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.slurm import PendingJob
 from policy_service.client import PolicyClient
 from policy_service.config import load_config
 from policy_service.server import start_service
+from tests.waiting import wait_for
 
 GIB = 1024**3
 
@@ -54,3 +56,37 @@ def test_a_gpu_with_more_shards_than_its_memory_is_warned_once_from_the_agents_r
     warned = [m for m in caplog.messages if m.startswith("fleet: ")]
     assert len(warned) == 1 and warned[0].startswith("fleet: n1 GPU 1: gres.conf gives it 8 shards") \
         and "Count=4" in warned[0]
+
+
+def test_where_the_controller_in_control_refuses_shards_a_job_keeps_its_request(service_env, slurm_jobs):
+    """A Slurm 22.05 backup after `scontrol takeover` shows `shard:<type>:0` on every node and refuses
+    every shard job (docs/slurm-releases.md): the service reads that with its queue poll."""
+    conf = Path(service_env["SWAPAWARE_SERVICE__SLURM_CONF"])
+    conf.write_text("NodeName=n1 CPUs=8 Gres=gpu:a100:2,shard:16\nPartitionName=gpu Nodes=n1 Default=YES\n")
+    (conf.parent / "gres.conf").write_text("Name=gpu Type=a100 File=/dev/nvidia[0-1]\n"
+                                           "Name=shard Count=8 File=/dev/nvidia0\nName=shard Count=8 File=/dev/nvidia1\n")
+    slurm_jobs.node_shards = {"n1": {"a100": 0}}
+    slurm_jobs.pending = [PendingJob(70, "gres:gpu:1", "", "", 1, 1, "Priority")]  # GPU work waits
+    env = dict(service_env, SWAPAWARE_POLICY__SHARE_MIN_QUEUE="0.05", SWAPAWARE_POLICY__QUEUE_POLL_S="0.05")
+    svc = start_service(load_config(env=env), slurm=slurm_jobs)
+    try:
+        facts = pb.JobFacts(user="alice", uid=1000, job_name="train", tres_per_node="gres:gpu:1",
+                            script_fingerprint="00000001deadbeef", comment="swapaware:mem=2G")
+        with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as client:
+            kept = client.call("Admit", pb.AdmitRequest(job=facts)).decision
+            assert kept.action == pb.ACTION_WHOLE_GPU and not kept.rewrite.HasField("tres_per_node")
+            (why,) = [r.message for r in kept.reasons if r.code == "shards_refused"]
+            assert "n1: the controller in control reports 0 a100 shards" in why, why
+            assert "why=shards_refused" in kept.rewrite.admin_comment
+            slurm_jobs.node_shards = {"n1": {"a100": 16}}  # the primary is back: typed counts again
+            wait_for(lambda: svc.queue_monitor.snapshot().live_shards.by_node["n1"]["a100"] == 16, 5.0,
+                     "a poll that reads the shards back")
+            shared = client.call("Admit", pb.AdmitRequest(job=facts)).decision
+            assert shared.action == pb.ACTION_SHARE and shared.rewrite.tres_per_node == "gres:shard:1"
+            svc.handler.standby = lambda: "writer is ctl2"  # an Admit while standby: a controller taking over
+            standby = client.call("Admit", pb.AdmitRequest(job=facts)).decision
+            assert standby.action == pb.ACTION_WHOLE_GPU and not standby.rewrite.HasField("tres_per_node")
+            (why,) = [r.message for r in standby.reasons if r.code == "shards_refused"]
+            assert "this service is standby (writer is ctl2)" in why, why
+    finally:
+        svc.stop(0)

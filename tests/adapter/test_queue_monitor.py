@@ -10,13 +10,14 @@ from policy_service.adapters.queue import QueueMonitor
 from policy_service.adapters.slurm import PendingJob
 from policy_service.client import PolicyClient
 from policy_service.config import Config, PolicyConfig, load_config
-from policy_service.core.types import QueueState
+from policy_service.core.types import LiveShards, QueueState
 from policy_service.server import start_service
 from tests.waiting import wait_for
 
 from .test_service import GIB, facts, run_job
 
 LOGGER = "swapaware.queue"
+NO_SHARDS = LiveShards({})  # the stand-in's nodes list no shards unless a test sets node_shards
 
 
 class FakeClock:
@@ -59,14 +60,14 @@ def test_poll_reflects_pending_jobs_and_gpus(monitor, slurm_jobs, clock):
     slurm_jobs.pending = [waiting_gpu_job(70), waiting_gpu_job(71, "gres:shard:4"),
                           waiting_gpu_job(72, reason="JobHeldUser")]
     slurm_jobs.gpus = 6
-    assert monitor.poll_once() == QueueState(1.5, 6, 0.0)
-    assert monitor.snapshot() == QueueState(1.5, 6, 0.0)
+    assert monitor.poll_once() == QueueState(1.5, 6, 0.0, live_shards=NO_SHARDS)
+    assert monitor.snapshot() == QueueState(1.5, 6, 0.0, live_shards=NO_SHARDS)
     clock.t += 7.0
-    assert monitor.snapshot() == QueueState(1.5, 6, 7.0)
+    assert monitor.snapshot() == QueueState(1.5, 6, 7.0, live_shards=NO_SHARDS)
     slurm_jobs.pending = []
     slurm_jobs.gpus = 4
-    assert monitor.poll_once() == QueueState(0.0, 4, 0.0)
-    assert monitor.snapshot() == QueueState(0.0, 4, 0.0)
+    assert monitor.poll_once() == QueueState(0.0, 4, 0.0, live_shards=NO_SHARDS)
+    assert monitor.snapshot() == QueueState(0.0, 4, 0.0, live_shards=NO_SHARDS)
     assert slurm_jobs.queue_reads == 2
 
 
@@ -89,7 +90,7 @@ def test_failing_squeue_keeps_the_last_snapshot_and_logs_once_per_outage(monitor
     for step in range(1, 5):
         clock.t += 15.0
         assert monitor.poll_once() is None
-        assert monitor.snapshot() == QueueState(1.0, 4, 15.0 * step)  # kept, and getting older
+        assert monitor.snapshot() == QueueState(1.0, 4, 15.0 * step, live_shards=NO_SHARDS)  # kept, and getting older
     assert slurm_jobs.queue_reads == 5
     (warning,) = outage_records(caplog)
     assert "Unable to contact slurm controller" in warning.getMessage()
@@ -98,8 +99,8 @@ def test_failing_squeue_keeps_the_last_snapshot_and_logs_once_per_outage(monitor
 
     slurm_jobs.pending = []  # back
     clock.t += 1.0
-    assert monitor.poll_once() == QueueState(0.0, 4, 0.0)
-    assert monitor.snapshot() == QueueState(0.0, 4, 0.0)
+    assert monitor.poll_once() == QueueState(0.0, 4, 0.0, live_shards=NO_SHARDS)
+    assert monitor.snapshot() == QueueState(0.0, 4, 0.0, live_shards=NO_SHARDS)
     monitor.poll_once()
     assert len(recovery_records(caplog)) == 1 and len(outage_records(caplog)) == 1
 
@@ -268,3 +269,40 @@ def test_doctor_queue_check_reports_what_the_rule_will_see(slurm_jobs):
     failed = queue_check(slurm_jobs, Config())
     assert not failed.ok and "cannot read the queue: squeue: error" in failed.detail
     assert "policy.share_min_queue = 0" in failed.fix
+
+
+# ----------------------------------------------------------------------------- the controller's shards
+def test_the_poll_reads_each_nodes_shards_and_a_controller_change_marks_them_unread(slurm_jobs):
+    slurm_jobs.node_shards = {"n1": {"a100": 0}}
+    mon = QueueMonitor(slurm_jobs, Config(policy=PolicyConfig(queue_poll_s=300.0))).start()
+    try:
+        wait_for(lambda: mon.snapshot() is not None, 5.0, "the first poll")
+        live = mon.snapshot().live_shards
+        assert live.by_node == {"n1": {"a100": 0}} and live.unread == ""
+        assert live.refuses("n1", "a100")
+        reads = slurm_jobs.queue_reads
+        slurm_jobs.node_shards = {"n1": {"a100": 16}}
+        mon.controller_changed("now writer")  # polls at once, not after 300 s
+        wait_for(lambda: slurm_jobs.queue_reads > reads and mon.snapshot().live_shards.unread == "", 5.0,
+                 "a poll after the change")
+        assert mon.snapshot().live_shards.by_node == {"n1": {"a100": 16}}
+    finally:
+        mon.stop()
+
+
+def test_a_snapshot_from_a_poll_begun_before_the_change_stays_unread(slurm_jobs, clock):
+    mon = QueueMonitor(slurm_jobs, Config(policy=PolicyConfig(queue_poll_s=15.0)), clock)
+    slurm_jobs.node_shards = {"n1": {"a100": 16}}
+    real_nodes = slurm_jobs.cluster_nodes
+
+    def change_during_the_poll():
+        mon.controller_changed("role change")
+        return real_nodes()
+
+    slurm_jobs.cluster_nodes = change_during_the_poll
+    mon.poll_once()
+    live = mon.snapshot().live_shards
+    assert live.unread.startswith("role change: ") and live.refuses("n1", "a100")
+    slurm_jobs.cluster_nodes = real_nodes
+    mon.poll_once()
+    assert mon.snapshot().live_shards.unread == "" and not mon.snapshot().live_shards.refuses("n1", "a100")
