@@ -13,7 +13,8 @@
 # contrib/dev-cluster/cluster.sh. SWAPAWARE_DEV_TLS=0 turns TLS off (plaintext gRPC; default 1: a
 # private CA and the service's certificate in $STATE/tls, made with the openssl CLI).
 # SWAPAWARE_DEV_TABLE=1 turns the admission table on (default 0: every job takes the Admit round
-# trip): the service publishes it at $STATE/run/admission.json ([admission] table_path) and the
+# trip): the service publishes it at $STATE/run/admission.json ([admission] table_path; with
+# SWAPAWARE_DEV_CONTROLLERS=2 at $STATE/spool/admission.json, which both controllers see) and the
 # plugin's swapaware_plugin.conf names it (cluster.sh, SWAPAWARE_TABLE). Runs as root on Debian 12 or 13 (or in a release's root, contrib/matrix/). Running `up` twice is harmless.
 set -euo pipefail
 
@@ -37,7 +38,6 @@ GPU_GIB_MAX=$(tr ',' '\n' <<<"$GPU_GIB" | sort -n | tail -n1)
 RUN=$STATE/run
 LOGDIR=$STATE/log
 SOCK=$RUN/swapaware.sock
-TABLE=$RUN/admission.json  # the admission table, with SWAPAWARE_DEV_TABLE=1
 # What belongs to a compute node, as the node sees it ($STATE/node: each node has its own).
 NODE=$STATE/node
 AGENT_SOCK=$NODE/agent.sock
@@ -136,7 +136,7 @@ admission_section() {
 [admission]
 # SWAPAWARE_DEV_TABLE=1: the service publishes the admission table here and the plugin decides
 # from it (swapaware_plugin.conf table=, written by cluster.sh from SWAPAWARE_TABLE).
-table_path = "$TABLE"
+table_path = "$(table_path)"
 EOF
     else
         printf '# [admission] off: SWAPAWARE_DEV_TABLE=1 publishes the admission table\n'
@@ -150,6 +150,10 @@ controllers() { if ((CONTROLLERS == 2)); then echo ctl1; echo ctl2; fi; }
 ctl_addr() { echo "${SWAPAWARE_DEV_SUBNET:-10.77.0}.$((1 + ${1#ctl}))"; }
 ctl_conf() { echo "$STATE/etc/swapaware-$1.toml"; }
 ctl_run() { echo "$STATE/nodes/$1/run"; }
+# The admission table (SWAPAWARE_DEV_TABLE=1): in $RUN with one controller; with two, where both
+# controllers' plugins see it and either service can write it (only the writer does, docs/ha.md):
+# beside the shared StateSaveLocation ($STATE/spool/ctld), not in $RUN (each controller's own).
+table_path() { if ((CONTROLLERS == 2)); then echo "$STATE/spool/admission.json"; else echo "$RUN/admission.json"; fi; }
 
 ha_sections() {
     if ((CONTROLLERS != 2)); then
@@ -405,7 +409,7 @@ cmd_up() {
         SWAPAWARE_TASK_PROLOG=$STATE/bin/task-prolog SWAPAWARE_DEV_CONTROLLERS=$CONTROLLERS \
         SWAPAWARE_PRIMARY_ON=$(if ((CONTROLLERS == 2)); then echo "$STATE/bin/primary-on"; fi) \
         SWAPAWARE_PRIMARY_OFF=$(if ((CONTROLLERS == 2)); then echo "$STATE/bin/primary-off"; fi) \
-        SWAPAWARE_SOCKET=$SOCK SWAPAWARE_DEV_TABLE=$DEV_TABLE SWAPAWARE_TABLE=$TABLE "$CLUSTER" up
+        SWAPAWARE_SOCKET=$SOCK SWAPAWARE_DEV_TABLE=$DEV_TABLE SWAPAWARE_TABLE="$(table_path)" "$CLUSTER" up
     # Agents before any job can start (nothing is submitted before `up` returns); the service
     # after the cluster: it reads Slurm's release and its first queue snapshot before it answers.
     start_agents
