@@ -226,6 +226,23 @@ def reload_job_submit(js: Path, previous_mtime: float | None = None) -> None:
     os.utime(js, (t, t))
 
 
+@contextlib.contextmanager
+def plugin_table(stack: "Stack", table: Path) -> Iterator[None]:
+    """job_submit.lua decides from the admission table at ``table`` (swapaware_plugin.conf's
+    table=, checked at every job, owner root) for the block, on every slurmctld that reads this
+    cluster's etc (both controllers of a two-controller cluster); then as configured again."""
+    conf = stack.state / "etc" / "swapaware_plugin.conf"
+    js = stack.state / "etc" / "job_submit.lua"
+    before = conf.read_text()
+    conf.write_text(before + f"\ntable={table}\ntable_check_ms=0\ntable_uids=0\n")
+    reload_job_submit(js)
+    try:
+        yield
+    finally:
+        conf.write_text(before)
+        reload_job_submit(js)
+
+
 def job_field(oneliner: str, key: str) -> str:
     from policy_service.adapters.slurm import scontrol_field
 

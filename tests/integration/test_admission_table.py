@@ -5,18 +5,16 @@ the RPC path. The table is written here (keyed by the facts the service recorded
 through the RPC path), so this runs without the service's publisher."""
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from policy_service.core.admission_format import read_table, render_table
-from tests.slurm_stack import reload_job_submit
+from tests.slurm_stack import plugin_table
 from tests.waiting import wait_for
 
 from .conftest import decision_of, job_field
@@ -25,23 +23,6 @@ pytestmark = pytest.mark.integration
 WHERE = ("--account=root", "--partition=gpu")
 VERSION = "5eed0000" + uuid.uuid4().hex[:8]
 SCRIPT = "#!/bin/sh\ntrue\n"
-
-
-def reload_plugin(stack) -> None:
-    reload_job_submit(stack.state / "etc" / "job_submit.lua")
-
-
-@contextlib.contextmanager
-def plugin_table(stack, table: Path) -> Iterator[None]:
-    conf = stack.state / "etc" / "swapaware_plugin.conf"
-    before = conf.read_text()
-    conf.write_text(before + f"\ntable={table}\ntable_check_ms=0\ntable_uids=0\n")
-    reload_plugin(stack)
-    try:
-        yield
-    finally:
-        conf.write_text(before)
-        reload_plugin(stack)
 
 
 def plugin_release(stack) -> str:
