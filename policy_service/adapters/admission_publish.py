@@ -159,6 +159,7 @@ class AdmissionPublisher:
         # for a build
         self._gate_lock = threading.Lock()
         self._gate_error = ""  # the last gate write's error, logged once
+        self._claimed = False  # [ha]: became the writer since its last publication (became_writer)
         self.last: Publication | None = None
 
     # ------------------------------------------------------------------ the thread
@@ -187,6 +188,15 @@ class AdmissionPublisher:
                     log.exception("admission table not published (retried every %.1f s)", every)
                 failing = why
             self._stop.wait(every)
+
+    def became_writer(self, writer: bool) -> None:
+        """RoleKeeper.on_change ([ha] enabled): a service that becomes the writer publishes at its
+        next tick, whatever it published before: since then the files may hold the last writer's
+        table and gate, whose versions this service's archive (catch-up's) does not hold."""
+        if writer:
+            self._claimed = True
+            with self._gate_lock:
+                self._gate_written = None
 
     def tick(self) -> None:
         """One pass: rebuild the class table when due, rewrite the gate when the queue changed."""
@@ -238,6 +248,8 @@ class AdmissionPublisher:
         """Why the table is rebuilt now ("" : it is not)."""
         if self._published is None:
             return "first publication"
+        if self._claimed:
+            return "this service is now the writer"
         if inputs[0] is not self._inputs[0]:
             return f"policy.mode is {inputs[0].value}"
         if now - self._published_at >= self.cfg.admission.valid_s / 2:
@@ -383,7 +395,7 @@ class AdmissionPublisher:
         pub = Publication(version, len(built), sum(len(k.templates[0]) for _, k in built), size,
                           time.monotonic() - started, bool(reused))
         self._published, self._published_at, self._content = pub, now, digest
-        self._inputs, self._built_at, self.last = inputs, now, pub
+        self._inputs, self._built_at, self.last, self._claimed = inputs, now, pub, False
         log.info("admission table %s %s (%s): %d entries, %d bytes, %.2f s", version,
                  "re-published" if reused else "published", why, pub.entries, pub.bytes, pub.built_s)
         return pub

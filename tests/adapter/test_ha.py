@@ -21,6 +21,7 @@ from policy_service.adapters.ha_role import write_role
 from policy_service.adapters.history import HistoryStore
 from policy_service.client import FailoverClient, PolicyClient, attempt_order
 from policy_service.config import HaConfig, HookConfig, load_config
+from policy_service.core.admission_format import read_table
 from policy_service.core.ha import Role
 from policy_service.server import start_service
 from slurm_plugin import spool
@@ -231,6 +232,40 @@ def test_only_the_writer_publishes_the_admission_table_and_says_why_it_writes(pa
                for m in said), said
     assert any(m.startswith("ha: a is standby, writer is nobody: release (the role file says backup)")
                for m in said), said
+
+
+def test_a_writer_back_publishes_at_once_over_the_other_writers_table(pair, short_dir, history_backend):
+    """Two services on one table path (both controllers see it): a service that becomes the writer
+    again publishes at its next tick, though nothing it depends on changed and refresh_s and
+    valid_s / 2 are far off: the file held the other writer's version, which its archive (its
+    catch-up's) does not hold."""
+    (short_dir / "table").mkdir(mode=0o755)
+    shared = {"SWAPAWARE_ADMISSION__TABLE_PATH": str(short_dir / "table" / "admission.json"),
+              "SWAPAWARE_ADMISSION__REFRESH_S": "1000", "SWAPAWARE_ADMISSION__VALID_S": "3000",
+              "SWAPAWARE_POLICY__QUEUE_POLL_S": "0.2"}
+    a = pair("a", Role.PRIMARY, **shared)
+    b = pair("b", Role.BACKUP, **shared)
+
+    def in_file() -> str:
+        try:
+            return read_table(a.admission_publisher.table.read_bytes())["version"]
+        except (FileNotFoundError, ValueError):
+            return ""
+
+    def swap(to_writer, to_standby) -> None:
+        write_role(short_dir / to_standby / "run" / "role", Role.BACKUP, time.time())
+        write_role(short_dir / to_writer / "run" / "role", Role.PRIMARY, time.time())
+
+    wait_for(lambda: a.admission_publisher.last is not None and in_file() == a.admission_publisher.last.version,
+             15, "a's table")
+    swap("b", "a")
+    wait_for(lambda: b.admission_publisher.last is not None and in_file() == b.admission_publisher.last.version,
+             15, lambda: f"b's table once b writes (file {in_file()})")
+    assert b.admission_publisher.last.version != a.admission_publisher.last.version
+    swap("a", "b")
+    wait_for(a.role.is_writer, 15, "a the writer again")
+    wait_for(lambda: in_file() == a.admission_publisher.last.version, 10,
+             lambda: f"a's table in the file again (file {in_file()}, a's {a.admission_publisher.last.version})")
 
 
 def test_slurmctlds_admit_on_the_local_socket_is_evidence_of_control(pair):
