@@ -269,13 +269,45 @@ local function load_gate(path, settings, now_s)
   return gate.doc
 end
 
+-- This host's name, read once per Lua state ("" when it cannot be read).
+local host_name = nil
+function T.hostname()
+  if host_name == nil then
+    local f = io.open("/proc/sys/kernel/hostname", "r")
+    host_name = f and (f:read("*l") or "") or ""
+    if f then f:close() end
+  end
+  return host_name
+end
+
+-- A gate that sends every job to the RPC path: logged once per distinct reason.
+local declined_logged = nil
+local function declined(path, fmt, ...)
+  local text = string.format(fmt, ...)
+  if declined_logged ~= text then
+    declined_logged = text
+    T.log("admission gate %s: jobs take the RPC path (%s)", path, text)
+  end
+  return nil
+end
+
 -- gate_state(settings, view, now_s): "short" | "normal" | "long" | "unknown" for the view (the
 -- job's qos where the table is per qos, else ""): "unknown" when the gate file is missing, may not
--- be used or is past its valid_until (as decide() treats a stale queue snapshot).
+-- be used or is past its valid_until (as decide() treats a stale queue snapshot). nil: the gate
+-- sends every job to the RPC path (rpc_only: the service's live facts differ from what the table
+-- assumed, e.g. the controller in control refuses shards; or it was written for the slurmctld of
+-- another host: a controller that just took over must not use its predecessor's gate).
 function T.gate_state(settings, view, now_s)
   local path = settings.table .. ".gate"
   local doc = load_gate(path, settings, now_s)
   if doc == nil or now_s > doc.valid_until then return "unknown" end
+  if type(doc.rpc_only) == "string" and doc.rpc_only ~= "" then
+    return declined(path, "%s", doc.rpc_only)
+  end
+  if type(doc.controller) == "string" and doc.controller ~= "" and doc.controller ~= T.hostname() then
+    return declined(path, "written for the slurmctld on %s, this host is %s", doc.controller, T.hostname())
+  end
+  declined_logged = nil
   local views = type(doc.views) == "table" and doc.views or {}
   local state = views[view]
   if state == nil then state = doc.other end
@@ -413,6 +445,10 @@ function T.decide(M, job_desc, facts, now_s)
     return false
   end
   local state = T.gate_state(settings, tbl.per_qos and facts.qos or "", now_s)
+  if state == nil then
+    T.counters.table_miss = T.counters.table_miss + 1
+    return false
+  end
   local p, number, letter = pick(tbl, pos, state)
   if not p then
     T.counters.table_miss = T.counters.table_miss + 1

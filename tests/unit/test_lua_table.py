@@ -204,6 +204,35 @@ def test_a_gate_that_cannot_be_used_is_state_unknown(setup, gate):
     assert res["rpc_calls"] == 0
 
 
+HOST = Path("/proc/sys/kernel/hostname").read_text().strip()
+
+
+@pytest.mark.parametrize("extra,hit", [
+    ({}, True),
+    ({"controller": HOST}, True),
+    ({"controller": HOST + "-backup"}, False),   # written for another host's slurmctld
+    ({"rpc_only": "shards refused: node1: the controller in control reports 0 a100 shards"}, False),
+    ({"rpc_only": ""}, True),
+])
+def test_a_gate_can_send_every_job_to_the_rpc_path(setup, extra, hit):
+    """The gate's rpc_only (the service's live facts differ from what the table assumed) and
+    controller (a controller that just took over must not use its predecessor's gate)."""
+    make, table = setup
+    p = make()
+    job = gpu_job()
+    entry = {"*": decision(9, "a")}
+    publish(p, table, [(job, entry)], gate={**gate_doc({"": "long"}), **extra})
+    results = [p.submit(dict(job)) for _ in range(2)]
+    if hit:
+        assert all(r["rpc_calls"] == 0 and "tbl=" in r["job"]["admin_comment"] for r in results)
+        return
+    assert [r["rpc_calls"] for r in results] == [1, 2]   # counted per Lua state
+    assert results[1]["counters"] == {"table_hit": 0, "table_miss": 2}
+    logs = [line for r in results for line in r["logs"] if ".gate" in line]
+    assert len(logs) == 1 and "jobs take the RPC path" in logs[0], logs   # said once
+    assert (extra.get("rpc_only") or f"written for the slurmctld on {HOST}-backup, this host is {HOST}") in logs[0]
+
+
 def test_an_entry_held_as_star_serves_every_state(setup):
     make, table = setup
     p = make()
