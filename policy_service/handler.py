@@ -280,6 +280,13 @@ class PolicyHandler:
         return dataclasses.replace(live or LiveShards(), unread=f"this service is standby ({why}): the shards of "
                                                                 "the controller taking over are not read yet")
 
+    def shards_refused(self, queue: QueueState | None) -> str:
+        """Why the admission table may not decide now: nodes with shards where the controller in
+        control refuses shard jobs (the table's decisions assume every GPU takes them); "" when none."""
+        parts = self.partitions() if self.partitions else None
+        refused = parts.shards_refused(self._live_shards(queue)) if parts else ()
+        return f"the controller refuses shards on {len(refused)} node(s): {'; '.join(refused[:3])}" if refused else ""
+
     # ------------------------------------------------------------------ pending jobs
     def whole_decision_keys(self, admin_comment: str) -> tuple[str, dict] | None:
         """(decision id, history keys) when a job's record (its AdminComment) is a whole-GPU

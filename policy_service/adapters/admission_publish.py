@@ -25,6 +25,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -455,8 +456,10 @@ class AdmissionPublisher:
     def _write_gate(self) -> bool:
         now = self.clock()
         snap = self.handler.queue.snapshot() if self.handler.queue is not None else None
-        doc = admission.gate_file(snap, self.cfg, now)
-        seen = (doc["valid_until"], doc["other"], tuple(sorted(doc["views"].items())))
+        doc = admission.gate_file(snap, self.cfg, now, rpc_only=self.handler.shards_refused(snap),
+                                  controller=socket.gethostname() if self.cfg.ha.enabled else "")
+        seen = (doc["valid_until"], doc["other"], tuple(sorted(doc["views"].items())), doc.get("rpc_only"),
+                doc.get("controller"))
         last = self._gate_written
         if (last is not None and abs(seen[0] - last[0]) < 0.01 and seen[1:] == last[1:]  # the same snapshot
                 and self.gate.exists()):

@@ -145,13 +145,18 @@ def state_queues(cfg: Config) -> dict[str, QueueState | None]:
     return out
 
 
-def gate_file(snapshot: QueueState | None, cfg: Config, now: float) -> dict:
+def gate_file(snapshot: QueueState | None, cfg: Config, now: float, rpc_only: str = "", controller: str = "") -> dict:
     """The gate file: the state of each QoS the snapshot lists, "other" for the rest (the whole
-    queue), valid while decide() would call the snapshot fresh (age <= 3 * policy.queue_poll_s)."""
+    queue), valid while decide() would call the snapshot fresh (age <= 3 * policy.queue_poll_s).
+    ``rpc_only``: why every job takes the RPC path now (the table's decisions assume what the
+    service no longer sees, e.g. nodes whose shards the controller refuses); ``controller``: the
+    host name of the slurmctld the service follows ([ha]): the plugin on another host takes the RPC
+    path (swapaware_table.lua, T.gate_state)."""
     fresh_for = 3 * cfg.policy.queue_poll_s
+    extra = {k: v for k, v in (("rpc_only", rpc_only), ("controller", controller)) if v}
     if snapshot is None:
         return {"format": GATE_FORMAT, "generated_at": now, "valid_until": now, "views": {},
-                "other": GateState.UNKNOWN.value}
+                "other": GateState.UNKNOWN.value, **extra}
     taken = now - snapshot.age_s
     whole = dataclasses.replace(snapshot, ahead_by_qos=())
     if cfg.policy.queue_per_qos:
@@ -161,7 +166,7 @@ def gate_file(snapshot: QueueState | None, cfg: Config, now: float) -> dict:
         other = queue_gate_state(snapshot, "", cfg)
         views = {"": other}
     return {"format": GATE_FORMAT, "generated_at": now, "valid_until": taken + fresh_for, "views": views,
-            "other": other}
+            "other": other, **extra}
 
 
 # ---------------------------------------------------------------------- entries

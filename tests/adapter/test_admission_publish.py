@@ -344,3 +344,31 @@ def test_a_group_the_service_cannot_give_is_refused_naming_it():
         assert os.listdir(d) == []
     finally:
         shutil.rmtree(d)
+
+
+def test_the_gate_sends_jobs_to_the_rpc_path_while_the_controller_refuses_shards(env, slurm_jobs, tmp_path):
+    """The table's decisions assume every GPU of the fleet takes shard jobs; while the controller in
+    control refuses them somewhere (a 22.05 backup after scontrol takeover), the gate says so and
+    the plugin asks the service, which reads the live counts."""
+    (tmp_path / "run").mkdir()
+    conf = Path(env["SWAPAWARE_SERVICE__SLURM_CONF"])
+    conf.write_text("NodeName=n1 CPUs=8 Gres=gpu:a100:2,shard:16\nPartitionName=gpu Nodes=n1 Default=YES\n")
+    (conf.parent / "gres.conf").write_text("Name=gpu Type=a100 File=/dev/nvidia[0-1]\n"
+                                           "Name=shard Count=8 File=/dev/nvidia0\nName=shard Count=8 File=/dev/nvidia1\n")
+    slurm_jobs.node_shards = {"n1": {"a100": 16}}
+    s = start_service(load_config(env=dict(env, SWAPAWARE_POLICY__QUEUE_POLL_S="300")), slurm=slurm_jobs)
+    try:
+        p = s.admission_publisher
+        wait_for(lambda: p.gate.exists(), 30.0, "first gate file")
+        assert "rpc_only" not in json.loads(p.gate.read_text())
+        assert "controller" not in json.loads(p.gate.read_text())  # [ha] off: one controller
+        slurm_jobs.node_shards = {"n1": {"a100": 0}}
+        s.queue_monitor.poll_once()  # returns once the gate file is written (on_poll)
+        gate = json.loads(p.gate.read_text())
+        assert gate["rpc_only"] == ("the controller refuses shards on 1 node(s): n1: the controller in control "
+                                    "reports 0 a100 shards"), gate
+        slurm_jobs.node_shards = {"n1": {"a100": 16}}
+        s.queue_monitor.poll_once()
+        assert "rpc_only" not in json.loads(p.gate.read_text())
+    finally:
+        s.stop(0)

@@ -94,6 +94,10 @@ def test_the_gate_file_names_each_listed_qos_and_the_rest():
                                                                                     queue_per_qos=False)), 1000.0)
     assert whole["views"] == {"": "long"} and whole["other"] == "long"
     assert admission.gate_file(None, c, 1000.0)["other"] == "unknown"
+    assert "rpc_only" not in g and "controller" not in g
+    sent = admission.gate_file(snap, c, 1000.0, rpc_only="shards refused", controller="ctl2")
+    assert (sent["rpc_only"], sent["controller"], sent["views"]) == ("shards refused", "ctl2", g["views"])
+    assert admission.gate_file(None, c, 1000.0, controller="ctl2")["controller"] == "ctl2"
     stale = dataclasses.replace(snap, age_s=31.0)
     assert policy.queue_gate_state(stale, "high", c) == "unknown"
 
