@@ -272,9 +272,11 @@ class PolicyHandler:
 
     def _live_shards(self, queue: QueueState | None | object) -> LiveShards | None:
         """The shards the controller in control reports, from the snapshot decided with; while this
-        service is standby an Admit comes from a controller taking over, whose counts it has not read."""
+        service is standby an Admit comes from a controller taking over, whose counts it has not read
+        (counted so on releases whose backup may refuse shards after a takeover: the dialect's
+        takeover_zero_shards)."""
         live = queue.live_shards if isinstance(queue, QueueState) else None
-        why = self.standby() if self.standby is not None else None
+        why = self.standby() if self.standby is not None and self.dialect.takeover_zero_shards else None
         if why is None:
             return live
         return dataclasses.replace(live or LiveShards(), unread=f"this service is standby ({why}): the shards of "

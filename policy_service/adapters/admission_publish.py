@@ -457,7 +457,8 @@ class AdmissionPublisher:
         now = self.clock()
         snap = self.handler.queue.snapshot() if self.handler.queue is not None else None
         doc = admission.gate_file(snap, self.cfg, now, rpc_only=self.handler.shards_refused(snap),
-                                  controller=socket.gethostname() if self.cfg.ha.enabled else "")
+                                  controller=socket.gethostname() if self.cfg.ha.enabled
+                                  and self.handler.dialect.takeover_zero_shards else "")
         seen = (doc["valid_until"], doc["other"], tuple(sorted(doc["views"].items())), doc.get("rpc_only"),
                 doc.get("controller"))
         last = self._gate_written

@@ -27,6 +27,11 @@ class Pinned:
     # A gpu job can be placed on a GPU whose shards are in use (seen on 22.05; the 23.11
     # changelog says fixed: flip an entry only after measuring that release).
     gpu_beside_shard_bug: bool
+    # A backup that takes over may refuse shard jobs until it has read the nodes' shards (22.05:
+    # `scontrol takeover` left shard:<type>:0 on every node until the primary was back; not seen
+    # on 24.11 and 26.05; releases between not measured: taken as 22.05). Where true, a standby
+    # service's Admit and another host's admission gate count the shards as unread (LiveShards).
+    takeover_zero_shards: bool = True
 
 
 # Known releases, oldest first. A release not listed takes the entry of the newest release
@@ -36,10 +41,10 @@ PINNED: dict[Release, Pinned] = {
     (23, 2): Pinned("--json", True),
     (23, 11): Pinned("--json", False),
     (24, 5): Pinned("--json", False),
-    (24, 11): Pinned("--json=v0.0.42", False),  # measured
-    (25, 5): Pinned("--json=v0.0.42", False),  # v0.0.42 lives from 24.11 to 26.05
-    (25, 11): Pinned("--json=v0.0.42", False),
-    (26, 5): Pinned("--json=v0.0.44", False),  # measured (v0.0.41 gone, v0.0.42 goes in 26.11)
+    (24, 11): Pinned("--json=v0.0.42", False, False),  # measured
+    (25, 5): Pinned("--json=v0.0.42", False, False),  # v0.0.42 lives from 24.11 to 26.05
+    (25, 11): Pinned("--json=v0.0.42", False, False),
+    (26, 5): Pinned("--json=v0.0.44", False, False),  # measured (v0.0.41 gone, v0.0.42 goes in 26.11)
 }
 NEWEST: Release = max(PINNED)
 OLDEST: Release = min(PINNED)
@@ -53,6 +58,7 @@ class SlurmDialect:
     gpu_beside_shard_bug: bool
     multiple_sharing_gres_pj: bool  # one job's shards may span GPUs (when slurm.conf sets it)
     has_sluid: bool
+    takeover_zero_shards: bool = True  # Pinned.takeover_zero_shards
 
     @property
     def name(self) -> str:
@@ -69,7 +75,7 @@ class SlurmDialect:
         return (f"{self.name} ({self.gres_prefix} spelling, sacct {self.sacct_json_arg}, "
                 f"gpu-beside-shard bug: {yes[self.gpu_beside_shard_bug]}, "
                 f"multiple sharing GRES per job: {yes[self.multiple_sharing_gres_pj]}, "
-                f"SLUID: {yes[self.has_sluid]})")
+                f"SLUID: {yes[self.has_sluid]}, shards unread after a takeover: {yes[self.takeover_zero_shards]})")
 
 
 def release_name(release: Release) -> str:
@@ -108,6 +114,7 @@ def dialect_for(version: Release | None) -> SlurmDialect:
         gpu_beside_shard_bug=pinned.gpu_beside_shard_bug,
         multiple_sharing_gres_pj=release >= MULTIPLE_SHARING_GRES_PJ_SINCE,
         has_sluid=release >= SLUID_SINCE,
+        takeover_zero_shards=pinned.takeover_zero_shards,
     )
 
 

@@ -112,3 +112,11 @@ def test_22_05_does_not_hold_a_whole_gpu_as_shards_the_controller_refuses():
     shared = _decide(3, (), REFUSED, fields={"tres_per_node": "gres:gpu:a100:1"}, dialect=SLURM_22_05)
     assert [r.code for r in shared.reasons].count(ReasonCode.SHARDS_REFUSED) == 1
     assert shared.rewrite.tres_per_node is None
+
+
+@pytest.mark.parametrize("release,unread", [((22, 5), True), ((23, 11), True), ((24, 5), True),
+                                            ((24, 11), False), ((25, 11), False), ((26, 5), False)])
+def test_releases_whose_backup_may_refuse_shards_after_a_takeover(release, unread):
+    """Measured: 22.05 yes; 24.11 and 26.05 no. Releases between 22.05 and 24.11 not measured: as 22.05."""
+    from policy_service.core.dialect import dialect_for
+    assert dialect_for(release).takeover_zero_shards is unread
