@@ -31,6 +31,7 @@ class Submission:
     ended: float
     job_id: int | None  # None: sbatch refused or failed
     decision_id: str  # "" when the AdminComment carries no decision (fail-open)
+    table: str = ""  # the AdminComment's tbl= (<version>:<entry><gate state>): decided by job_submit.lua's table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,8 @@ def submit_one(stack: Stack, name: str) -> Submission:
         return Submission(name, t0, t1, None, "")
     job = int(r.stdout.strip().split(";")[0])
     line = stack.run("scontrol", "show", "job", "-o", str(job), check=False).stdout
-    return Submission(name, t0, t1, job, decision_of(job_field(line, "AdminComment")).get("id", ""))
+    decision = decision_of(job_field(line, "AdminComment"))
+    return Submission(name, t0, t1, job, decision.get("id", ""), decision.get("tbl", ""))
 
 
 def burst(stack: Stack, switch: Callable[[], None], before: int = 8, after_decided: int = 10,
