@@ -88,10 +88,11 @@ def bench_hits(d: Path, hits: int) -> None:
     gate = {"format": "swapaware-gate/1", "generated_at": time.time(), "valid_until": time.time() + 3600,
             "views": {"": "normal"}, "other": "normal"}
     write_atomic(path.with_name(path.name + ".gate"), json.dumps(gate))
-    cases = (("one 86 B script", [SHORT_SCRIPT]),
-             ("one 10 KB script (fingerprint read once)", [LONG_SCRIPT]),
-             ("two 10 KB scripts in turn (fingerprint of 4 KB each time)", [LONG_SCRIPT, LONG_SCRIPT + "#"]))
-    for label, scripts in cases:
+    cases = (("one 86 B script", [SHORT_SCRIPT], False),
+             ("one 86 B script, job_desc behind __index as slurmctld gives it", [SHORT_SCRIPT], True),
+             ("one 10 KB script (fingerprint read once)", [LONG_SCRIPT], False),
+             ("two 10 KB scripts in turn (fingerprint of 4 KB each time)", [LONG_SCRIPT, LONG_SCRIPT + "#"], False))
+    for label, scripts, proxy in cases:
         p = plugin(d, path)
         jobs = [gpu_job(script=script) for script in scripts]
         es = entries(10_000)
@@ -99,7 +100,7 @@ def bench_hits(d: Path, hits: int) -> None:
             es[p.key(job)] = {"i": 10_000 + n, "short": decision(10_000 + n, "s", shards=8),
                               "normal": decision(10_000 + n, "n")}
         write_atomic(path, table(es))
-        out = p.req("bench_hit", jobs=jobs, n=hits)
+        out = p.req("bench_hit", jobs=jobs, n=hits, proxy=proxy)
         assert out["counters"]["table_hit"] == hits and out["rpc_calls"] == 0, out["counters"]
         assert out["job"]["tres_per_node"] == "gres:shard:2"
         print(f"table hit, {label}: {out['seconds'] / hits * 1e6:.1f} us/hit over {hits} hits "

@@ -196,7 +196,10 @@ end
 
 -- text(v, n): a user-typed field as the service takes it: at most n bytes, valid UTF-8.
 local function text(v, n)
-  return M.utf8_clean(M.cap(str(v), n))
+  if v == nil then return "" end
+  if type(v) ~= "string" then v = tostring(v) end
+  if #v > n then v = M.cap(v, n) end
+  return M.utf8_clean(v)
 end
 
 -- cap(s, n): at most n bytes of s, never ending inside a UTF-8 character. The service refuses
@@ -267,10 +270,19 @@ local FACT_FIELDS = { "user_name", "user_id", "time_limit", "script", "environme
   "het_job_offset", "ntasks_per_tres", "shared" }
 local function index(t, k) return t[k] end
 
--- read_fields(job_desc, fields, into): into[f] = job_desc[f] for each f of the list (no raise
--- expected: slurmctld's job_desc gives nil for a field it does not know; one that raises is left
--- nil, as reading it where it is used did).
+local function read_plain(job_desc, fields, into)
+  for i = 1, #fields do
+    local f = fields[i]
+    into[f] = job_desc[f]
+  end
+  return into
+end
+
+-- read_fields(job_desc, fields, into): into[f] = job_desc[f] for each f of the list. No read
+-- raises in slurmctld (its job_desc gives nil for a field it does not know): one pcall for all;
+-- should one raise, each is read under a pcall of its own and one that raises is left nil.
 local function read_fields(job_desc, fields, into)
+  if pcall(read_plain, job_desc, fields, into) then return into end
   for i = 1, #fields do
     local ok, v = pcall(index, job_desc, fields[i])
     if ok then into[fields[i]] = v end
@@ -295,8 +307,17 @@ end
 -- reading each field where it was used read the script three times and the GRES and limit fields
 -- twice.
 function M.snapshot(job_desc, s)
-  s = s or read_fields(job_desc, GRES_FIELDS, {})
+  s = s or read_fields(job_desc, GRES_FIELDS, M.new_snapshot())
   return read_fields(job_desc, OTHER_FIELDS, s)
+end
+
+-- new_snapshot(): an empty table sized for every field a snapshot holds (a constructor naming
+-- them all: filling it never rehashes).
+do
+  local names = {}
+  for _, f in ipairs(GRES_FIELDS) do names[#names + 1] = f .. " = nil" end
+  for _, f in ipairs(OTHER_FIELDS) do names[#names + 1] = f .. " = nil" end
+  M.new_snapshot = assert(loadstring("return function() return { " .. table.concat(names, ", ") .. " } end"))()
 end
 
 function M.facts(job_desc, submit_uid)
@@ -454,11 +475,12 @@ local function breaker_fail(why)
   log_error("job passes unchanged (fail-open): %s; not asking the service for %d s", why, wait)
 end
 
--- over_slurm_limit(job_desc): the first field slurmctld will refuse the job for, and its size.
-function M.over_slurm_limit(job_desc)
+-- over_slurm_limit(fields): the first field slurmctld will refuse the job for, and its size, of
+-- the job's fields as M.snapshot read them.
+function M.over_slurm_limit(fields)
   for field, limit in pairs(M.SLURM_FIELD_LIMITS) do
-    local ok, v = pcall(index, job_desc, field)
-    if ok and type(v) == "string" and #v > limit then return field, #v, limit end
+    local v = fields[field]
+    if type(v) == "string" and #v > limit then return field, #v, limit end
   end
   return nil
 end
@@ -486,7 +508,7 @@ end
 
 local function decide(job_desc, submit_uid)
   if not M.settings.enabled then return end
-  local jd = read_fields(job_desc, GRES_FIELDS, {})
+  local jd = read_fields(job_desc, GRES_FIELDS, M.new_snapshot())
   if not M.wants_gpu(jd) then return end
   M.snapshot(job_desc, jd)   -- from here on the job's fields are read from jd, written to job_desc
   local script = jd.script

@@ -74,10 +74,11 @@ local function render(v)
   return v
 end
 
+local KEY_FIELDS, N_KEY = T.KEY_FIELDS, #T.KEY_FIELDS
 function T.key(facts)
   local parts = {}
-  for i, name in ipairs(T.KEY_FIELDS) do
-    parts[i] = render(facts[name])
+  for i = 1, N_KEY do
+    parts[i] = render(facts[KEY_FIELDS[i]])
   end
   return table.concat(parts, SEP)
 end
@@ -196,7 +197,7 @@ local function parse(path, text, settings)
   end
   if p ~= stop then return broken(path, "more lines than counted") end
   return { version = h.version, valid_until = h.valid_until, mode = h.mode, dialect = h.dialect,
-           per_qos = h.per_qos == true, text = text, index = index, dec = dec, plans = {} }
+           per_qos = h.per_qos == true, text = text, index = index, dec = dec, plans = {}, memo = {}, memo_n = 0 }
 end
 
 -- current(settings, now_s): the class table that may be used now, or nil (the reason logged).
@@ -412,8 +413,10 @@ local function entry_at(tbl, key)
   local p = tbl.index[T.digest(key)]
   if p == nil then return nil end
   if find(key, "[\\\t\n]") then key = string.gsub(key, "[\\\t\n]", ESCAPE) end
-  local q = p + 17 + #key
-  if sub(tbl.text, p + 16, q) ~= "\t" .. key .. "\t" then return nil end
+  local text, q = tbl.text, p + 17 + #key
+  -- (the line's key, cut out of the text, is the job's key string itself when equal: Lua interns
+  -- strings, so the comparison allocates nothing)
+  if byte(text, p + 16) ~= 9 or byte(text, q) ~= 9 or sub(text, p + 17, q - 1) ~= key then return nil end
   return q + 1
 end
 
@@ -432,6 +435,39 @@ local function pick(tbl, pos, state)
   return plan_of(tbl, tonumber(d)), number, letter
 end
 
+-- MEMO_MAX: the keys whose lookup (digest, key line, decision per state) a loaded table
+-- remembers; past it the memo starts over. A burst of a few classes (an array, a sweep) looks
+-- each key up once per table version (which never changes once loaded). Kept small: a remembered
+-- key stays interned, and keys that differ only between the bytes Lua 5.1 hashes (see T.digest)
+-- share one string-table chain that every new key string walks.
+T.MEMO_MAX = 64
+
+-- locate(tbl, key): the memo of the key's entry: {pos = where its line goes on after the key, or
+-- false (no entry); [state] = {plan, entry number, letter} or false, once chosen}.
+local function locate(tbl, key)
+  local m = tbl.memo[key]
+  if m == nil then
+    if tbl.memo_n >= T.MEMO_MAX then tbl.memo, tbl.memo_n = {}, 0 end
+    m = { pos = entry_at(tbl, key) or false }
+    tbl.memo[key] = m
+    tbl.memo_n = tbl.memo_n + 1
+  end
+  return m
+end
+
+-- choose(tbl, m, state): (plan, entry number, letter) of the located entry's decision in the
+-- state, or nil.
+local function choose(tbl, m, state)
+  local r = m[state]
+  if r == nil then
+    local p, number, letter = pick(tbl, m.pos, state)
+    r = p and { p, number, letter } or false
+    m[state] = r
+  end
+  if not r then return nil end
+  return r[1], r[2], r[3]
+end
+
 -- decide(M, job_desc, facts, now_s): true when the table decided the job of these facts
 -- (M.facts; its assignments applied to job_desc), false when it takes the RPC path. May raise:
 -- the caller runs it under pcall.
@@ -439,8 +475,8 @@ function T.decide(M, job_desc, facts, now_s)
   local settings = M.settings
   local tbl = T.current(settings, now_s)
   if tbl == nil then return false end
-  local pos = entry_at(tbl, T.key(facts))
-  if pos == nil then
+  local m = locate(tbl, T.key(facts))
+  if not m.pos then
     T.counters.table_miss = T.counters.table_miss + 1
     return false
   end
@@ -449,7 +485,7 @@ function T.decide(M, job_desc, facts, now_s)
     T.counters.table_miss = T.counters.table_miss + 1
     return false
   end
-  local p, number, letter = pick(tbl, pos, state)
+  local p, number, letter = choose(tbl, m, state)
   if not p then
     T.counters.table_miss = T.counters.table_miss + 1
     return false
