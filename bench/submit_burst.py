@@ -14,6 +14,10 @@ decisions from Slurm afterwards (catch-up after each queue poll), and the bench 
 "catch-up s" is how long after the block's last sbatch the history held every AdminComment id.
 --modes tstop: the same with the service stopped during the block (SIGSTOP, as off, noop and hung),
 so that what is left is slurmctld's and the Lua's own cost; the history catches up after SIGCONT.
+--modes rewrite (with table or tstop): a job_submit.lua that at once makes the assignments the
+table makes for the job's name (shards, site factor, an AdminComment of the same length, disguised
+so that the service never takes it for a decision), service stopped: what slurmctld spends on a job
+shaped as swapaware shapes it, apart from swapaware's Lua (rewrite - noop; tstop - rewrite is the Lua).
 Modes on, hung, table and tstop run the plugin under a job_submit.lua that times swapaware.submit
 inside slurmctld (lua-socket's clock, logged every 16 calls): "Lua us/job".
 
@@ -45,7 +49,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from submit_overhead import CLUSTER, STACK, set_mode, sh  # noqa: E402  (the modes are switched the same way)
-from table_mode import BATCH, lua_us, log_size, set_table, table_on, timed_lua_dir, warm  # noqa: E402
+from table_mode import (BATCH, lua_us, log_size, rewrite_lua, set_table, table_on, table_sets,  # noqa: E402
+                        timed_lua_dir, warm)
 
 from policy_service.config import PolicyConfig  # noqa: E402
 
@@ -59,7 +64,7 @@ NOOP_LUA = ("function slurm_job_submit(job_desc, part_list, submit_uid) return s
 # without the service's queue polls, catch-up and publisher competing for the controller's CPUs;
 # the history catches up once it runs again).
 TABLE = ("table", "tstop")  # modes deciding from the table
-STOPPED = ("off", "hung", "noop", "tstop")  # modes during which the service process is stopped
+STOPPED = ("off", "hung", "noop", "tstop", "rewrite")  # modes during which the service process is stopped
 DECIDING = ("on", "hung", *TABLE)  # modes whose job_submit.lua is swapaware's: decisions checked against Slurm
 NAMES = 20  # job names (classes) every mode submits: {run_tag}-0 .. -19
 
@@ -170,7 +175,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10_000, help="submissions in all (split over modes and rounds)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--submitters", type=int, default=8)
-    ap.add_argument("--modes", default=",".join(MODES), help=f"modes to run, from {MODES + ('noop', *TABLE)}; off first")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"modes to run, from {MODES + ('noop', 'rewrite', *TABLE)}; off first")
     ap.add_argument("--queue-poll-s", type=float, default=PolicyConfig().queue_poll_s,
                     help="the service's policy.queue_poll_s during the burst (default: the product's)")
     ap.add_argument("--catchup-timeout-s", type=float, default=300,
@@ -188,14 +194,15 @@ def main() -> None:
         set_mode("on", env)
 
 
-def switch(mode: str, env: dict[str, str], lua_dir: Path) -> None:
-    """off: no plugin; noop: a job_submit.lua that returns at once; on / hung: swapaware's plugin
-    (timed, from ``lua_dir``), every GPU job a round trip; table: the same deciding from the table."""
+def switch(mode: str, env: dict[str, str], lua_dir: Path, rewrite: str = "") -> None:
+    """off: no plugin; noop: a job_submit.lua that returns at once; rewrite: ``rewrite`` (one that
+    makes the table's assignments at once); on / hung: swapaware's plugin (timed, from ``lua_dir``),
+    every GPU job a round trip; table: the same deciding from the table."""
     if mode == "off":
         set_mode("off", env)
-    elif mode == "noop":
+    elif mode in ("noop", "rewrite"):
         with tempfile.TemporaryDirectory() as d:
-            (Path(d) / "job_submit.lua").write_text(NOOP_LUA)
+            (Path(d) / "job_submit.lua").write_text(NOOP_LUA if mode == "noop" else rewrite)
             sh("bash", str(CLUSTER), "plugin", "on", env={**env, "SWAPAWARE_LUA_DIR": d})
     else:
         set_table(env, mode in TABLE)
@@ -209,21 +216,26 @@ def restart_service(env: dict[str, str], extra: dict[str, str]) -> None:
 
 def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path) -> None:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    if not modes or modes[0] != "off" or not set(modes) <= {*MODES, "noop", *TABLE}:
-        raise SystemExit(f"--modes: off first, then any of on, hung, noop, table, tstop (got {args.modes!r})")
+    if (not modes or modes[0] != "off" or not set(modes) <= {*MODES, "noop", "rewrite", *TABLE}
+            or ("rewrite" in modes and not set(TABLE) & set(modes))):
+        raise SystemExit(f"--modes: off first, then any of on, hung, noop, table, tstop, rewrite (with table or "
+                         f"tstop) (got {args.modes!r})")
     per_block = max(1, args.jobs // (len(modes) * args.rounds))
     stats = {m: {"lat": [], "errors": [], "squeue": [], "rpc_us": [], "comments": 0, "recorded": 0, "lost": 0,
                  "extra": 0, "lua_n": 0, "lua_us": 0.0, "by_table": 0, "catchup_s": []}
              for m in modes}
     tag = f"burst{int(time.time()) % 100000}"   # every block submits the job names {tag}-0 .. -{NAMES - 1}
+    rewrite = ""
     if set(TABLE) & set(modes):
         switch("on", env, lua_dir)
-        took = warm(env, [f"{tag}-{k}" for k in range(NAMES)])
+        keys: dict[str, str] = {}
+        took = warm(env, [f"{tag}-{k}" for k in range(NAMES)], keys=keys)
         print(f"table warm: the published table held the {NAMES} job classes {took:.1f} s after their "
               f"round-trip decisions", file=sys.stderr)
+        rewrite = rewrite_lua(table_sets(env, keys))
     for r in range(args.rounds):
         for mode in (modes if r % 2 == 0 else tuple(reversed(modes))):
-            switch(mode, env, lua_dir)
+            switch(mode, env, lua_dir, rewrite)
             # not counted; BATCH calls: the timed job_submit.lua (a new Lua state at each switch)
             # logs its first sum at the warm-up's end, so the block's sums are its own
             warmup = block(env, mode, max(args.submitters, BATCH), tag, args.submitters, args.catchup_timeout_s)

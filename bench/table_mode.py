@@ -14,6 +14,7 @@ and for timing the plugin's Lua inside slurmctld.
 """
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import subprocess
@@ -148,13 +149,14 @@ def facts_of(env: dict[str, str], decision_id: str):
     return pb.JobFacts.FromString(wait(row, 60, f"decision {decision_id} in the history")[0])
 
 
-def warm(env: dict[str, str], names: list[str], timeout_s: float = 180) -> float:
+def warm(env: dict[str, str], names: list[str], timeout_s: float = 180, keys: dict | None = None) -> float:
     """One RPC decision per name (the plugin on, table= off), then wait until the published table
-    holds every name's key. Returns the seconds the table took to hold them."""
+    holds every name's key. Returns the seconds the table took to hold them; ``keys`` (if given)
+    gets each name's table key."""
     from policy_service.core.admission import table_key
     from policy_service.core.admission_format import read_table
 
-    keys = {}
+    keys = {} if keys is None else keys
     for name in names:
         job = submit_held(env, name)
         try:
@@ -175,3 +177,40 @@ def warm(env: dict[str, str], names: list[str], timeout_s: float = 180) -> float
 
     wait(held, timeout_s, f"{path} to hold the keys of {len(names)} job names", 1.0)
     return time.monotonic() - t0
+
+
+def table_sets(env: dict[str, str], keys: dict[str, str]) -> dict[str, dict]:
+    """Per job name, the job_desc assignments the published table makes for its key (the entry's
+    first state; the bench's gate state is not known here)."""
+    from policy_service.core.admission_format import read_table
+
+    entries = read_table(table_path(env).read_bytes())["entries"]
+    return {name: next(d for s, d in entries[key].items() if s != "i")["set"] for name, key in keys.items()}
+
+
+def rewrite_lua(sets: dict[str, dict]) -> str:
+    """A job_submit.lua that, at once, makes the assignments ``sets`` gives for the job's name: the
+    job slurmctld creates is shaped as a table decision would shape it (shards, site factor, an
+    AdminComment of the same length), with no swapaware code run. The comment is disguised
+    (``swapaware:v1`` and ``tbl=`` renamed, the same length) so the service's catch-up never takes
+    it for a decision."""
+    from policy_service.core.admission import PLACEHOLDER_ID
+
+    def lua_str(v: str) -> str:
+        return json.dumps(v)   # ASCII: a JSON string literal is a Lua one
+
+    rows = []
+    for name, st in sets.items():
+        fields = []
+        for k, v in st.items():
+            if k == "admin_comment":
+                v = v.replace("swapaware:v1", "benchmrk:v0").replace(" tbl=", " tbX=").replace(PLACEHOLDER_ID, "0" * 16)
+            fields.append(f"{k} = {v if isinstance(v, int) else lua_str(v)}")
+        rows.append(f"  [{lua_str(name)}] = {{ {', '.join(fields)} }},")
+    return ("local SETS = {\n" + "\n".join(rows) + "\n}\n"
+            "function slurm_job_submit(job_desc, part_list, submit_uid)\n"
+            "  local set = SETS[job_desc.name]\n"
+            "  if set then for k, v in pairs(set) do job_desc[k] = v end end\n"
+            "  return slurm.SUCCESS\n"
+            "end\n"
+            "function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end\n")
