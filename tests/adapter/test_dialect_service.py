@@ -39,7 +39,8 @@ def test_the_dialect_is_logged_once_at_start(start, caplog):
         start("24.11")
     lines = [m for m in caplog.messages if m.startswith("slurm dialect:")]
     assert lines == ["slurm dialect: 24.11 (gres/ spelling, sacct --json=v0.0.42, gpu-beside-shard bug: no, "
-                     "multiple sharing GRES per job: yes, SLUID: no), from service.slurm_release"]
+                     "multiple sharing GRES per job: yes, SLUID: no, shards unread after a takeover: no), "
+                     "from service.slurm_release"]
 
 
 @pytest.mark.parametrize("release,as_shards,whole,shared", [
