@@ -233,15 +233,20 @@ def test_takeover_during_a_burst(ha_cluster: Stack) -> None:
     restore_primary(ha_cluster)
 
 
-def observations_per_job(stack: Stack, jobs: list[int]) -> dict[int, int]:
+def rows_per(stack: Stack, table: str, column: str, values: list) -> dict:
+    """value -> how many rows of the history's ``table`` have it in ``column`` (absent: none)."""
     conn = history_db(stack)
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT job_id, COUNT(*) FROM observations WHERE job_id IN ("
-                        + ",".join(["%s"] * len(jobs)) + ") GROUP BY job_id", jobs)
-            return {int(j): int(n) for j, n in cur.fetchall()}
+            cur.execute(f"SELECT {column}, COUNT(*) FROM {table} WHERE {column} IN ("
+                        + ",".join(["%s"] * len(values)) + f") GROUP BY {column}", values)
+            return {v: int(n) for v, n in cur.fetchall()}
     finally:
         conn.close()
+
+
+def observations_per_job(stack: Stack, jobs: list[int]) -> dict[int, int]:
+    return {int(j): n for j, n in rows_per(stack, "observations", "job_id", jobs).items()}
 
 
 def test_observations_during_a_takeover_arrive_once(ha_cluster: Stack) -> None:

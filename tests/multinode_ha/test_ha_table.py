@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from policy_service.core.admission_format import read_table
-from tests.multinode_ha.test_ha import Submission, history_db, in_control, ha_status, restore_primary, submit_one
+from tests.multinode_ha.test_ha import Submission, ha_status, in_control, restore_primary, rows_per, submit_one
 from tests.slurm_stack import Stack, plugin_table
 from tests.waiting import wait_for
 
@@ -69,14 +69,7 @@ def file_version(table: Path) -> str:
 
 
 def history_count(stack: Stack, ids: list[str]) -> dict[str, int]:
-    conn = history_db(stack)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT decision_id, COUNT(*) FROM decisions WHERE decision_id IN ("
-                        + ",".join(["%s"] * len(ids)) + ") GROUP BY decision_id", ids)
-            return {d: int(n) for d, n in cur.fetchall()}
-    finally:
-        conn.close()
+    return rows_per(stack, "decisions", "decision_id", ids)
 
 
 def plugin_said(stack: Stack, ctl: str, offset: int) -> list[str]:
