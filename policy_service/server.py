@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from policy_service.access import Authorizer
-from policy_service.adapters.admission_archive import TableArchive, archive_path
+from policy_service.adapters.admission_archive import TableArchive, open_archive
 from policy_service.adapters.admission_catchup import attach as attach_catchup
 from policy_service.adapters.admission_catchup import chain
 from policy_service.adapters.admission_publish import AdmissionPublisher
@@ -196,7 +196,7 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
                               waiting=handler.decisions.pending)
         svc.metrics_server = handler.metrics.serve(cfg.service.metrics_address)
     if cfg.admission.table_path:
-        svc.admission_archive = TableArchive(archive_path(str(cfg.service.db_path)))
+        svc.admission_archive = open_archive(cfg)  # beside the history: its file, or its MariaDB database
         svc.admission_publisher = AdmissionPublisher(handler, cfg, svc.admission_archive,
                                                      reader_gid=slurmctld_gid(authorizer))
         if role is not None:  # the standby publishes nothing: the writer's table is the one

@@ -4,8 +4,15 @@ A job decided by the plugin from the class table carries ``tbl=<version>:<i><g>`
 AdminComment (core/admission.py); catch-up (adapters/admission_catchup.py) looks the template up
 here and records it with the job's own id, time and uid.
 
-SQLite beside the history (``<db_path>.admission``, 0600), content-deduplicated, since
-consecutive versions are nearly identical:
+Where it lives follows the history ([history] backend, docs/history-backends.md):
+  * SQLite history: a SQLite file beside it (``<db_path>.admission``, 0600), this service's own;
+  * MariaDB history: tables ``admission_blobs``, ``admission_chunks``, ``admission_versions`` in
+    the same database (history_db.ARCHIVE_MARIADB_SCHEMA, created with the history's tables), so
+    that after ``scontrol takeover`` the new writer finds the versions the old writer published
+    (docs/ha.md): jobs the plugin decided from the old writer's table are recorded from their
+    template, not from the AdminComment alone.
+
+Content-deduplicated, since consecutive versions are nearly identical:
   blobs    one row per distinct entry: its states' templates together (they share most of their
            bytes), each with its table token swapped for a placeholder of the same length (every
            token has the same length, so the protobuf bytes stay valid)
@@ -13,6 +20,19 @@ consecutive versions are nearly identical:
   versions per version: when it was last published and the list of its chunks
 A version costs its chunk list plus what changed. ``prune`` drops versions last published
 before a time and then the chunks and blobs no version names.
+
+Not fenced by the history's writer lease (history_lease.py), on purpose: a write here never
+decides anything by itself. ``put`` adds a version under a new random name before any job can
+name it, and what it stores is exactly what that version's table file tells the plugin, so a
+service that just lost the lease adds only true templates: a fence would only lose the templates
+of a table the plugin may still be reading (the old writer's last file stays in place until the
+new writer replaces it). ``touch`` and ``prune`` only move or drop versions by age. What a shared
+archive does need is that a ``put`` and another service's ``prune`` never interleave (a prune
+deleting a template that a new version then names): each first locks every version row
+(``SELECT ... FOR UPDATE``; SQLite's BEGIN IMMEDIATE locks the whole file), and on MariaDB a
+``put`` looks every template up again (this process's memory of row ids is trusted only for its
+own file). Times are the publishing host's clock: skew between hosts is seconds, the archive
+keeps versions for valid_s + the reconcile window.
 """
 from __future__ import annotations
 
@@ -25,11 +45,15 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Iterator, Mapping
 
 from policy_service.adapters.decision_log import DecisionRecord
+from policy_service.adapters.history_db import SQLITE, MyConn, mariadb_engine, table_exists
+from policy_service.adapters.history_lease import unfenced_tx
 from policy_service.core.admission import LETTER_STATE, MAX_ENTRY, STATE_LETTER, TOKEN_CHARS, TableRef
+from policy_service.history_config import HistoryBackend, HistoryConfig
 
 CHUNK = 1024  # entries per chunk
 _TRIPLE = struct.Struct("<IBq")  # entry, state letter, blob id
@@ -79,25 +103,52 @@ def _frames(body: bytes) -> Iterator[tuple[str, bytes]]:
         at += size
 
 
-class TableArchive:
-    """put / lookup / prune over one SQLite file; safe to share between threads."""
+@dataclass(frozen=True)
+class _Tables:
+    blobs: str
+    chunks: str
+    versions: str
 
-    def __init__(self, path: Path, clock=time.time):
-        self.path, self.clock = Path(path), clock
-        if not self.path.exists():
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+
+_FILE_TABLES = _Tables("blobs", "chunks", "versions")
+_MARIADB_TABLES = _Tables("admission_blobs", "admission_chunks", "admission_versions")
+_BATCH = 500  # digests or ids per statement
+
+
+class TableArchive:
+    """put / lookup / prune over one SQLite file (``path``) or the MariaDB history's database
+    (``mariadb``: its [history] config; the history's tables, this archive's among them, are
+    created by HistoryStore, opened first); safe to share between threads."""
+
+    def __init__(self, path: Path | None = None, clock=time.time, *, mariadb: HistoryConfig | None = None):
+        self.clock = clock
         self._lock = threading.Lock()
-        self._blob_ids: dict[bytes, int] = {}  # digest -> id, what this process has put or seen
+        if mariadb is not None:
+            self.path, self.where, self.engine, self._t = None, mariadb.where(), mariadb_engine(), _MARIADB_TABLES
+            self._conn = MyConn(mariadb)
+            if not table_exists(self._conn, self.engine, self._t.versions):
+                self._conn.close()
+                raise RuntimeError(f"{self.where}: no {self._t.versions} table (the history, opened first, creates "
+                                   "it: this build's HistoryStore on that database)")
+        else:
+            self.path, self.engine, self._t = Path(path), SQLITE, _FILE_TABLES
+            self.where = str(self.path)
+            if not self.path.exists():
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+            self._conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.executescript(SCHEMA)
+        # digest -> row id, what this process has put or seen: only for its own file (on a shared
+        # database another service's prune may delete a row this process remembers)
+        self._own = self.engine is SQLITE
+        self._blob_ids: dict[bytes, int] = {}
         self._chunk_ids: dict[bytes, int] = {}
         self._cache: OrderedDict[tuple[str, int], dict[tuple[int, str], int]] = OrderedDict()
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            self._conn.close()
 
     # ------------------------------------------------------------------ put
     def put(self, version: str, templates: Mapping[tuple[int, str], DecisionRecord]) -> None:
@@ -112,58 +163,71 @@ class TableArchive:
     def put_stored(self, version: str, entries: Mapping[int, tuple[tuple[str, ...], bytes, bytes]]) -> None:
         """``put`` of entries already in their stored form: entry -> (its states, and the digest
         and body ``stored_entry`` made; the publisher keeps them, built once while an entry holds)."""
-        triples = []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for entry, (states, digest, body) in entries.items():
-                    if not 0 <= entry <= MAX_ENTRY or not states or any(st not in STATE_LETTER for st in states):
-                        raise ValueError(f"bad table slot ({entry}, {states!r})")
-                    blob_id = self._row("blobs", self._blob_ids, body, digest)
-                    triples.extend((entry, STATE_LETTER[st], blob_id) for st in states)
-                triples.sort()
-                slots = []
+        for entry, (states, _, _) in entries.items():
+            if not 0 <= entry <= MAX_ENTRY or not states or any(st not in STATE_LETTER for st in states):
+                raise ValueError(f"bad table slot ({entry}, {states!r})")
+        t = self._t
+        try:
+            with unfenced_tx(self) as c:
+                self._lock_versions(c)
+                blob_ids = self._rows(c, t.blobs, self._blob_ids, {d: b for _, d, b in entries.values()})
+                triples = sorted((entry, STATE_LETTER[st], blob_ids[digest])
+                                 for entry, (states, digest, _) in entries.items() for st in states)
                 by_chunk: dict[int, list] = {}
-                for t in triples:
-                    by_chunk.setdefault(t[0] // CHUNK, []).append(t)
-                for number, rows in sorted(by_chunk.items()):
-                    body = zlib.compress(b"".join(_TRIPLE.pack(e, ord(g), b) for e, g, b in rows), 1)
-                    slots.append(_SLOT.pack(number, self._row("chunks", self._chunk_ids, body, _digest(body))))
-                self._db.execute("INSERT OR REPLACE INTO versions (version, put_at, chunks) VALUES (?, ?, ?)",
-                                 (version, self.clock(), b"".join(slots)))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                self._blob_ids.clear()
-                self._chunk_ids.clear()
-                raise
-            self._forget(version)
+                for tr in triples:
+                    by_chunk.setdefault(tr[0] // CHUNK, []).append(tr)
+                bodies = {number: zlib.compress(b"".join(_TRIPLE.pack(e, ord(g), b) for e, g, b in rows), 1)
+                          for number, rows in sorted(by_chunk.items())}
+                chunk_ids = self._rows(c, t.chunks, self._chunk_ids, {_digest(b): b for b in bodies.values()})
+                slots = b"".join(_SLOT.pack(number, chunk_ids[_digest(body)]) for number, body in bodies.items())
+                c.execute(f"INSERT OR REPLACE INTO {t.versions} (version, put_at, chunks) VALUES (?, ?, ?)",
+                          (version, self.clock(), slots))
+                self._forget(version)
+        except BaseException:
+            self._blob_ids.clear()
+            self._chunk_ids.clear()
+            raise
 
     def touch(self, version: str, at: float | None = None) -> bool:
         """Note that ``version`` was published again (kept as long as from a new put); False when
         it is not archived."""
-        with self._lock:
-            cur = self._db.execute("UPDATE versions SET put_at = ? WHERE version = ?",
-                                   (self.clock() if at is None else at, version))
-            return cur.rowcount > 0
+        with unfenced_tx(self) as c:
+            if c.execute(f"UPDATE {self._t.versions} SET put_at = ? WHERE version = ?",
+                         (self.clock() if at is None else at, version)).rowcount > 0:
+                return True  # (MariaDB counts changed rows only: the same time again counts 0)
+            return c.execute(f"SELECT 1 FROM {self._t.versions} WHERE version = ?", (version,)).fetchone() is not None
 
-    def _row(self, table: str, known: dict[bytes, int], body: bytes, digest: bytes) -> int:
-        row_id = known.get(digest)
-        if row_id is None:
-            row = self._db.execute(f"SELECT id FROM {table} WHERE digest = ?", (digest,)).fetchone()
-            if row is None:
-                row_id = self._db.execute(f"INSERT INTO {table} (digest, body) VALUES (?, ?)",
-                                          (digest, body)).lastrowid
-            else:
-                row_id = row[0]
-            known[digest] = row_id
-        return row_id
+    def _lock_versions(self, c) -> None:
+        """Every version row locked until the transaction ends: another service's put or prune
+        waits (SQLite: BEGIN IMMEDIATE did it already)."""
+        if self.engine.lock_row:
+            c.execute(f"SELECT version FROM {self._t.versions}{self.engine.lock_row}").fetchall()
+
+    def _rows(self, c, table: str, known: dict[bytes, int], bodies: Mapping[bytes, bytes]) -> dict[bytes, int]:
+        """digest -> row id in ``table`` for every (digest, body) given, a row added where none
+        holds it (``known``: this process's memory, trusted for its own file only)."""
+        ids = {d: known[d] for d in bodies if d in known} if self._own else {}
+        for _ in (1, 2):  # what is there; then what was missing, once inserted
+            missing = [d for d in bodies if d not in ids]
+            for i in range(0, len(missing), _BATCH):
+                part = missing[i:i + _BATCH]
+                ids.update((bytes(d), int(n)) for d, n in c.execute(
+                    f"SELECT digest, id FROM {table} WHERE digest IN ({','.join('?' * len(part))})", part).fetchall())
+            missing = [d for d in bodies if d not in ids]
+            if not missing:
+                break
+            c.executemany(f"INSERT OR IGNORE INTO {table} (digest, body) VALUES (?, ?)",
+                          [(d, bodies[d]) for d in missing])
+        if self._own:
+            known.update(ids)
+        return ids
 
     # ------------------------------------------------------------------ lookup
     def versions(self) -> list[tuple[str, float]]:
         """(version, last published) of every archived version, newest first."""
         with self._lock:
-            return [(v, t) for v, t in self._db.execute("SELECT version, put_at FROM versions ORDER BY put_at DESC")]
+            return [(str(v), float(t)) for v, t in self._conn.execute(
+                f"SELECT version, put_at FROM {self._t.versions} ORDER BY put_at DESC").fetchall()]
 
     def lookup(self, version: str, entry: int, state: str) -> DecisionRecord | None:
         """The template the service published for (version, entry, state): decision_id
@@ -172,15 +236,20 @@ class TableArchive:
         if state not in STATE_LETTER or not 0 <= entry <= MAX_ENTRY:
             return None
         with self._lock:
-            slots = self._chunk(version, entry // CHUNK)
-            blob_id = slots.get((entry, state)) if slots is not None else None
-            if blob_id is None:
-                return None
-            row = self._db.execute("SELECT body FROM blobs WHERE id = ?", (blob_id,)).fetchone()
+            row = None
+            for _ in (1, 2):  # a remembered chunk whose template is gone (pruned): read again
+                slots = self._chunk(version, entry // CHUNK)
+                blob_id = slots.get((entry, state)) if slots is not None else None
+                if blob_id is None:
+                    return None
+                row = self._conn.execute(f"SELECT body FROM {self._t.blobs} WHERE id = ?", (blob_id,)).fetchone()
+                if row is not None or self._own:
+                    break
+                self._forget(version)
         if row is None:
             return None
         letter = STATE_LETTER[state]
-        plain = next((frame for g, frame in _frames(row[0]) if g == letter), None)
+        plain = next((frame for g, frame in _frames(bytes(row[0])) if g == letter), None)
         if plain is None:
             return None
         rec = DecisionRecord.decode(plain)
@@ -192,15 +261,16 @@ class TableArchive:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        row = self._db.execute("SELECT chunks FROM versions WHERE version = ?", (version,)).fetchone()
+        row = self._conn.execute(f"SELECT chunks FROM {self._t.versions} WHERE version = ?", (version,)).fetchone()
         if row is None:
             return None
-        chunk_id = next((c for n, c in _SLOT.iter_unpack(row[0]) if n == number), None)
+        chunk_id = next((c for n, c in _SLOT.iter_unpack(bytes(row[0])) if n == number), None)
         slots: dict[tuple[int, str], int] = {}
         if chunk_id is not None:
-            body = self._db.execute("SELECT body FROM chunks WHERE id = ?", (chunk_id,)).fetchone()
+            body = self._conn.execute(f"SELECT body FROM {self._t.chunks} WHERE id = ?", (chunk_id,)).fetchone()
             if body is not None:
-                slots = {(e, LETTER_STATE[chr(g)]): b for e, g, b in _TRIPLE.iter_unpack(zlib.decompress(body[0]))}
+                slots = {(e, LETTER_STATE[chr(g)]): b
+                         for e, g, b in _TRIPLE.iter_unpack(zlib.decompress(bytes(body[0])))}
         self._cache[key] = slots
         if len(self._cache) > 64:
             self._cache.popitem(last=False)
@@ -215,35 +285,42 @@ class TableArchive:
         """Drop the versions last published before ``older_than``, then the chunks and templates
         no remaining version names. Returns how many versions were dropped."""
         gone: list[str] = []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                gone = [v for (v,) in self._db.execute("SELECT version FROM versions WHERE put_at < ?",
-                                                       (older_than,))]
+        t = self._t
+        try:
+            with unfenced_tx(self) as c:
+                self._lock_versions(c)
+                gone = [str(v) for (v,) in c.execute(f"SELECT version FROM {t.versions} WHERE put_at < ?",
+                                                     (older_than,)).fetchall()]
                 if gone:
-                    self._db.execute("DELETE FROM versions WHERE put_at < ?", (older_than,))
-                    self._collect()
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            finally:
-                if gone:
-                    self._blob_ids.clear()
-                    self._chunk_ids.clear()
+                    c.execute(f"DELETE FROM {t.versions} WHERE put_at < ?", (older_than,))
+                    self._collect(c)
                 self._cache.clear()
+        finally:
+            if gone:
+                self._blob_ids.clear()
+                self._chunk_ids.clear()
         return len(gone)
 
-    def _collect(self) -> None:
-        chunk_ids = {c for (slots,) in self._db.execute("SELECT chunks FROM versions")
-                     for _, c in _SLOT.iter_unpack(slots)}
-        self._keep_only("chunks", chunk_ids)
-        blob_ids = {b for (body,) in self._db.execute("SELECT body FROM chunks")
-                    for _, _, b in _TRIPLE.iter_unpack(zlib.decompress(body))}
-        self._keep_only("blobs", blob_ids)
+    def _collect(self, c) -> None:
+        t = self._t
+        chunk_ids = {cid for (slots,) in c.execute(f"SELECT chunks FROM {t.versions}").fetchall()
+                     for _, cid in _SLOT.iter_unpack(bytes(slots))}
+        self._keep_only(c, t.chunks, chunk_ids)
+        blob_ids = {b for (body,) in c.execute(f"SELECT body FROM {t.chunks}").fetchall()
+                    for _, _, b in _TRIPLE.iter_unpack(zlib.decompress(bytes(body)))}
+        self._keep_only(c, t.blobs, blob_ids)
 
-    def _keep_only(self, table: str, ids: Iterable[int]) -> None:
-        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS keep (id INTEGER PRIMARY KEY)")
-        self._db.execute("DELETE FROM keep")
-        self._db.executemany("INSERT INTO keep (id) VALUES (?)", ((i,) for i in ids))
-        self._db.execute(f"DELETE FROM {table} WHERE id NOT IN (SELECT id FROM keep)")
+    @staticmethod
+    def _keep_only(c, table: str, keep: set[int]) -> None:
+        drop = [i for (i,) in c.execute(f"SELECT id FROM {table}").fetchall() if int(i) not in keep]
+        for i in range(0, len(drop), _BATCH):
+            part = drop[i:i + _BATCH]
+            c.execute(f"DELETE FROM {table} WHERE id IN ({','.join('?' * len(part))})", part)
+
+
+def open_archive(cfg) -> TableArchive:
+    """The archive of the service's history (the one Config): in the MariaDB database when the
+    history is there, else the SQLite file beside service.db_path."""
+    if cfg.history.backend is HistoryBackend.MARIADB:
+        return TableArchive(mariadb=cfg.history)
+    return TableArchive(archive_path(str(cfg.service.db_path)))

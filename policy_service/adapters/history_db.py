@@ -89,6 +89,16 @@ MARIADB_SCHEMA = (
     f"""CREATE TABLE IF NOT EXISTS writer_lease (
         name VARCHAR(64) NOT NULL PRIMARY KEY, holder {_K}, epoch BIGINT NOT NULL, expires_at DOUBLE NOT NULL) {_T}""",
 )
+# The admission-table catch-up archive (adapters/admission_archive.py) beside the history, so that
+# every service sharing the database reads every writer's versions. Added in place: no version.
+ARCHIVE_MARIADB_SCHEMA = tuple(
+    f"""CREATE TABLE IF NOT EXISTS admission_{table} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+        digest VARBINARY(16) NOT NULL, body LONGBLOB NOT NULL, UNIQUE KEY admission_{table}_digest (digest)) {_T}"""
+    for table in ("blobs", "chunks")) + (
+    f"""CREATE TABLE IF NOT EXISTS admission_versions (
+        version VARCHAR(64) NOT NULL PRIMARY KEY, put_at DOUBLE NOT NULL, chunks LONGBLOB NOT NULL) {_T}""",
+)
+MARIADB_SCHEMA += ARCHIVE_MARIADB_SCHEMA
 
 
 # --------------------------------------------------------------------------- the engines

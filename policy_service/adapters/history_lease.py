@@ -128,6 +128,13 @@ class FencedWrites:
             return read(self._rconn, self.engine)
 
 
+def unfenced_tx(owner) -> "_Tx":
+    """A write transaction on ``owner._conn`` (SQLite or ``MyConn``; ``owner.engine``) under
+    ``owner._lock``, never checked against the writer lease: what ``HistoryStore._tx(fenced=False)``
+    is, for other tables in the same database (the admission archive)."""
+    return _Tx(owner, False)
+
+
 class _Tx:
     """The store's write lock + a write transaction (SQLite: BEGIN IMMEDIATE), COMMIT, or ROLLBACK
     on error; ``fenced``: the writer lease checked first, inside it (NotWriter: rolled back)."""
