@@ -238,47 +238,6 @@ def test_a_key_whose_strings_hold_the_separator_is_not_published(svc, slurm_jobs
     assert admission.table_key(facts(name="a")) in keys and admission.table_key(odd) not in keys
 
 
-def _template(version, entry, state, action="share"):
-    from policy_service.adapters.decision_log import DecisionRecord
-    ref = admission.TableRef(version, entry, state)
-    d = pb.Decision(decision_id=admission.PLACEHOLDER_ID, action=pb.ACTION_SHARE)
-    d.rewrite.admin_comment = admission.with_table_ref(
-        f"swapaware:v1 id={admission.PLACEHOLDER_ID} model=m action={action} shards=2", ref, 400)
-    return DecisionRecord(admission.PLACEHOLDER_ID, 0.0, "k", "u", "a", "p", f"job{entry}", action, 2, "m",
-                          {"class": "k"}, facts(name=f"job{entry}").SerializeToString(), d.SerializeToString())
-
-
-def test_archive_keeps_one_copy_across_versions_and_prunes_what_no_version_names(tmp_path):
-    from policy_service.adapters.admission_archive import CHUNK, TableArchive
-    now = [1000.0]
-    arc = TableArchive(tmp_path / "h.admission", clock=lambda: now[0])
-    v1, v2, v3 = "1" * 16, "2" * 16, "3" * 16
-    n = 3 * CHUNK  # three chunks
-    arc.put(v1, {(i, s): _template(v1, i, s) for i in range(n) for s in ("short", "normal")})
-    db = sqlite3.connect(str(tmp_path / "h.admission"))
-    count = lambda t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]  # noqa: E731
-    assert (count("blobs"), count("chunks")) == (n, 3)  # an entry's states are stored together
-    now[0] = 2000.0
-    # the next version: one entry changed, in the last chunk
-    arc.put(v2, {(i, s): _template(v2, i, s, "whole_gpu" if i == n - 1 else "share")
-                 for i in range(n) for s in ("short", "normal")})
-    assert (count("blobs"), count("chunks")) == (n + 1, 4)
-    for v, i, action in ((v1, n - 1, "share"), (v2, n - 1, "whole_gpu"), (v2, 5, "share")):
-        rec = arc.lookup(v, i, "normal")
-        comment = pb.Decision.FromString(rec.decision_pb).rewrite.admin_comment
-        assert admission.parse_table_ref(comment) == admission.TableRef(v, i, "normal")
-        assert parse_admin_comment(comment)["action"] == action and rec.job_name == f"job{i}"
-    assert arc.lookup(v2, 5, "long") is None and arc.lookup(v3, 5, "normal") is None
-    now[0] = 3000.0
-    arc.put(v3, {(0, "*"): _template(v3, 0, "*")})
-    assert arc.touch(v2, 2500.0) and not arc.touch("4" * 16)
-    assert arc.prune(2000.0) == 1  # v1 only
-    assert arc.lookup(v1, 5, "normal") is None and arc.lookup(v2, 5, "normal") is not None
-    assert (count("blobs"), count("chunks")) == (n + 1, 4)  # v1's last entry and chunk went, v3's came
-    assert arc.prune(3500.0) == 2 and (count("blobs"), count("chunks"), count("versions")) == (0, 0, 0)
-    arc.close()
-
-
 def test_a_key_is_decided_again_once_its_class_learned_and_others_are_kept(svc, slurm_jobs):
     s, client = svc
     slurm_jobs.pending = queued(2)  # "normal": a learned class shares
