@@ -184,6 +184,9 @@ def test_table_decides_on_both_controllers_across_a_takeover(ha_cluster: Stack) 
         else:
             assert len(made) >= 8, after
         assert set(counts.values()) == {1}, counts
+        # the catch-up archive lives in the MariaDB history, shared: whichever service records a
+        # table-made decision finds its version there, ctl1's too (none from the AdminComment alone)
+        assert archived == len(made), (archived, made, notes1, notes2)
         # each recorded by one service, the one holding the lease then
         assert all((s.decision_id in notes1) != (s.decision_id in notes2) for s in made), (made, notes1, notes2)
         assert not [s for s in made if s.decision_id in notes1_late], (made, notes1_late)
