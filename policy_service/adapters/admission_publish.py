@@ -193,7 +193,8 @@ class AdmissionPublisher:
     def became_writer(self, writer: bool) -> None:
         """RoleKeeper.on_change ([ha] enabled): a service that becomes the writer publishes at its
         next tick, whatever it published before: since then the files may hold the last writer's
-        table and gate, whose versions this service's archive (catch-up's) does not hold."""
+        table and gate (with a SQLite history this service's archive lacks their versions; a
+        MariaDB history's archive is shared, but the gate names the last writer's controller)."""
         if writer:
             self._claimed = True
             with self._gate_lock:
