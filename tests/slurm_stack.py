@@ -45,6 +45,7 @@ STATE = state_dir()
 PORTS = {"SWAPAWARE_CTLD_PORT": "16817", "SWAPAWARE_SLURMD_PORT": "16818", "SWAPAWARE_DBD_PORT": "16819",
          "SWAPAWARE_DB_PORT": "16816", "SWAPAWARE_GRPC_PORT": "56551"}
 GIB = 1024**3
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
 
 
 @functools.lru_cache(maxsize=1)
@@ -123,12 +124,11 @@ class Stack:
         return self.run("scontrol", "show", "job", "-o", str(job_id)).stdout
 
     def wait_done(self, job_id: int | str, timeout_s: float = 90) -> str:
-        final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
-
+        """The job's final state as the accounting (sacct) has it."""
         def state() -> str | None:
             r = self.run("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "state", check=False)
             words = r.stdout.split()
-            return words[0] if words and words[0] in final else None
+            return words[0] if words and words[0] in FINAL_STATES else None
 
         return wait_for(state, timeout_s, lambda: f"job {job_id} to finish: {self.show_job(job_id)}\n"
                         f"{self.queue_and_gres()}", 0.5)
