@@ -44,6 +44,10 @@ class PartitionDefaults:
     gpu_shards: Mapping[tuple[str, int], int] = field(default_factory=dict)
     # every partition -> its GPUs with shards (node, type, count): where the controller refuses shards
     gpus: Mapping[str, tuple[GpuShards, ...]] = field(default_factory=dict)
+    nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)  # every partition -> its nodes with shards
+    node_gpus: Mapping[str, tuple[GpuShards, ...]] = field(default_factory=dict)  # node -> its GPUs with shards
+    # live_shard_counts' results for the snapshot they were worked out from (no part of the value)
+    _live_memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def _names(self, partition: str) -> list[str]:
         return [p.strip() for p in (partition or "").split(",") if p.strip()] or [self.default_partition]
@@ -64,21 +68,49 @@ class PartitionDefaults:
     def live_shard_counts(self, partition: str, gpu_type: str,
                           live: LiveShards | None) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
         """(shard_counts of the GPUs the controller in control takes shard jobs on, "node: why" of
-        the nodes it refuses them on). ``live`` None, or a partition not known: shard_counts, ()."""
+        the nodes it refuses them on). ``live`` None, or a partition not known: shard_counts, ().
+        Only the nodes the live counts name as possibly refusing are looked at, and a refusal is
+        worked out once per snapshot, partition and type (this runs on every Admit)."""
         counts = self.shard_counts(partition, gpu_type)
         if live is None or counts is None:
             return counts, ()
-        want = gpu_type.lower()
-        gpus = [g for n in self._names(partition) for g in self.gpus.get(n, ())
-                if not want or not g.type or g.type.lower() == want]
-        kept, refused = _split_refused(gpus, live)
-        return (counts, ()) if not refused else (shard_counts(kept), refused)
+        if live.unread:
+            return (), (f"every node: {live.unread}",)
+        if not live.zero and not live.untyped:
+            return counts, ()
+        key = (id(live), partition, gpu_type)
+        hit = self._live_memo.get(key)
+        if hit is not None and hit[0] is live:
+            return hit[1]
+        if len(self._live_memo) > 256:  # one snapshot's partitions and types at a time, in practice
+            self._live_memo.clear()
+        out = self._live_counts(partition, gpu_type, live, counts)
+        self._live_memo[key] = (live, out)
+        return out
+
+    def _live_counts(self, partition: str, gpu_type: str, live: LiveShards,
+                     counts: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        want, names = gpu_type.lower(), self._names(partition)
+        suspects = [g for n in sorted(self._suspects(live)) if any(n in self.nodes.get(p, ()) for p in names)
+                    for g in self.node_gpus.get(n, ()) if not want or not g.type or g.type.lower() == want]
+        refused = _refused(suspects, live)
+        if not refused:
+            return counts, ()
+        kept = [g for n in names for g in self.gpus.get(n, ())
+                if (not want or not g.type or g.type.lower() == want) and (g.node, g.type) not in refused]
+        return shard_counts(kept), _named(refused)
 
     def shards_refused(self, live: LiveShards | None) -> tuple[str, ...]:
         """"node: why" of every node with shards whose shards the controller in control refuses."""
         if live is None:
             return ()
-        return _split_refused([g for gpus in self.gpus.values() for g in gpus], live)[1]
+        if live.unread:
+            return (f"every node: {live.unread}",)
+        return _named(_refused([g for n in sorted(self._suspects(live)) for g in self.node_gpus.get(n, ())], live))
+
+    def _suspects(self, live: LiveShards) -> set[str]:
+        """The nodes whose GPUs live may refuse: a count of 0, or untyped where gres.conf types them."""
+        return set(live.zero) | {n for n in live.untyped if any(g.type for g in self.node_gpus.get(n, ()))}
 
     def all_shard_counts(self) -> set[int]:
         """Every shard count a GPU of a known partition has."""
@@ -88,16 +120,22 @@ class PartitionDefaults:
 NONE = PartitionDefaults()
 
 
-def _split_refused(gpus: list[GpuShards], live: LiveShards) -> tuple[list[GpuShards], tuple[str, ...]]:
-    """(the GPUs the controller takes shard jobs on, "node: why" of the nodes it refuses them on)."""
-    kept, refused = [], {}
+def _refused(gpus: list[GpuShards], live: LiveShards) -> dict[tuple[str, str | None], str]:
+    """(node, type) -> why the controller refuses shard jobs on those GPUs."""
+    out: dict[tuple[str, str | None], str] = {}
     for g in gpus:
         why = live.refuses(g.node, g.type)
         if why:
-            refused.setdefault(g.node, why)
-        else:
-            kept.append(g)
-    return kept, tuple(f"{node}: {why}" for node, why in sorted(refused.items()))
+            out.setdefault((g.node, g.type), why)
+    return out
+
+
+def _named(refused: Mapping[tuple[str, str | None], str]) -> tuple[str, ...]:
+    """One "node: why" per node (its first refused type's why)."""
+    by_node: dict[str, str] = {}
+    for (node, _), why in sorted(refused.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        by_node.setdefault(node, why)
+    return tuple(f"{node}: {why}" for node, why in by_node.items())
 
 
 def _set(value: str) -> bool:
@@ -122,7 +160,13 @@ def partition_defaults(conf: SlurmConf, gres: GresConf | None = None) -> Partiti
     gpus = {part.name: tuple(partition_gpus(conf, part, gres)) for part in conf.partitions}
     shards = {name: counts_by_type(of) for name, of in gpus.items()}
     per_gpu = {(g.node, g.index): int(g.shards) for of in gpus.values() for g in of if g.index is not None}
-    return PartitionDefaults(by, default, shards, per_gpu, gpus)
+    by_node: dict[str, dict[tuple, GpuShards]] = {}
+    for of in gpus.values():
+        for g in of:
+            by_node.setdefault(g.node, {}).setdefault((g.index, g.type, g.shards), g)
+    return PartitionDefaults(by, default, shards, per_gpu, gpus,
+                             {name: frozenset(g.node for g in of) for name, of in gpus.items()},
+                             {node: tuple(seen.values()) for node, seen in by_node.items()})
 
 
 class SlurmConfWatch:

@@ -50,7 +50,7 @@ def test_sinfo_gives_each_nodes_gpus_and_shards(text, gpus, shards):
     ({"n1": {"a100": 8}}, "n1", "v100", False),  # a type it does not list: nothing known
 ])
 def test_which_gpus_the_controller_refuses_shards_on(by_node, node, gpu_type, refused):
-    assert bool(LiveShards(by_node).refuses(node, gpu_type)) is refused
+    assert bool(LiveShards.of(by_node).refuses(node, gpu_type)) is refused
     assert LiveShards(by_node, unread="switched").refuses(node, gpu_type) == "switched"
 
 
@@ -60,7 +60,7 @@ def parts():
 
 
 def live(text: str) -> LiveShards:
-    return LiveShards(parse_sinfo_nodes(text).shards)
+    return LiveShards.of(parse_sinfo_nodes(text).shards)
 
 
 def test_the_gpus_a_job_can_land_on_are_those_the_controller_takes_shard_jobs_on(parts):
@@ -120,3 +120,37 @@ def test_releases_whose_backup_may_refuse_shards_after_a_takeover(release, unrea
     """Measured: 22.05 yes; 24.11 and 26.05 no. Releases between 22.05 and 24.11 not measured: as 22.05."""
     from policy_service.core.dialect import dialect_for
     assert dialect_for(release).takeover_zero_shards is unread
+
+
+def naive_live_shard_counts(parts, partition, gpu_type, live):
+    """Every GPU of the partition checked (what live_shard_counts computes from the suspects alone)."""
+    from policy_service.adapters.fleet import shard_counts
+    counts = parts.shard_counts(partition, gpu_type)
+    if counts is None:
+        return counts, set()
+    want = gpu_type.lower()
+    gpus = [g for n in parts._names(partition) for g in parts.gpus.get(n, ())
+            if not want or not g.type or g.type.lower() == want]
+    refused = {g.node for g in gpus if live.refuses(g.node, g.type)}
+    kept = [g for g in gpus if not live.refuses(g.node, g.type)]
+    return (counts if not refused else shard_counts(kept)), refused
+
+
+MIXED_SLURM_CONF = SLURM_CONF + "NodeName=node3 CPUs=8 Gres=gpu:2,shard:16\nPartitionName=mix Nodes=node1,node3\n"
+
+
+def test_looking_at_the_suspect_nodes_alone_decides_as_looking_at_every_gpu():
+    import random
+    parts = partition_defaults(parse_slurm_conf(MIXED_SLURM_CONF), parse_gres_conf(GRES_CONF))
+    rng = random.Random(7)
+    shapes = [{"a100": 8, "h100": 16}, {"a100": 0, "h100": 16}, {"a100": 0, "h100": 0}, {"": 24}, {"": 0},
+              {"a100": 8}, {}, {"": 16}]
+    for _ in range(400):
+        by_node = {n: rng.choice(shapes) for n in ("node1", "node2", "node3") if rng.random() < 0.9}
+        live = LiveShards.of({n: c for n, c in by_node.items() if c})
+        for partition in ("gpu", "big", "small", "mix", "gpu,mix", "nowhere"):
+            for gpu_type in ("", "a100", "H100", "v100"):
+                counts, refused = parts.live_shard_counts(partition, gpu_type, live)
+                want_counts, want_refused = naive_live_shard_counts(parts, partition, gpu_type, live)
+                assert counts == want_counts, (by_node, partition, gpu_type)
+                assert {r.split(":")[0] for r in refused} == want_refused, (by_node, partition, gpu_type, refused)
