@@ -170,7 +170,11 @@ class AdmissionPublisher:
         return self
 
     def stop(self) -> None:
+        """Publishes nothing more: no tick, and no gate file after the queue's polls either (a gate
+        write under way when stop is called ends before it returns)."""
         self._stop.set()
+        with self._gate_lock:
+            pass
         if self._thread is not None:
             self._thread.join(30)
 
@@ -452,7 +456,7 @@ class AdmissionPublisher:
     def write_gate(self) -> bool:
         """Rewrite the gate file when the queue's state or snapshot changed; True when written."""
         with self._gate_lock:
-            return self._write_gate()
+            return False if self._stop.is_set() else self._write_gate()
 
     def _write_gate(self) -> bool:
         now = self.clock()

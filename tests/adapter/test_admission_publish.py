@@ -331,3 +331,21 @@ def test_the_gate_sends_jobs_to_the_rpc_path_while_the_controller_refuses_shards
         assert "rpc_only" not in json.loads(p.gate.read_text())
     finally:
         s.stop(0)
+
+
+def test_a_stopped_publisher_writes_no_gate_after_the_queue_polls(env, slurm_jobs, tmp_path):
+    """The queue monitor outlives the publisher while a service stops: its polls must not rewrite
+    the gate file of a publisher that stopped (the plugin then ages it out by valid_until)."""
+    (tmp_path / "run").mkdir()
+    s = start_service(load_config(env=dict(env, SWAPAWARE_POLICY__QUEUE_POLL_S="300")), slurm=slurm_jobs)
+    try:
+        p = s.admission_publisher
+        wait_for(lambda: p.gate.exists(), 30.0, "first gate file")
+        p.stop()
+        before = p.gate.read_bytes()
+        slurm_jobs.pending = queued(2)
+        s.queue_monitor.poll_once()  # a new snapshot (normal, no longer short): no gate file for it
+        assert s.queue_monitor.snapshot().pending_gpus == 2.0
+        assert p.gate.read_bytes() == before
+    finally:
+        s.stop(0)
