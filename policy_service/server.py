@@ -235,10 +235,18 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         role.on_change.insert(0, writer_health)
         role.on_change.append(lambda writer: writer and handler.decisions.retry_now())  # the journal drains now
         if monitor is not None:  # the controller in control may have changed: read its nodes' shards now
+            hold_s = TAKEOVER_HOLD_S if handler.dialect.takeover_zero_shards else 0.0
             role.on_change.append(lambda writer: monitor.controller_changed(
-                f"this service became {'writer' if writer else 'standby'}"))
+                f"this service became {'writer' if writer else 'standby'}", hold_s))
         role.start()
     return svc
+
+
+# After a role change on a release whose backup may refuse shards after a takeover (dialect
+# takeover_zero_shards), the shards count as unread this long: a 22.05 backup that took over showed
+# its nodes' shards from its first answer in 3 takeovers, and once for about 10 s before it showed
+# them as 0 (tests/multinode_ha/test_ha_shards.py); a job given shards then waits for the primary.
+TAKEOVER_HOLD_S = 30.0
 
 
 def open_store(cfg: Config, accept_empty: bool) -> HistoryStore:

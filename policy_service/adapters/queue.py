@@ -98,13 +98,17 @@ class QueueMonitor:
         self._changes = 0
         self._polled_change = 0
         self._change_why = ""
+        self._hold_until = float("-inf")
 
-    def controller_changed(self, why: str) -> None:
+    def controller_changed(self, why: str, hold_s: float = 0.0) -> None:
         """The controller in control may have changed (this service's role changed): its nodes'
-        shards are not known until a poll begun after now; poll at once."""
+        shards are not known until a poll begun after now, and for ``hold_s`` at least (a 22.05
+        backup that took over was seen to show its nodes' shards for seconds before it showed
+        them as 0); poll at once."""
         with self._lock:
             self._changes += 1
             self._change_why = why
+            self._hold_until = max(self._hold_until, self.clock() + hold_s)
         self._wake.set()
 
     def poll_once(self) -> QueueState | None:
@@ -153,7 +157,8 @@ class QueueMonitor:
         """The last snapshot with its age; None before the first successful poll."""
         with self._lock:
             state, taken = self._state, self._taken_at
-            unread = self._change_why if self._polled_change != self._changes else ""
+            unread = (self._change_why if self._polled_change != self._changes or self.clock() < self._hold_until
+                      else "")
         if state is None:
             return None
         if unread:

@@ -306,3 +306,18 @@ def test_a_snapshot_from_a_poll_begun_before_the_change_stays_unread(slurm_jobs,
     slurm_jobs.cluster_nodes = real_nodes
     mon.poll_once()
     assert mon.snapshot().live_shards.unread == "" and not mon.snapshot().live_shards.refuses("n1", "a100")
+
+
+def test_after_a_controller_change_the_shards_stay_unread_for_the_hold(slurm_jobs, clock):
+    """A 22.05 backup that took over was seen to show its nodes' shards for seconds before it
+    showed them as 0: after a role change there the counts stay unread for a while, polls or not."""
+    mon = QueueMonitor(slurm_jobs, Config(policy=PolicyConfig(queue_poll_s=15.0)), clock)
+    slurm_jobs.node_shards = {"n1": {"a100": 16}}
+    mon.controller_changed("this service became writer", hold_s=30.0)
+    mon.poll_once()
+    assert mon.snapshot().live_shards.unread.startswith("this service became writer")
+    clock.t += 29.0
+    mon.poll_once()
+    assert mon.snapshot().live_shards.refuses("n1", "a100")
+    clock.t += 1.5
+    assert mon.snapshot().live_shards.unread == "" and not mon.snapshot().live_shards.refuses("n1", "a100")
