@@ -38,11 +38,15 @@ def test_no_job_is_refused_for_shards_the_controller_in_control_does_not_take(ha
     stack, tag = ha_cluster, uuid.uuid4().hex[:6]
     jobs: list[int] = []
     try:
-        restore_primary(stack)
-        job, tres, d = submit(stack, f"ha-sh-{tag}-before")
-        assert job is not None, tres
-        jobs.append(job)
-        assert "shard" in tres and d.get("action") == "share", (tres, d)  # on the primary: shared
+        def shares(name: str) -> bool:
+            job, tres, d = submit(stack, f"ha-sh-{tag}-{name}")
+            if job is not None:
+                jobs.append(job)
+            assert job is not None, f"sbatch refused a job with ctl1 in control: {tres}"
+            return "shard" in tres and d.get("action") == "share"
+
+        restore_primary(stack)  # on the primary a hinted job shares (once the hold after a role change ended)
+        wait_for(lambda: shares("before"), 60, "a hinted job shared with ctl1 in control", 1.0)
 
         stack.run("scontrol", "takeover")
         after = []
@@ -72,15 +76,7 @@ def test_no_job_is_refused_for_shards_the_controller_in_control_does_not_take(ha
             assert any("shard" in tres and d.get("action") == "share" for _, tres, d in after[6:]), after
 
         restore_primary(stack)  # and once the primary is back with its shards, jobs share again
-
-        def shares() -> bool:
-            job, tres, d = submit(stack, f"ha-sh-{tag}-back")
-            if job is not None:
-                jobs.append(job)
-            assert job is not None, f"sbatch refused a job with ctl1 back in control: {tres}"
-            return "shard" in tres and d.get("action") == "share"
-
-        wait_for(shares, 60, "a hinted job shared again with ctl1 in control", 1.0)
+        wait_for(lambda: shares("back"), 60, "a hinted job shared again with ctl1 in control", 1.0)
     finally:
         if jobs:
             stack.run("scancel", *map(str, jobs), check=False)
