@@ -118,7 +118,7 @@ class QueueMonitor:
             pending = self.slurm.pending_jobs()
             nodes = self.slurm.cluster_nodes()
             state = queue_state(pending, nodes.gpus, self.cfg.gpu.shards_per_gpu, self._qos_priorities())
-            state = dataclasses.replace(state, live_shards=LiveShards.of(nodes.shards))
+            state = dataclasses.replace(state, live_shards=LiveShards(nodes.shards))
         except Exception as exc:  # noqa: BLE001  (the monitor thread must outlive any Slurm surprise)
             if not self._failing:  # one line per outage, not one per poll
                 log.warning("cannot read the queue from Slurm (%s); decisions treat it as unknown once the "

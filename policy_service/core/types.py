@@ -155,15 +155,14 @@ class LiveShards:
 
     by_node: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     unread: str = ""
-    # the nodes refuses() may name, so that a decision checks those alone: a type's count is 0
-    # (zero), or the shards are untyped (untyped: a refusal only where the fleet types them)
-    zero: frozenset[str] = frozenset()
-    untyped: frozenset[str] = frozenset()
+    # the nodes refuses() may name, derived from by_node, so that a decision checks those alone: a
+    # type's count is 0 (zero), or the shards are untyped (untyped: a refusal only where the fleet types them)
+    zero: frozenset[str] = field(init=False, compare=False, repr=False)
+    untyped: frozenset[str] = field(init=False, compare=False, repr=False)
 
-    @staticmethod
-    def of(by_node: Mapping[str, Mapping[str, int]]) -> LiveShards:
-        return LiveShards(by_node, zero=frozenset(n for n, c in by_node.items() if 0 in c.values()),
-                          untyped=frozenset(n for n, c in by_node.items() if c and not any(c.keys())))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "zero", frozenset(n for n, c in self.by_node.items() if 0 in c.values()))
+        object.__setattr__(self, "untyped", frozenset(n for n, c in self.by_node.items() if c and not any(c.keys())))
 
     def refuses(self, node: str, gpu_type: str | None) -> str:
         """Why the controller would refuse a shard job on ``node``'s GPUs of ``gpu_type`` (None: the

@@ -50,7 +50,7 @@ def test_sinfo_gives_each_nodes_gpus_and_shards(text, gpus, shards):
     ({"n1": {"a100": 8}}, "n1", "v100", False),  # a type it does not list: nothing known
 ])
 def test_which_gpus_the_controller_refuses_shards_on(by_node, node, gpu_type, refused):
-    assert bool(LiveShards.of(by_node).refuses(node, gpu_type)) is refused
+    assert bool(LiveShards(by_node).refuses(node, gpu_type)) is refused
     assert LiveShards(by_node, unread="switched").refuses(node, gpu_type) == "switched"
 
 
@@ -60,7 +60,7 @@ def parts():
 
 
 def live(text: str) -> LiveShards:
-    return LiveShards.of(parse_sinfo_nodes(text).shards)
+    return LiveShards(parse_sinfo_nodes(text).shards)
 
 
 def test_the_gpus_a_job_can_land_on_are_those_the_controller_takes_shard_jobs_on(parts):
@@ -147,7 +147,7 @@ def test_looking_at_the_suspect_nodes_alone_decides_as_looking_at_every_gpu():
               {"a100": 8}, {}, {"": 16}]
     for _ in range(400):
         by_node = {n: rng.choice(shapes) for n in ("node1", "node2", "node3") if rng.random() < 0.9}
-        live = LiveShards.of({n: c for n, c in by_node.items() if c})
+        live = LiveShards({n: c for n, c in by_node.items() if c})
         for partition in ("gpu", "big", "small", "mix", "gpu,mix", "nowhere"):
             for gpu_type in ("", "a100", "H100", "v100"):
                 counts, refused = parts.live_shard_counts(partition, gpu_type, live)
