@@ -60,6 +60,21 @@ def test_fingerprint_matches_python(tmp_path):
     assert got == [script_fingerprint(s.encode()) for s in scripts]
 
 
+def test_fingerprint_matches_python_at_every_length_and_byte(tmp_path):
+    """The Lua fingerprint works twelve bytes at a time and reduces once per three or four bytes:
+    the same value as Python's byte at a time, for every length around the chunk size and the 4 KiB
+    read limit, and for bytes up to the largest UTF-8 has."""
+    import random
+    rng = random.Random(21)
+    alphabet = [chr(c) for c in range(1, 128)] + ["ÿ", "߿", "￿", "􏿿"]
+    lengths = list(range(0, 40)) + list(range(4080, 4112)) + [5000, 12 * 1000 + 7]
+    scripts = ["".join(rng.choice(alphabet) for _ in range(n)) for n in lengths]
+    scripts += ["􏿿" * 1100, "" * 4097]      # every byte 0xf4/0x8f/0xbf, the limit + 1
+    out = run_lua(tmp_path, [{"script": s} for s in scripts], tmp_path / "none.sock")
+    got = [r["fingerprint"] for r in out["results"]]
+    assert got == [script_fingerprint(s.encode()) for s in scripts]
+
+
 def test_unknown_job_gets_record_and_a_whole_gpu(service, tmp_path):
     out = run_lua(tmp_path, [gpu_job()], service.socket_path)
     (res,) = out["results"]

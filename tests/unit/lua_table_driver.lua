@@ -43,6 +43,13 @@ for line in io.lines() do
   elseif req.op == "key" then
     local facts = M.facts(req.job, req.uid or 1000)
     answer({ key = T.key(facts), facts = facts })
+  elseif req.op == "key_reads" then     -- the key from the fields the table path reads alone
+    local reads = {}
+    local jd = setmetatable({}, { __index = function(_, k) reads[k] = true; return req.job[k] end })
+    local s = M.snapshot(jd, nil, "key")
+    local names = {}
+    for k in pairs(reads) do names[#names + 1] = k end
+    answer({ key = T.key(M.facts(s, req.uid or 1000)), reads = names, rest = M.REST_READS })
   elseif req.op == "raise" then         -- the table path raises from here on
     T.key = function() error("raised by the test") end
     answer({})

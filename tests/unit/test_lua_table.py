@@ -260,6 +260,11 @@ def test_each_job_desc_field_is_read_once_and_the_job_is_the_same(setup):
     for res in (hit, miss):
         assert {"script", "tres_per_node", "user_name", "environment", "name", "comment"} <= set(res["reads"])
         assert {k: n for k, n in res["reads"].items() if n > 1} == {}
+    # a hit reads the key's fields alone; the RPC path and the limit check the other 18 besides
+    rest = set(p.req("key_reads", job=known)["rest"])
+    assert {"work_dir", "user_id", "mail_user", "dependency", "std_out"} <= rest and len(rest) == 18
+    assert not rest & set(hit["reads"]) and rest <= set(miss["reads"])
+    assert set(miss["reads"]) - set(hit["reads"]) == rest
     cpu = p.req("submit_counted", job={"user_name": "alice", "name": "cpu", "script": "#!/bin/sh\n"})
     assert set(cpu["reads"]) == {"tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket"}
     assert cpu["rpc_calls"] == 1                  # (the count of this Lua state: the miss above)
@@ -478,6 +483,40 @@ def test_the_key_is_every_fact_decide_reads_in_the_published_order(setup):
                 "1" if f["isBatch"] else "0", "1" if f["hetJob"] else "0", f["qos"], f["cpusPerTres"],
                 f["memPerTres"], str(f["ntasksPerTres"]), f["tresBind"], f["tresFreq"], f["exclusive"]]
         assert out["key"] == "\x1f".join(want)
+
+
+def test_the_key_needs_no_field_the_table_path_leaves_unread(setup):
+    """The table path reads the job_desc fields of the class key alone: the key of that snapshot is
+    the key of the whole job, for every job here (each field set, typed and odd)."""
+    make, _ = setup
+    p = make()
+    for job in KEY_JOBS:
+        full = {k: v for k, v in job.items() if v is not None}
+        full.update(work_dir="/w/" + full.get("name", ""), user_id=1234, mail_user="m@x", std_out="/o")
+        out = p.req("key_reads", job=full)
+        assert out["key"] == p.key(full)
+        assert not set(out["reads"]) & set(out["rest"])
+
+
+def test_a_table_hit_leaves_slurms_refusal_to_slurm_and_a_key_field_over_its_limit_passes(setup):
+    """A field the table path does not read (--mail-user) over Slurm's limit: the table decides the job
+    and slurmctld refuses it after job_submit, with what was set (no decision is recorded: the service
+    records a table decision from the job Slurm holds). A field of the key over its limit: as typed,
+    neither table nor RPC, as on the RPC path."""
+    make, table = setup
+    p = make()
+    known = gpu_job()
+    entry = {"*": decision(3, "a")}
+    over_key = gpu_job(comment="c" * 1025)
+    publish(p, table, [(known, entry), (over_key, entry)], gate=gate_doc({"": "normal"}))
+    hit = p.submit(gpu_job(mail_user="m" * 1025))
+    assert hit["job"]["admin_comment"].startswith("swapaware:v1 id=") and hit["rpc_calls"] == 0
+    passed = p.submit(dict(over_key))
+    assert passed["job"] == over_key and passed["rpc_calls"] == 0
+    assert any("comment is 1025 bytes" in line for line in passed["logs"]), passed["logs"]
+    miss = p.submit(gpu_job(name="other", mail_user="m" * 1025))     # RPC path: checked before asking
+    assert "admin_comment" not in miss["job"] and miss["rpc_calls"] == 0
+    assert any("mail_user is 1025 bytes" in line for line in miss["logs"]), miss["logs"]
 
 
 def test_the_key_is_the_services_table_key(setup):
