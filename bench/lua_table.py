@@ -91,7 +91,9 @@ def bench_hits(d: Path, hits: int) -> None:
     cases = (("one 86 B script", [SHORT_SCRIPT], False),
              ("one 86 B script, job_desc behind __index as slurmctld gives it", [SHORT_SCRIPT], True),
              ("one 10 KB script (fingerprint read once)", [LONG_SCRIPT], False),
-             ("two 10 KB scripts in turn (fingerprint of 4 KB each time)", [LONG_SCRIPT, LONG_SCRIPT + "#"], False))
+             ("two 10 KB scripts in turn", [LONG_SCRIPT, LONG_SCRIPT + "#"], False),
+             ("40 10 KB scripts in turn (more than the plugin remembers: a 4 KB fingerprint each time)",
+              [LONG_SCRIPT + "#" * k for k in range(40)], False))
     for label, scripts, proxy in cases:
         p = plugin(d, path)
         jobs = [gpu_job(script=script) for script in scripts]

@@ -142,13 +142,17 @@ local function fp_update(h1, h2, s, i, n)
   return h1, h2
 end
 
--- The last script and its fingerprint: a burst of submissions of one script (a sweep) reads it once
--- (Lua strings are interned: the comparison is one pointer compare).
-local fp_script, fp_last = nil, nil
+-- The fingerprints of the last scripts seen: submissions of a few scripts in turn (sweeps and arrays
+-- of several users) read each once. A script is a table key by identity (Lua interns strings: the
+-- same text is the same string), so a lookup costs no hashing of its text. At most FP_MEMO_N
+-- scripts and FP_MEMO_BYTES of their text are held; past either the memo starts over.
+M.FP_MEMO_N, M.FP_MEMO_BYTES = 16, 4 * 1024 * 1024
+local fp_memo, fp_memo_n, fp_memo_bytes = {}, 0, 0
 
 function M.fingerprint(script)
   if script == nil or script == "" then return "" end
-  if script == fp_script then return fp_last end
+  local known = fp_memo[script]
+  if known then return known end
   local n = #script
   local h1, h2
   if n <= M.FP_LIMIT then
@@ -159,8 +163,14 @@ function M.fingerprint(script)
     local len = tostring(n)
     h1, h2 = fp_update(h1, h2, len, 1, #len)
   end
-  fp_script, fp_last = script, string.format("%08x%08x", h1, h2)
-  return fp_last
+  local fp = string.format("%08x%08x", h1, h2)
+  if fp_memo_n >= M.FP_MEMO_N or fp_memo_bytes + n > M.FP_MEMO_BYTES then
+    fp_memo, fp_memo_n, fp_memo_bytes = {}, 0, 0
+  end
+  if n <= M.FP_MEMO_BYTES then
+    fp_memo[script], fp_memo_n, fp_memo_bytes = fp, fp_memo_n + 1, fp_memo_bytes + n
+  end
+  return fp
 end
 
 -- utf8_clean(s): s with each byte that is not part of a well-formed UTF-8 character replaced by
