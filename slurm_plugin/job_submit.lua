@@ -1,6 +1,7 @@
 --[[
 job_submit.lua for JobSubmitPlugins=lua: swapaware's GPU admission.
-Install beside slurm.conf together with swapaware.lua and swapaware_plugin.conf.
+Install beside slurm.conf together with swapaware.lua, swapaware_facts.lua, swapaware_table.lua
+and swapaware_plugin.conf.
 A site that already has a job_submit.lua keeps its own and calls swapaware.submit() from it
 (see swapaware.lua).
 ]]

@@ -7,8 +7,9 @@ A site with its own job_submit.lua adds:
     ... and in slurm_job_submit(job_desc, part_list, submit_uid):
     swapaware.submit(job_desc, part_list, submit_uid)
 
-What it does: sends the job's facts (no secrets: the batch script's fingerprint, never its
-text) as proto3 JSON over the policy service's controller-local Unix socket, validates the
+What it does: reads the job's facts (swapaware_facts.lua, installed beside this file; no secrets:
+the batch script's fingerprint, never its text), decides the job from the admission table the
+service publishes when it holds the job's class (swapaware_table.lua), else sends the facts as proto3 JSON over the policy service's controller-local Unix socket, validates the
 whole reply, then applies it at once. It never raises and never rejects a job: on any
 problem (service down, slow, bad reply) the job goes through unchanged and one log line
 says why. A circuit breaker stops calling a failing service for a while so slurmctld, which
@@ -23,30 +24,17 @@ Settings come from swapaware_plugin.conf beside slurm.conf (key=value lines):
 ]]
 
 local M = {}
-
-M.NO_VAL = 4294967294
+local have_facts, F = pcall(require, "swapaware_facts")
+if have_facts then
+  -- what tests, benches and a site's own job_submit.lua call through swapaware
+  for _, k in ipairs({ "NO_VAL", "SLURM_FIELD_LIMITS", "fingerprint", "utf8_clean", "cap", "exclusive",
+      "het_component", "wants_gpu", "snapshot", "new_snapshot", "facts", "over_slurm_limit", "KEY_READS",
+      "REST_READS" }) do
+    M[k] = F[k]
+  end
+end
 M.MAX_SITE_FACTOR = 2147483645
--- The fingerprint reads at most FP_LIMIT bytes of the script (0.2 ms in Lua 5.1 on a 2020s core,
--- whatever the script's size): all of a script up to that size; of a longer one its first
--- FP_HEAD bytes, its last FP_TAIL bytes and its length in decimal digits.
-M.FP_LIMIT, M.FP_HEAD, M.FP_TAIL = 4096, 3072, 1024
-M.FP_MOD1, M.FP_MUL1 = 2147483647, 31
-M.FP_MOD2, M.FP_MUL2 = 2147483629, 131
-
--- Field lengths slurmctld refuses a job for, checked AFTER job_submit (job_mgr.c,
--- _test_job_desc_fields: "strlen(comment) too big (1025 > 1024)"), the same on 22.05, 24.11 and
--- 26.05. A job over one is never created: deciding it would record a decision no job holds, and
--- rewriting its GRES could make an over-long request one Slurm takes. So such a job passes as
--- typed and the service is not asked. Every field of that check the Lua job_desc shows is listed,
--- not only those the plugin reads (PATH_MAX: 4096). The script's own limit is max_script_bytes.
-M.SLURM_FIELD_LIMITS = {
-  account = 1024, alloc_node = 1024, array_inx = 4096, burst_buffer = 8192, comment = 1024,
-  cpus_per_tres = 1024, dependency = 131072, extra = 1024, features = 1024, licenses = 1024,
-  mail_user = 1024, mcs_label = 1024, mem_per_tres = 1024, name = 1024, network = 1024, partition = 1024,
-  prefer = 1024, qos = 1024, reservation = 1024, std_err = 4096, std_in = 4096, std_out = 4096,
-  tres_bind = 1024, tres_freq = 1024, tres_per_job = 1024, tres_per_node = 1024, tres_per_socket = 1024,
-  tres_per_task = 1024, wckey = 1024, work_dir = 4096,
-}
+local str = have_facts and F.str or tostring
 
 M.settings = { socket = "/run/swapaware/policy.sock", timeout_ms = 200, breaker_s = 10, enabled = true,
                max_script_bytes = 4194304 }
@@ -56,7 +44,6 @@ M.state = { open_until = 0, failures = 0, logged_open = false }
 M.counters = { instance = string.format("%d-%s", os.time(), string.match(tostring({}), "0x%x+") or "0"),
                breaker_open = 0, service_error = 0 }
 
-local GRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
 local REWRITE_KEYS = {
   tresPerNode = "tres_per_node", tresPerJob = "tres_per_job", tresPerTask = "tres_per_task",
   tresPerSocket = "tres_per_socket", adminComment = "admin_comment", tresBind = "tres_bind",
@@ -110,287 +97,6 @@ function M.load_settings(dir)
   f:close()
   M.settings = M.parse_settings(text, M.settings)
   return M.settings
-end
-
--- Facts -----------------------------------------------------------------------------------
--- Same fingerprint as policy_service.core.request.script_fingerprint (doubles stay exact). Twelve
--- bytes at a time, read into locals (no table per chunk), and each hash reduced once per four
--- (h1) or three (h2) bytes rather than at every byte: the value is the same, since reducing at the
--- end of a chain of multiply-adds gives what reducing at each step gives, and every intermediate
--- stays below 2^53 (h1 < 2^31, times 31^4 = 923,521: < 2^51; h2 < 2^31, times 131^3 = 2,248,091:
--- < 2^53). About twice as fast as a byte at a time (bench/lua_table.py, distinct scripts).
-local byte = string.byte
-local function fp_update(h1, h2, s, i, n)
-  local m1, k1, m2, k2 = M.FP_MOD1, M.FP_MUL1, M.FP_MOD2, M.FP_MUL2
-  while i + 11 <= n do
-    local a, b, c, d, e, f, g, h, x, y, z, w = byte(s, i, i + 11)
-    h1 = ((((h1 * k1 + a) * k1 + b) * k1 + c) * k1 + d) % m1
-    h1 = ((((h1 * k1 + e) * k1 + f) * k1 + g) * k1 + h) % m1
-    h1 = ((((h1 * k1 + x) * k1 + y) * k1 + z) * k1 + w) % m1
-    h2 = (((h2 * k2 + a) * k2 + b) * k2 + c) % m2
-    h2 = (((h2 * k2 + d) * k2 + e) * k2 + f) % m2
-    h2 = (((h2 * k2 + g) * k2 + h) * k2 + x) % m2
-    h2 = (((h2 * k2 + y) * k2 + z) * k2 + w) % m2
-    i = i + 12
-  end
-  while i <= n do
-    local b = byte(s, i)
-    h1 = (h1 * k1 + b) % m1
-    h2 = (h2 * k2 + b) % m2
-    i = i + 1
-  end
-  return h1, h2
-end
-
--- The fingerprints of the last scripts seen: submissions of a few scripts in turn (sweeps and arrays
--- of several users) read each once. A script is a table key by identity (Lua interns strings: the
--- same text is the same string), so a lookup costs no hashing of its text. At most FP_MEMO_N
--- scripts and FP_MEMO_BYTES of their text are held; past either the memo starts over.
-M.FP_MEMO_N, M.FP_MEMO_BYTES = 16, 4 * 1024 * 1024
-local fp_memo, fp_memo_n, fp_memo_bytes = {}, 0, 0
-
-function M.fingerprint(script)
-  if script == nil or script == "" then return "" end
-  local known = fp_memo[script]
-  if known then return known end
-  local n = #script
-  local h1, h2
-  if n <= M.FP_LIMIT then
-    h1, h2 = fp_update(0, 0, script, 1, n)
-  else
-    h1, h2 = fp_update(0, 0, script, 1, M.FP_HEAD)
-    h1, h2 = fp_update(h1, h2, script, n - M.FP_TAIL + 1, n)
-    local len = tostring(n)
-    h1, h2 = fp_update(h1, h2, len, 1, #len)
-  end
-  local fp = string.format("%08x%08x", h1, h2)
-  if fp_memo_n >= M.FP_MEMO_N or fp_memo_bytes + n > M.FP_MEMO_BYTES then
-    fp_memo, fp_memo_n, fp_memo_bytes = {}, 0, 0
-  end
-  if n <= M.FP_MEMO_BYTES then
-    fp_memo[script], fp_memo_n, fp_memo_bytes = fp, fp_memo_n + 1, fp_memo_bytes + n
-  end
-  return fp
-end
-
--- utf8_clean(s): s with each byte that is not part of a well-formed UTF-8 character replaced by
--- "?" (never longer than s). The service reads strict UTF-8 JSON: one stray byte in --comment
--- would otherwise cost the job its decision.
-function M.utf8_clean(s)
-  if not string.find(s, "[\128-\255]") then return s end
-  local out, i, start, n = {}, 1, 1, #s
-  while i <= n do
-    local c = string.byte(s, i)
-    local len = 0
-    if c < 128 then len = 1
-    elseif c >= 194 and c <= 223 then len = 2
-    elseif c >= 224 and c <= 239 then len = 3
-    elseif c >= 240 and c <= 244 then len = 4 end
-    local ok = len > 0 and i + len - 1 <= n
-    if ok and len > 1 then
-      local lo, hi = 128, 191   -- the second byte's range excludes overlongs and surrogates
-      if c == 224 then lo = 160 elseif c == 237 then hi = 159 elseif c == 240 then lo = 144 elseif c == 244 then hi = 143 end
-      local c2 = string.byte(s, i + 1)
-      ok = c2 >= lo and c2 <= hi
-      for k = 2, len - 1 do
-        if ok then
-          local ck = string.byte(s, i + k)
-          ok = ck >= 128 and ck <= 191
-        end
-      end
-    end
-    if ok then
-      i = i + len
-    else
-      out[#out + 1] = string.sub(s, start, i - 1)
-      out[#out + 1] = "?"
-      i = i + 1
-      start = i
-    end
-  end
-  out[#out + 1] = string.sub(s, start)
-  return table.concat(out)
-end
-
-local function str(v)
-  if v == nil then return "" end
-  return tostring(v)
-end
-
--- text(v, n): a user-typed field as the service takes it: at most n bytes, valid UTF-8.
-local function text(v, n)
-  if v == nil then return "" end
-  if type(v) ~= "string" then v = tostring(v) end
-  if #v > n then v = M.cap(v, n) end
-  return M.utf8_clean(v)
-end
-
--- cap(s, n): at most n bytes of s, never ending inside a UTF-8 character. The service refuses
--- longer fields (policy_service/limits.py); a field Slurm itself takes must not leave a job
--- undecided (those over Slurm's own limits never get here: M.over_slurm_limit).
-function M.cap(s, n)
-  if #s <= n then return s end
-  s = string.sub(s, 1, n)
-  local last = string.byte(s, -1)
-  if last and last >= 128 then
-    s = string.gsub(s, "[\128-\191]*$", "")   -- continuation bytes of a cut character
-    local lead = string.byte(s, -1)
-    if lead and lead >= 192 then s = string.sub(s, 1, -2) end   -- and its lead byte
-  end
-  return s
-end
-
-local function num(v)
-  v = tonumber(v)
-  if v == nil or v < 0 or v >= M.NO_VAL then return 0 end
-  return math.floor(v)
-end
-
-local function env_value(env, name)
-  if type(env) ~= "table" then return "" end
-  if env[name] ~= nil then return str(env[name]) end
-  for _, entry in pairs(env) do
-    if type(entry) == "string" then
-      local k, v = string.match(entry, "^([^=]+)=(.*)$")
-      if k == name then return v end
-    end
-  end
-  return ""
-end
-
--- num16(v): a 16-bit job_desc number (--ntasks-per-gpu), 0 when unset (NO_VAL16 = 65534 and up).
-local function num16(v)
-  v = tonumber(v)
-  if v == nil or v < 0 or v >= 65534 then return 0 end
-  return math.floor(v)
-end
-
--- exclusive(shared): --exclusive as job_desc.shared holds it ("node", "user", "mcs", or the number
--- of a value not named here); "" for unset (NO_VAL16) and --oversubscribe (1).
-local EXCLUSIVE = { [0] = "node", [2] = "user", [3] = "mcs" }
-function M.exclusive(shared)
-  shared = tonumber(shared)
-  if shared == nil or shared == 1 or shared >= 65534 then return "" end
-  return EXCLUSIVE[shared] or tostring(math.floor(shared))
-end
-
--- het_job_offset: NO_VAL for a plain job, 0, 1, ... for the components of a heterogeneous job.
-function M.het_component(offset)
-  offset = tonumber(offset)
-  return offset ~= nil and offset >= 0 and offset < M.NO_VAL
-end
-
-function M.wants_gpu(job_desc)
-  for _, f in ipairs(GRES_FIELDS) do
-    local v = job_desc[f]
-    if v ~= nil and string.find(tostring(v), "gpu", 1, true) then return true end
-  end
-  return false
-end
-
--- The job_desc fields the class key (swapaware_table.lua T.key) is made of, besides the GRES fields:
--- all the table path reads. (Those M.facts reads for the RPC path alone, user_id and work_dir, and
--- those only the limit check reads are read once the table has not decided the job: a job over one
--- of their limits is refused by slurmctld after job_submit, what the table set going with it, and
--- a table decision is recorded only from the job Slurm holds.)
-local KEY_READS = { "user_name", "account", "partition", "name", "time_limit", "script", "comment",
-  "environment", "min_nodes", "num_tasks", "het_job_offset", "qos", "cpus_per_tres", "mem_per_tres",
-  "ntasks_per_tres", "tres_bind", "tres_freq", "shared" }
--- The other job_desc fields M.facts reads.
-local FACT_ONLY = { "user_id", "work_dir" }
-local function index(t, k) return t[k] end
-
-local function read_plain(job_desc, fields, into)
-  for i = 1, #fields do
-    local f = fields[i]
-    into[f] = job_desc[f]
-  end
-  return into
-end
-
--- read_fields(job_desc, fields, into): into[f] = job_desc[f] for each f of the list. No read
--- raises in slurmctld (its job_desc gives nil for a field it does not know): one pcall for all;
--- should one raise, each is read under a pcall of its own and one that raises is left nil.
-local function read_fields(job_desc, fields, into)
-  if pcall(read_plain, job_desc, fields, into) then return into end
-  for i = 1, #fields do
-    local ok, v = pcall(index, job_desc, fields[i])
-    if ok then into[fields[i]] = v end
-  end
-  return into
-end
--- REST_READS: every field the RPC path and the limit check read that the table path does not.
-local REST_READS = {}
-do
-  local read = {}
-  for _, list in ipairs({ GRES_FIELDS, KEY_READS }) do
-    for _, f in ipairs(list) do read[f] = true end
-  end
-  for _, f in ipairs(FACT_ONLY) do
-    REST_READS[#REST_READS + 1] = f
-    read[f] = true
-  end
-  local limit_only = {}
-  for field in pairs(M.SLURM_FIELD_LIMITS) do
-    if not read[field] then limit_only[#limit_only + 1] = field end
-  end
-  table.sort(limit_only)
-  for _, f in ipairs(limit_only) do REST_READS[#REST_READS + 1] = f end
-end
-M.KEY_READS, M.REST_READS = KEY_READS, REST_READS
-
--- snapshot(job_desc, s, part): a plain table of the job_desc fields the plugin reads, each read once
--- (``s``: the GRES fields already read; ``part``: "key" for those of the class key alone, "rest" for
--- the others, nil for all). slurmctld's job_desc is a table whose every read calls into slurmctld (a
--- chain of string compares over the field names, then a new Lua string; getpwuid for user_name on
--- older releases, two tables for environment), under the Lua mutex and the job write lock: reading
--- each field where it was used read the script three times and the GRES and limit fields twice.
-function M.snapshot(job_desc, s, part)
-  s = s or read_fields(job_desc, GRES_FIELDS, M.new_snapshot())
-  if part ~= "rest" then read_fields(job_desc, KEY_READS, s) end
-  if part ~= "key" then read_fields(job_desc, REST_READS, s) end
-  return s
-end
-
--- new_snapshot(): an empty table sized for every field a snapshot holds (a constructor naming
--- them all: filling it never rehashes).
-do
-  local names = {}
-  for _, list in ipairs({ GRES_FIELDS, KEY_READS, REST_READS }) do
-    for _, f in ipairs(list) do names[#names + 1] = f .. " = nil" end
-  end
-  M.new_snapshot = assert(loadstring("return function() return { " .. table.concat(names, ", ") .. " } end"))()
-end
-
-function M.facts(job_desc, submit_uid)
-  local env_ok, env = pcall(index, job_desc, "environment")
-  return {
-    user = text(job_desc.user_name, 1024),
-    uid = num(submit_uid or job_desc.user_id),
-    account = text(job_desc.account, 1024),
-    partition = text(job_desc.partition, 1024),
-    jobName = text(job_desc.name, 1024),
-    tresPerNode = text(job_desc.tres_per_node, 1024),
-    tresPerJob = text(job_desc.tres_per_job, 1024),
-    tresPerTask = text(job_desc.tres_per_task, 1024),
-    tresPerSocket = text(job_desc.tres_per_socket, 1024),
-    timeLimitMin = num(job_desc.time_limit),
-    scriptFingerprint = M.fingerprint(job_desc.script),
-    workDir = text(job_desc.work_dir, 4096),
-    comment = text(job_desc.comment, 4096),
-    envMemHint = env_ok and text(env_value(env, "SWAPAWARE_GPU_MEM"), 64) or "",
-    minNodes = num(job_desc.min_nodes),
-    numTasks = num(job_desc.num_tasks),
-    isBatch = job_desc.script ~= nil,
-    hetJob = M.het_component(job_desc.het_job_offset),
-    qos = text(job_desc.qos, 1024),
-    cpusPerTres = text(job_desc.cpus_per_tres, 1024),
-    memPerTres = text(job_desc.mem_per_tres, 1024),
-    ntasksPerTres = num16(job_desc.ntasks_per_tres),
-    tresBind = text(job_desc.tres_bind, 1024),
-    tresFreq = text(job_desc.tres_freq, 1024),
-    exclusive = M.exclusive(job_desc.shared),
-  }
 end
 
 -- Reply -----------------------------------------------------------------------------------
@@ -517,16 +223,6 @@ local function breaker_fail(why)
   log_error("job passes unchanged (fail-open): %s; not asking the service for %d s", why, wait)
 end
 
--- over_slurm_limit(fields): the first field slurmctld will refuse the job for, and its size, of
--- the job's fields as M.snapshot read them.
-function M.over_slurm_limit(fields)
-  for field, limit in pairs(M.SLURM_FIELD_LIMITS) do
-    local v = fields[field]
-    if type(v) == "string" and #v > limit then return field, #v, limit end
-  end
-  return nil
-end
-
 -- by_table(job_desc, facts): true when the published admission table decided the job
 -- (swapaware_table.lua) from its facts; false: the job takes the RPC path. Never raises.
 M.table_error = nil
@@ -557,7 +253,7 @@ local function over_limits(jd)
              "max_script_size refuses it)", #script, M.settings.max_script_bytes)
     return true
   end
-  local field, size, limit = M.over_slurm_limit(jd)
+  local field, size, limit = F.over_slurm_limit(jd)
   if field then
     log_info("job passes unchanged, nothing recorded: its %s is %d bytes, over Slurm's %d (slurmctld refuses " ..
              "the job after job_submit)", field, size, limit)
@@ -566,21 +262,30 @@ local function over_limits(jd)
   return false
 end
 
+M.facts_error_logged = false
 local function decide(job_desc, submit_uid)
   if not M.settings.enabled then return end
-  local jd = read_fields(job_desc, GRES_FIELDS, M.new_snapshot())
-  if not M.wants_gpu(jd) then return end
+  if not have_facts then
+    if not M.facts_error_logged then
+      M.facts_error_logged = true
+      log_error("swapaware_facts.lua cannot be loaded (%s): every job passes unchanged; install it beside " ..
+                "swapaware.lua", tostring(F))
+    end
+    return
+  end
+  local jd = F.read_fields(job_desc, F.GRES_FIELDS, F.new_snapshot())
+  if not F.wants_gpu(jd) then return end
   -- from here on the job's fields are read from jd, written to job_desc
   local by_tbl = M.settings.table ~= nil and M.settings.table ~= ""
-  M.snapshot(job_desc, jd, by_tbl and "key" or nil)
+  F.snapshot(job_desc, jd, by_tbl and "key" or nil)
   if over_limits(jd) then return end
   if not have_cjson then
     log_error("lua-cjson is not installed; job passes unchanged")
     return
   end
   if by_tbl then
-    if by_table(job_desc, M.facts(jd, submit_uid)) then return end
-    M.snapshot(job_desc, jd, "rest")
+    if by_table(job_desc, F.facts(jd, submit_uid)) then return end
+    F.snapshot(job_desc, jd, "rest")
     if over_limits(jd) then return end
   end
   local st = M.state
@@ -593,7 +298,7 @@ local function decide(job_desc, submit_uid)
     return
   end
   local c = M.counters
-  local line = cjson.encode({ method = "Admit", request = { job = M.facts(jd, submit_uid), brief = true,
+  local line = cjson.encode({ method = "Admit", request = { job = F.facts(jd, submit_uid), brief = true,
     plugin = { instance = c.instance, breakerOpen = c.breaker_open, serviceError = c.service_error } } })
   local resp, err = M.call(M.settings.socket, line, M.settings.timeout_ms / 1000)
   if not resp then return breaker_fail(err) end

@@ -1,12 +1,14 @@
 -- Test driver: slurm_plugin/swapaware.lua with its admission table path, as slurmctld loads it,
 -- one JSON request per stdin line, one JSON answer per stdout line.
--- usage: lua5.1 lua_table_driver.lua <plugin_dir> <settings_dir> [hide]   (hide: posix | cjson)
+-- usage: lua5.1 lua_table_driver.lua <plugin_dir> <settings_dir> [hide]   (hide: posix | cjson | facts)
 package.path = arg[1] .. "/?.lua;" .. package.path
 local cjson = require("cjson")
 local socket = require("socket")
 local hide = arg[3]
 if hide == "posix" then
   package.preload["posix.sys.stat"] = function() error("hidden by the test") end
+elseif hide == "facts" then      -- swapaware_facts.lua not installed beside swapaware.lua
+  package.preload["swapaware_facts"] = function() error("hidden by the test") end
 elseif hide == "cjson" then
   package.loaded["cjson"] = nil
   package.preload["cjson"] = function() error("hidden by the test") end

@@ -410,6 +410,22 @@ def test_without_lua_cjson_jobs_pass_unchanged(setup):
     assert any("lua-cjson is not installed" in line for line in res["logs"])
 
 
+def test_without_swapaware_facts_every_job_passes_unchanged_and_the_log_says_why_once(setup):
+    """An upgrade that copied swapaware.lua but not swapaware_facts.lua: the plugin still loads
+    (slurmctld refuses to start with a job_submit.lua that fails to load; 26.05 rejects jobs on a
+    Lua error) and lets every job through as typed, neither table nor RPC."""
+    make, table = setup
+    writer = make()
+    job = gpu_job()
+    publish(writer, table, [(job, {"*": decision(9, "a")})], gate=gate_doc({"": "normal"}))
+    p = make(hide="facts")
+    results = [p.submit(dict(job)) for _ in range(2)]
+    assert [r["job"] for r in results] == [job, job] and [r["rc"] for r in results] == [0, 0]
+    assert results[-1]["rpc_calls"] == 0 and results[-1]["counters"] == {"table_hit": 0, "table_miss": 0}
+    logs = results[0]["logs"] + results[1]["logs"]
+    assert len(logs) == 1 and "swapaware_facts.lua cannot be loaded" in logs[0], logs
+
+
 def test_an_error_inside_the_table_path_takes_the_rpc_path(setup):
     make, table = setup
     p = make()
