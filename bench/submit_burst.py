@@ -14,11 +14,14 @@ decisions from Slurm afterwards (catch-up after each queue poll), and the bench 
 "catch-up s" is how long after the block's last sbatch the history held every AdminComment id.
 --modes tstop: the same with the service stopped during the block (SIGSTOP, as off, noop and hung),
 so that what is left is slurmctld's and the Lua's own cost; the history catches up after SIGCONT.
+--modes tbase (with --baseline REV): mode tstop with the plugin's Lua files of git revision REV (or
+of a directory: table_mode.plugin_files), so that the plugin before and after a change are
+measured side by side in one run.
 --modes rewrite (with table or tstop): a job_submit.lua that at once makes the assignments the
 table makes for the job's name (shards, site factor, an AdminComment of the same length, disguised
 so that the service never takes it for a decision), service stopped: what slurmctld spends on a job
 shaped as swapaware shapes it, apart from swapaware's Lua (rewrite - noop; tstop - rewrite is the Lua).
-Modes on, hung, table and tstop run the plugin under a job_submit.lua that times swapaware.submit
+Modes on, hung, table, tstop and tbase run the plugin under a job_submit.lua that times swapaware.submit
 inside slurmctld (lua-socket's clock, logged every 16 calls): "Lua us/job".
 
 The dev stack's service polls the queue every 2 s (its tests wait for snapshots); each poll is an
@@ -63,8 +66,8 @@ NOOP_LUA = ("function slurm_job_submit(job_desc, part_list, submit_uid) return s
 # tstop: mode table with the service stopped during the block (what the table path costs slurmctld
 # without the service's queue polls, catch-up and publisher competing for the controller's CPUs;
 # the history catches up once it runs again).
-TABLE = ("table", "tstop")  # modes deciding from the table
-STOPPED = ("off", "hung", "noop", "tstop", "rewrite")  # modes during which the service process is stopped
+TABLE = ("table", "tstop", "tbase")  # modes deciding from the table
+STOPPED = ("off", "hung", "noop", "tstop", "tbase", "rewrite")  # modes during which the service process is stopped
 DECIDING = ("on", "hung", *TABLE)  # modes whose job_submit.lua is swapaware's: decisions checked against Slurm
 NAMES = 20  # job names (classes) every mode submits: {run_tag}-0 .. -19
 
@@ -179,6 +182,7 @@ def main() -> None:
                     help=f"modes to run, from {MODES + ('noop', 'rewrite', *TABLE)}; off first")
     ap.add_argument("--queue-poll-s", type=float, default=PolicyConfig().queue_poll_s,
                     help="the service's policy.queue_poll_s during the burst (default: the product's)")
+    ap.add_argument("--baseline", default="", help="mode tbase: the git revision (or directory) whose plugin files it runs")
     ap.add_argument("--catchup-timeout-s", type=float, default=300,
                     help="mode table: how long to wait after a block for the history to hold its decisions")
     args = ap.parse_args()
@@ -187,17 +191,19 @@ def main() -> None:
     restart_service(env, {"SWAPAWARE_POLICY__QUEUE_POLL_S": str(args.queue_poll_s)})
     try:
         with tempfile.TemporaryDirectory() as d:
-            run(args, env, timed_lua_dir(Path(d)))
+            base = timed_lua_dir(Path(d) / "base", args.baseline) if args.baseline else None
+            run(args, env, timed_lua_dir(Path(d) / "tree"), base)
     finally:
         restart_service(env, {})
         set_table(env, after == "table")
         set_mode("on", env)
 
 
-def switch(mode: str, env: dict[str, str], lua_dir: Path, rewrite: str = "") -> None:
+def switch(mode: str, env: dict[str, str], lua_dir: Path, rewrite: str = "", base_dir: Path | None = None) -> None:
     """off: no plugin; noop: a job_submit.lua that returns at once; rewrite: ``rewrite`` (one that
     makes the table's assignments at once); on / hung: swapaware's plugin (timed, from ``lua_dir``),
-    every GPU job a round trip; table: the same deciding from the table."""
+    every GPU job a round trip; table: the same deciding from the table; tbase: the table path with
+    the plugin files of ``base_dir``."""
     if mode == "off":
         set_mode("off", env)
     elif mode in ("noop", "rewrite"):
@@ -206,7 +212,7 @@ def switch(mode: str, env: dict[str, str], lua_dir: Path, rewrite: str = "") -> 
             sh("bash", str(CLUSTER), "plugin", "on", env={**env, "SWAPAWARE_LUA_DIR": d})
     else:
         set_table(env, mode in TABLE)
-        set_mode("on", env, lua_dir)
+        set_mode("on", env, base_dir if mode == "tbase" and base_dir else lua_dir)
 
 
 def restart_service(env: dict[str, str], extra: dict[str, str]) -> None:
@@ -214,12 +220,12 @@ def restart_service(env: dict[str, str], extra: dict[str, str]) -> None:
     sh("bash", str(STACK), "service-start", env={**env, **extra})
 
 
-def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path) -> None:
+def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: Path | None = None) -> None:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if (not modes or modes[0] != "off" or not set(modes) <= {*MODES, "noop", "rewrite", *TABLE}
-            or ("rewrite" in modes and not set(TABLE) & set(modes))):
+            or ("rewrite" in modes and not set(TABLE) & set(modes)) or (("tbase" in modes) != (base_dir is not None))):
         raise SystemExit(f"--modes: off first, then any of on, hung, noop, table, tstop, rewrite (with table or "
-                         f"tstop) (got {args.modes!r})")
+                         f"tstop), tbase (with --baseline, and only with it) (got {args.modes!r})")
     per_block = max(1, args.jobs // (len(modes) * args.rounds))
     stats = {m: {"lat": [], "errors": [], "squeue": [], "rpc_us": [], "comments": 0, "recorded": 0, "lost": 0,
                  "extra": 0, "lua_n": 0, "lua_us": 0.0, "by_table": 0, "catchup_s": []}
@@ -235,7 +241,7 @@ def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path) -> None:
         rewrite = rewrite_lua(table_sets(env, keys))
     for r in range(args.rounds):
         for mode in (modes if r % 2 == 0 else tuple(reversed(modes))):
-            switch(mode, env, lua_dir, rewrite)
+            switch(mode, env, lua_dir, rewrite, base_dir)
             # not counted; BATCH calls: the timed job_submit.lua (a new Lua state at each switch)
             # logs its first sum at the warm-up's end, so the block's sums are its own
             warmup = block(env, mode, max(args.submitters, BATCH), tag, args.submitters, args.catchup_timeout_s)

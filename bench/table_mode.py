@@ -79,17 +79,34 @@ def set_table(env: dict[str, str], on: bool) -> None:
     conf.write_text(text)
 
 
-def timed_lua_dir(dst: Path) -> Path:
-    """``dst`` with the plugin's Lua files, job_submit.lua timing swapaware.submit."""
+def plugin_files(rev: str = "") -> dict[str, str]:
+    """The plugin's Lua files by name: the tree's, those of directory ``rev`` (its *.lua, or its
+    slurm_plugin/*.lua), or those of git revision ``rev`` (git is not in the release roots: there
+    pass a directory, e.g. `git archive REV slurm_plugin | tar -x -C base` inside the checkout)."""
+    if not rev:
+        return {f.name: f.read_text() for f in PLUGIN.glob("*.lua")}
+    if Path(rev).is_dir():
+        d = Path(rev) / "slurm_plugin" if (Path(rev) / "slurm_plugin").is_dir() else Path(rev)
+        return {f.name: f.read_text() for f in d.glob("*.lua")}
+    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, "slurm_plugin/"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    return {Path(n).name: subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{n}"], check=True,
+                                         capture_output=True, text=True).stdout
+            for n in names if n.endswith(".lua")}
+
+
+def timed_lua_dir(dst: Path, rev: str = "") -> Path:
+    """``dst`` with the plugin's Lua files (the tree's, or those of ``rev``: plugin_files),
+    job_submit.lua timing swapaware.submit."""
     dst.mkdir(parents=True, exist_ok=True)
-    for f in PLUGIN.glob("*.lua"):
-        text = f.read_text()
+    for name, text in plugin_files(rev).items():
+        f = dst / name
         if f.name == "job_submit.lua":
             head, sep, tail = text.partition("function slurm_job_submit(")
             body_end = tail.index("\nend\n") + len("\nend\n")
             assert sep, "job_submit.lua defines slurm_job_submit"
             text = head + TIMED + tail[body_end:]
-        (dst / f.name).write_text(text)
+        f.write_text(text)
     return dst
 
 
