@@ -63,7 +63,7 @@ class PartitionDefaults:
         if not all(n in self.shards for n in names):
             return None
         return tuple(sorted({c for n in names for t, counts in self.shards[n].items()
-                             if not want or not t or t == want for c in counts}))
+                             if _of_type(t, want) for c in counts}))
 
     def live_shard_counts(self, partition: str, gpu_type: str,
                           live: LiveShards | None) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
@@ -92,12 +92,12 @@ class PartitionDefaults:
                      counts: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
         want, names = gpu_type.lower(), self._names(partition)
         suspects = [g for n in sorted(self._suspects(live)) if any(n in self.nodes.get(p, ()) for p in names)
-                    for g in self.node_gpus.get(n, ()) if not want or not g.type or g.type.lower() == want]
+                    for g in self.node_gpus.get(n, ()) if _of_type(g.type, want)]
         refused = _refused(suspects, live)
         if not refused:
             return counts, ()
         kept = [g for n in names for g in self.gpus.get(n, ())
-                if (not want or not g.type or g.type.lower() == want) and (g.node, g.type) not in refused]
+                if _of_type(g.type, want) and (g.node, g.type) not in refused]
         return shard_counts(kept), _named(refused)
 
     def shards_refused(self, live: LiveShards | None) -> tuple[str, ...]:
@@ -118,6 +118,12 @@ class PartitionDefaults:
 
 
 NONE = PartitionDefaults()
+
+
+def _of_type(gpu_type: str | None, want: str) -> bool:
+    """A GPU of ``gpu_type`` serves a request of type ``want`` (lower case; "" any): an untyped GPU
+    serves every type."""
+    return not want or not gpu_type or gpu_type.lower() == want
 
 
 def _refused(gpus: list[GpuShards], live: LiveShards) -> dict[tuple[str, str | None], str]:
