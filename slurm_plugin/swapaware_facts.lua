@@ -278,45 +278,56 @@ function M.snapshot(job_desc, s, part)
   return s
 end
 
--- new_snapshot(): an empty table sized for every field a snapshot holds (a constructor naming
--- them all: filling it never rehashes).
+-- new_snapshot(): an empty table sized for the fields the table path reads (a constructor naming
+-- them: filling it never rehashes; 32 slots, 1.3 KB: sized for every field, 64 slots, it doubled
+-- what a table hit allocates). A job the table has not decided grows it once for the rest.
 do
   local names = {}
-  for _, list in ipairs({ GRES_FIELDS, KEY_READS, REST_READS }) do
+  for _, list in ipairs({ GRES_FIELDS, KEY_READS }) do
     for _, f in ipairs(list) do names[#names + 1] = f .. " = nil" end
   end
   M.new_snapshot = assert(loadstring("return function() return { " .. table.concat(names, ", ") .. " } end"))()
+  -- clear_snapshot(s): s with every field a snapshot holds set to nil (its slots kept: the plugin
+  -- fills one table per Lua state again for each job)
+  local clear = {}
+  for _, list in ipairs({ GRES_FIELDS, KEY_READS, REST_READS }) do
+    for _, f in ipairs(list) do clear[#clear + 1] = "s." .. f .. " = nil" end
+  end
+  M.clear_snapshot = assert(loadstring("return function(s) " .. table.concat(clear, "; ") .. "; return s end"))()
 end
 
-function M.facts(job_desc, submit_uid)
+-- facts(job_desc, submit_uid, into): the facts of a job_desc (or of its snapshot), into ``into`` (every
+-- field assigned: the plugin keeps one table per Lua state, so a table hit allocates none) or a
+-- new table.
+function M.facts(job_desc, submit_uid, into)
   local env_ok, env = pcall(index, job_desc, "environment")
-  return {
-    user = text(job_desc.user_name, 1024),
-    uid = num(submit_uid or job_desc.user_id),
-    account = text(job_desc.account, 1024),
-    partition = text(job_desc.partition, 1024),
-    jobName = text(job_desc.name, 1024),
-    tresPerNode = text(job_desc.tres_per_node, 1024),
-    tresPerJob = text(job_desc.tres_per_job, 1024),
-    tresPerTask = text(job_desc.tres_per_task, 1024),
-    tresPerSocket = text(job_desc.tres_per_socket, 1024),
-    timeLimitMin = num(job_desc.time_limit),
-    scriptFingerprint = M.fingerprint(job_desc.script),
-    workDir = text(job_desc.work_dir, 4096),
-    comment = text(job_desc.comment, 4096),
-    envMemHint = env_ok and text(env_value(env, "SWAPAWARE_GPU_MEM"), 64) or "",
-    minNodes = num(job_desc.min_nodes),
-    numTasks = num(job_desc.num_tasks),
-    isBatch = job_desc.script ~= nil,
-    hetJob = M.het_component(job_desc.het_job_offset),
-    qos = text(job_desc.qos, 1024),
-    cpusPerTres = text(job_desc.cpus_per_tres, 1024),
-    memPerTres = text(job_desc.mem_per_tres, 1024),
-    ntasksPerTres = num16(job_desc.ntasks_per_tres),
-    tresBind = text(job_desc.tres_bind, 1024),
-    tresFreq = text(job_desc.tres_freq, 1024),
-    exclusive = M.exclusive(job_desc.shared),
-  }
+  local out = into or {}
+  out.user = text(job_desc.user_name, 1024)
+  out.uid = num(submit_uid or job_desc.user_id)
+  out.account = text(job_desc.account, 1024)
+  out.partition = text(job_desc.partition, 1024)
+  out.jobName = text(job_desc.name, 1024)
+  out.tresPerNode = text(job_desc.tres_per_node, 1024)
+  out.tresPerJob = text(job_desc.tres_per_job, 1024)
+  out.tresPerTask = text(job_desc.tres_per_task, 1024)
+  out.tresPerSocket = text(job_desc.tres_per_socket, 1024)
+  out.timeLimitMin = num(job_desc.time_limit)
+  out.scriptFingerprint = M.fingerprint(job_desc.script)
+  out.workDir = text(job_desc.work_dir, 4096)
+  out.comment = text(job_desc.comment, 4096)
+  out.envMemHint = env_ok and text(env_value(env, "SWAPAWARE_GPU_MEM"), 64) or ""
+  out.minNodes = num(job_desc.min_nodes)
+  out.numTasks = num(job_desc.num_tasks)
+  out.isBatch = job_desc.script ~= nil
+  out.hetJob = M.het_component(job_desc.het_job_offset)
+  out.qos = text(job_desc.qos, 1024)
+  out.cpusPerTres = text(job_desc.cpus_per_tres, 1024)
+  out.memPerTres = text(job_desc.mem_per_tres, 1024)
+  out.ntasksPerTres = num16(job_desc.ntasks_per_tres)
+  out.tresBind = text(job_desc.tres_bind, 1024)
+  out.tresFreq = text(job_desc.tres_freq, 1024)
+  out.exclusive = M.exclusive(job_desc.shared)
+  return out
 end
 
 -- over_slurm_limit(fields): the first field slurmctld will refuse the job for, and its size, of

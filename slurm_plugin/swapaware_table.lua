@@ -74,13 +74,13 @@ local function render(v)
   return v
 end
 
-local KEY_FIELDS, N_KEY = T.KEY_FIELDS, #T.KEY_FIELDS
-function T.key(facts)
+-- T.key(facts): the rendered KEY_FIELDS joined by SEP, made by one concatenation (generated from
+-- KEY_FIELDS: no table of parts, no intermediate strings).
+do
   local parts = {}
-  for i = 1, N_KEY do
-    parts[i] = render(facts[KEY_FIELDS[i]])
-  end
-  return table.concat(parts, SEP)
+  for i, f in ipairs(T.KEY_FIELDS) do parts[i] = string.format("render(f[%q])", f) end
+  T.key = assert(loadstring("local render, SEP = ...\nreturn function(f) return " ..
+                            table.concat(parts, " .. SEP .. ") .. " end"))(render, SEP)
 end
 
 -- Logging: once per distinct reason --------------------------------------------------------
