@@ -17,6 +17,8 @@ so that what is left is slurmctld's and the Lua's own cost; the history catches 
 --modes tbase (with --baseline REV): mode tstop with the plugin's Lua files of git revision REV (or
 of a directory: table_mode.plugin_files), so that the plugin before and after a change are
 measured side by side in one run.
+--modes tnull: job_submit.lua as in tstop (swapaware's modules loaded, the timing wrapper) but the
+timed call returns at once: what loading the plugin costs apart from deciding (compare with noop).
 --modes rewrite (with table or tstop): a job_submit.lua that at once makes the assignments the
 table makes for the job's name (shards, site factor, an AdminComment of the same length, disguised
 so that the service never takes it for a decision), service stopped: what slurmctld spends on a job
@@ -67,7 +69,7 @@ NOOP_LUA = ("function slurm_job_submit(job_desc, part_list, submit_uid) return s
 # without the service's queue polls, catch-up and publisher competing for the controller's CPUs;
 # the history catches up once it runs again).
 TABLE = ("table", "tstop", "tbase")  # modes deciding from the table
-STOPPED = ("off", "hung", "noop", "tstop", "tbase", "rewrite")  # modes during which the service process is stopped
+STOPPED = ("off", "hung", "noop", "tstop", "tbase", "rewrite", "tnull")  # modes during which the service process is stopped
 DECIDING = ("on", "hung", *TABLE)  # modes whose job_submit.lua is swapaware's: decisions checked against Slurm
 NAMES = 20  # job names (classes) every mode submits: {run_tag}-0 .. -19
 
@@ -129,10 +131,28 @@ def submit_rpc_us(env: dict[str, str]) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
+AGENT_RE = re.compile(r"DBD Agent queue size:\s*(\d+)")
+
+
+def settle(env: dict[str, str], timeout_s: float = 60) -> float:
+    """Wait until slurmctld's queue of records for slurmdbd is empty (the jobs of the block before,
+    cancelled, and the mode switch's restart): every block starts from the same state, whatever
+    came before it (a mode that waited for its catch-up would otherwise start on a quieter
+    slurmctld). Seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        m = AGENT_RE.search(sh("sdiag", env=env))
+        if m is None or m.group(1) == "0":
+            break
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
 def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int, catchup_s: float,
           before: frozenset[str] = frozenset()) -> dict:
     """One block of ``n`` submissions in ``mode``. ``before``: the ids of the block just before
     with the same job names (decided within a second of this one's start, not extra)."""
+    settle(env)
     sh("sdiag", "-r", env=env)
     since, log_at = time.time(), log_size(env)
     stop, sq = threading.Event(), []
@@ -179,7 +199,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--submitters", type=int, default=8)
     ap.add_argument("--modes", default=",".join(MODES),
-                    help=f"modes to run, from {MODES + ('noop', 'rewrite', *TABLE)}; off first")
+                    help=f"modes to run, from {MODES + ('noop', 'rewrite', 'tnull', *TABLE)}; off first")
     ap.add_argument("--queue-poll-s", type=float, default=PolicyConfig().queue_poll_s,
                     help="the service's policy.queue_poll_s during the burst (default: the product's)")
     ap.add_argument("--baseline", default="", help="mode tbase: the git revision (or directory) whose plugin files it runs")
@@ -192,14 +212,15 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as d:
             base = timed_lua_dir(Path(d) / "base", args.baseline) if args.baseline else None
-            run(args, env, timed_lua_dir(Path(d) / "tree"), base)
+            run(args, env, timed_lua_dir(Path(d) / "tree"), base, timed_lua_dir(Path(d) / "null", null=True))
     finally:
         restart_service(env, {})
         set_table(env, after == "table")
         set_mode("on", env)
 
 
-def switch(mode: str, env: dict[str, str], lua_dir: Path, rewrite: str = "", base_dir: Path | None = None) -> None:
+def switch(mode: str, env: dict[str, str], lua_dir: Path, rewrite: str = "", base_dir: Path | None = None,
+           null_dir: Path | None = None) -> None:
     """off: no plugin; noop: a job_submit.lua that returns at once; rewrite: ``rewrite`` (one that
     makes the table's assignments at once); on / hung: swapaware's plugin (timed, from ``lua_dir``),
     every GPU job a round trip; table: the same deciding from the table; tbase: the table path with
@@ -211,8 +232,9 @@ def switch(mode: str, env: dict[str, str], lua_dir: Path, rewrite: str = "", bas
             (Path(d) / "job_submit.lua").write_text(NOOP_LUA if mode == "noop" else rewrite)
             sh("bash", str(CLUSTER), "plugin", "on", env={**env, "SWAPAWARE_LUA_DIR": d})
     else:
-        set_table(env, mode in TABLE)
-        set_mode("on", env, base_dir if mode == "tbase" and base_dir else lua_dir)
+        set_table(env, mode in TABLE or mode == "tnull")
+        dirs = {"tbase": base_dir, "tnull": null_dir}
+        set_mode("on", env, dirs.get(mode) or lua_dir)
 
 
 def restart_service(env: dict[str, str], extra: dict[str, str]) -> None:
@@ -220,9 +242,10 @@ def restart_service(env: dict[str, str], extra: dict[str, str]) -> None:
     sh("bash", str(STACK), "service-start", env={**env, **extra})
 
 
-def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: Path | None = None) -> None:
+def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: Path | None = None,
+        null_dir: Path | None = None) -> None:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    if (not modes or modes[0] != "off" or not set(modes) <= {*MODES, "noop", "rewrite", *TABLE}
+    if (not modes or modes[0] != "off" or not set(modes) <= {*MODES, "noop", "rewrite", "tnull", *TABLE}
             or ("rewrite" in modes and not set(TABLE) & set(modes)) or (("tbase" in modes) != (base_dir is not None))):
         raise SystemExit(f"--modes: off first, then any of on, hung, noop, table, tstop, rewrite (with table or "
                          f"tstop), tbase (with --baseline, and only with it) (got {args.modes!r})")
@@ -241,7 +264,7 @@ def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: 
         rewrite = rewrite_lua(table_sets(env, keys))
     for r in range(args.rounds):
         for mode in (modes if r % 2 == 0 else tuple(reversed(modes))):
-            switch(mode, env, lua_dir, rewrite, base_dir)
+            switch(mode, env, lua_dir, rewrite, base_dir, null_dir)
             # not counted; BATCH calls: the timed job_submit.lua (a new Lua state at each switch)
             # logs its first sum at the warm-up's end, so the block's sums are its own
             warmup = block(env, mode, max(args.submitters, BATCH), tag, args.submitters, args.catchup_timeout_s)

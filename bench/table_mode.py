@@ -95,9 +95,10 @@ def plugin_files(rev: str = "") -> dict[str, str]:
             for n in names if n.endswith(".lua")}
 
 
-def timed_lua_dir(dst: Path, rev: str = "") -> Path:
+def timed_lua_dir(dst: Path, rev: str = "", null: bool = False) -> Path:
     """``dst`` with the plugin's Lua files (the tree's, or those of ``rev``: plugin_files),
-    job_submit.lua timing swapaware.submit."""
+    job_submit.lua timing swapaware.submit (``null``: timing a call that returns at once instead,
+    with swapaware's modules loaded all the same)."""
     dst.mkdir(parents=True, exist_ok=True)
     for name, text in plugin_files(rev).items():
         f = dst / name
@@ -105,7 +106,8 @@ def timed_lua_dir(dst: Path, rev: str = "") -> Path:
             head, sep, tail = text.partition("function slurm_job_submit(")
             body_end = tail.index("\nend\n") + len("\nend\n")
             assert sep, "job_submit.lua defines slurm_job_submit"
-            text = head + TIMED + tail[body_end:]
+            timed = TIMED.replace("swapaware.submit(job_desc, part_list, submit_uid)", "slurm.SUCCESS") if null else TIMED
+            text = head + timed + tail[body_end:]
         f.write_text(text)
     return dst
 
