@@ -10,6 +10,8 @@
 #       --release R       only this release's integration suite (22.05, 24.11, 26.05; repeatable);
 #                         SWAPAWARE_RELEASES="24.11 26.05" does the same. --release none: no
 #                         integration suite.
+#       SWAPAWARE_TEST_PARALLEL=N  run N releases' integration suites at a time (default 2; 1: one
+#                         after another, their output streamed)
 #   run-tests.sh --integration-only [PYTEST ARGS...]
 #       the integration suites (tests/integration on one node, tests/multinode on a controller
 #       and three nodes, then tests/multinode_ha on two controllers and two nodes) against the Slurm installed here (what run.sh calls inside a release's
@@ -63,7 +65,15 @@ rc=0
 took[unit]=$((SECONDS - t0))
 result[unit]=$([[ $rc == 0 ]] && echo passed || echo "FAILED (rc $rc)")
 
+# The releases' integration suites, SWAPAWARE_TEST_PARALLEL (default 2) at a time: each in its own
+# network namespace, Debian root and state directories (contrib/matrix/run.sh), so they share
+# nothing but the CPUs, which they mostly leave idle (waiting for Slurm's daemons and timers).
+# With more than one at a time each suite's output goes to results/matrix/<release>.log and is
+# printed whole once that suite ended. The roots are built first, one after another.
 host=$(host_release)
+parallel=${SWAPAWARE_TEST_PARALLEL:-2}
+[[ $parallel =~ ^[1-9][0-9]*$ ]] || mdie "SWAPAWARE_TEST_PARALLEL must be a positive number, got '$parallel'"
+suites=()
 for rel in "${wanted[@]}"; do
     [[ $rel == none ]] && continue
     release_ok "$rel" || mdie "unknown release $rel (supported: ${RELEASES[*]})"
@@ -72,15 +82,71 @@ for rel in "${wanted[@]}"; do
     if [[ $rel != "$host" ]]; then
         bash "$ROOT/contrib/matrix/root.sh" build "$rel" || r=$?
     fi
-    if ((r == 0)); then
-        mlog "Slurm $rel: integration suite"
-        bash "$ROOT/contrib/matrix/run.sh" "$rel" bash contrib/run-tests.sh --integration-only \
-            "${args[@]+"${args[@]}"}" || r=$?
-    fi
     took[$rel]=$((SECONDS - t0))
-    result[$rel]=$([[ $r == 0 ]] && echo passed || echo "FAILED (rc $r)")
-    ((r == 0)) || rc=1
+    if ((r == 0)); then
+        suites+=("$rel")
+    else
+        result[$rel]="FAILED (root, rc $r)"
+        rc=1
+    fi
 done
+
+suite() {  # RELEASE: its integration suite, in its namespace
+    mlog "Slurm $1: integration suite"
+    bash "$ROOT/contrib/matrix/run.sh" "$1" bash contrib/run-tests.sh --integration-only "${args[@]+"${args[@]}"}"
+}
+
+ended() {  # RELEASE RC STARTED
+    took[$1]=$((took[$1] + SECONDS - $3))
+    result[$1]=$([[ $2 == 0 ]] && echo passed || echo "FAILED (rc $2)")
+    [[ $2 == 0 ]] || rc=1
+}
+
+if ((parallel == 1 || ${#suites[@]} <= 1)); then
+    for rel in "${suites[@]+"${suites[@]}"}"; do
+        t0=$SECONDS
+        r=0
+        suite "$rel" || r=$?
+        ended "$rel" "$r" "$t0"
+    done
+else
+    logs=$ROOT/results/matrix
+    mkdir -p "$logs"
+    declare -A pid_of=() started=()
+    stop_suites() {  # run.sh cleans up its namespace and mounts on TERM
+        local p
+        for p in "${pid_of[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+        wait
+    }
+    trap 'stop_suites; exit 143' TERM INT
+    report_ended() {  # print and record every suite that ended since the last call
+        local rel r
+        for rel in "${!pid_of[@]}"; do
+            kill -0 "${pid_of[$rel]}" 2>/dev/null && continue
+            r=0
+            wait "${pid_of[$rel]}" || r=$?
+            unset "pid_of[$rel]"
+            ended "$rel" "$r" "${started[$rel]}"
+            mlog "Slurm $rel: integration suite ended (${result[$rel]}, ${took[$rel]} s); its output:"
+            cat "$logs/$rel.log"
+        done
+    }
+    for rel in "${suites[@]}"; do
+        while ((${#pid_of[@]} >= parallel)); do
+            wait -n || true
+            report_ended
+        done
+        mlog "Slurm $rel: integration suite started (output: $logs/$rel.log)"
+        started[$rel]=$SECONDS
+        suite "$rel" >"$logs/$rel.log" 2>&1 &
+        pid_of[$rel]=$!
+    done
+    while ((${#pid_of[@]} > 0)); do
+        wait -n || true
+        report_ended
+    done
+    trap - TERM INT
+fi
 
 echo
 echo "swapaware test matrix (host: Debian $(host_suite), Slurm ${host:-none of the supported})"
@@ -89,5 +155,5 @@ for rel in "${wanted[@]}"; do
     [[ $rel == none ]] && continue
     printf '  %-22s %-16s %5s s\n' "Slurm $rel integration" "${result[$rel]}" "${took[$rel]}"
 done
-echo "  whole run: $((SECONDS - t_all)) s"
+echo "  whole run: $((SECONDS - t_all)) s (integration suites $parallel at a time: SWAPAWARE_TEST_PARALLEL)"
 exit $rc
