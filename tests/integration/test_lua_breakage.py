@@ -262,9 +262,11 @@ def test_a_raising_table_path_leaves_jobs_accepted_and_unchanged(stack, lua, key
 
 
 def test_a_raising_decide_leaves_jobs_accepted_and_unchanged(stack, lua):
-    """decide() raises inside the plugin (its wants_gpu replaced by one that errors), the service
-    up: M.submit's pcall holds and the job passes, also on 26.05 where an escaping error rejects."""
-    log = lua.install("", before_return='swapaware.wants_gpu = function() error("swapaware-test: decide raises") end\n')
+    """decide() raises inside the plugin (the facts module's wants_gpu, which it calls, replaced by
+    one that errors), the service up: M.submit's pcall holds and the job passes, also on 26.05
+    where an escaping error rejects."""
+    log = lua.install("", before_return='require("swapaware_facts").wants_gpu = function() '
+                                        'error("swapaware-test: decide raises") end\n')
     for _ in range(3):
         assert_unchanged(stack, submit(stack), "decide raises")
     assert log.has("internal error, job passes unchanged", "swapaware-test: decide raises"), log.text()[-3000:]
@@ -304,6 +306,21 @@ def test_without_lua_socket_jobs_pass_unchanged(stack, lua):
     for _ in range(3):
         assert_unchanged(stack, submit(stack), "no lua-socket")
     assert log.has("lua-socket", "not installed"), log.text()[-3000:]
+
+
+def test_without_swapaware_facts_jobs_pass_unchanged(stack, lua, key):
+    """An upgrade that left swapaware_facts.lua out, a good table and the service up: slurmctld
+    still loads job_submit.lua and every job passes as typed (26.05 would reject a job on a Lua
+    error escaping job_submit), the log says why."""
+    table = stack.state / "run" / f"admission-{NAME}-facts.json"
+    _good(stack, key, table)
+    try:
+        log = lua.install(table_conf(stack, table, socket=None), preamble=missing("swapaware_facts"))
+        for _ in range(3):
+            assert_unchanged(stack, submit(stack), "no swapaware_facts.lua")
+        assert log.has("swapaware_facts.lua cannot be loaded"), log.text()[-3000:]
+    finally:
+        table.unlink(missing_ok=True)
 
 
 def test_without_lua_posix_a_table_is_not_used(stack, lua, key):
