@@ -10,7 +10,7 @@
 #       --release R       only this release's integration suite (22.05, 24.11, 26.05; repeatable);
 #                         SWAPAWARE_RELEASES="24.11 26.05" does the same. --release none: no
 #                         integration suite.
-#       SWAPAWARE_TEST_PARALLEL=N  run N releases' integration suites at a time (default 2; 1: one
+#       SWAPAWARE_TEST_PARALLEL=N  run N releases' integration suites at a time (default 3: all; 1: one
 #                         after another, their output streamed)
 #   run-tests.sh --integration-only [PYTEST ARGS...]
 #       the integration suites (tests/integration on one node, tests/multinode on a controller
@@ -65,13 +65,13 @@ rc=0
 took[unit]=$((SECONDS - t0))
 result[unit]=$([[ $rc == 0 ]] && echo passed || echo "FAILED (rc $rc)")
 
-# The releases' integration suites, SWAPAWARE_TEST_PARALLEL (default 2) at a time: each in its own
+# The releases' integration suites, SWAPAWARE_TEST_PARALLEL (default 3: all) at a time: each in its own
 # network namespace, Debian root and state directories (contrib/matrix/run.sh), so they share
 # nothing but the CPUs, which they mostly leave idle (waiting for Slurm's daemons and timers).
 # With more than one at a time each suite's output goes to results/matrix/<release>.log and is
 # printed whole once that suite ended. The roots are built first, one after another.
 host=$(host_release)
-parallel=${SWAPAWARE_TEST_PARALLEL:-2}
+parallel=${SWAPAWARE_TEST_PARALLEL:-3}
 [[ $parallel =~ ^[1-9][0-9]*$ ]] || mdie "SWAPAWARE_TEST_PARALLEL must be a positive number, got '$parallel'"
 suites=()
 for rel in "${wanted[@]}"; do
@@ -113,9 +113,16 @@ else
     logs=$ROOT/results/matrix
     mkdir -p "$logs"
     declare -A pid_of=() started=()
-    stop_suites() {  # run.sh cleans up its namespace and mounts on TERM
-        local p
-        for p in "${pid_of[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    tree() {  # PID: its descendants, deepest first
+        local c
+        for c in $(pgrep -P "$1" || true); do tree "$c"; echo "$c"; done
+    }
+    stop_suites() {  # TERM each suite's processes below run.sh, which then cleans up its namespace
+        local p   # and mounts (a TERM to run.sh alone waits for its running command)
+        for p in "${pid_of[@]}"; do
+            # shellcheck disable=SC2046
+            kill -TERM $(tree "$p") 2>/dev/null || true
+        done
         wait
     }
     trap 'stop_suites; exit 143' TERM INT
