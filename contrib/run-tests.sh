@@ -117,11 +117,15 @@ else
         local c
         for c in $(pgrep -P "$1" || true); do tree "$c"; echo "$c"; done
     }
-    stop_suites() {  # TERM each suite's processes below run.sh, which then cleans up its namespace
-        local p   # and mounts (a TERM to run.sh alone waits for its running command)
-        for p in "${pid_of[@]}"; do
-            # shellcheck disable=SC2046
-            kill -TERM $(tree "$p") 2>/dev/null || true
+    stop_suites() {  # TERM each suite's processes until none is left; run.sh then cleans up its
+        local p i left   # namespace and mounts (a TERM to run.sh alone waits for its running
+        for i in $(seq 1 30); do   # command, and a suite's shell may start its next pytest)
+            left=""
+            for p in "${pid_of[@]}"; do left+=" $(tree "$p")"; done
+            [[ -n ${left// /} ]] || break
+            # shellcheck disable=SC2086
+            kill -TERM $left 2>/dev/null || true
+            sleep 1
         done
         wait
     }
