@@ -247,8 +247,8 @@ def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: 
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if (not modes or modes[0] != "off" or not set(modes) <= {*MODES, "noop", "rewrite", "tnull", *TABLE}
             or ("rewrite" in modes and not set(TABLE) & set(modes)) or (("tbase" in modes) != (base_dir is not None))):
-        raise SystemExit(f"--modes: off first, then any of on, hung, noop, table, tstop, rewrite (with table or "
-                         f"tstop), tbase (with --baseline, and only with it) (got {args.modes!r})")
+        raise SystemExit(f"--modes: off first, then any of on, hung, noop, table, tstop, tnull, rewrite (with table "
+                         f"or tstop), tbase (with --baseline, and only with it) (got {args.modes!r})")
     per_block = max(1, args.jobs // (len(modes) * args.rounds))
     stats = {m: {"lat": [], "errors": [], "squeue": [], "rpc_us": [], "comments": 0, "recorded": 0, "lost": 0,
                  "extra": 0, "lua_n": 0, "lua_us": 0.0, "by_table": 0, "catchup_s": []}

@@ -9,8 +9,9 @@ A site with its own job_submit.lua adds:
 
 What it does: reads the job's facts (swapaware_facts.lua, installed beside this file; no secrets:
 the batch script's fingerprint, never its text), decides the job from the admission table the
-service publishes when it holds the job's class (swapaware_table.lua), else sends the facts as proto3 JSON over the policy service's controller-local Unix socket, validates the
-whole reply, then applies it at once. It never raises and never rejects a job: on any
+service publishes when it holds the job's class (swapaware_table.lua), else sends the facts as
+proto3 JSON over the policy service's controller-local Unix socket, validates the whole reply,
+then applies it at once. It never raises and never rejects a job: on any
 problem (service down, slow, bad reply) the job goes through unchanged and one log line
 says why. A circuit breaker stops calling a failing service for a while so slurmctld, which
 holds its locks during this call, is never stalled by repeated timeouts.
