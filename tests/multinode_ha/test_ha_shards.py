@@ -42,7 +42,7 @@ def test_no_job_is_refused_for_shards_the_controller_in_control_does_not_take(ha
             job, tres, d = submit(stack, f"ha-sh-{tag}-{name}")
             if job is not None:
                 jobs.append(job)
-            assert job is not None, f"sbatch refused a job with ctl1 in control: {tres}"
+            assert job is not None, f"sbatch refused a job ({name}): {tres}"
             return "shard" in tres and d.get("action") == "share"
 
         restore_primary(stack)  # on the primary a hinted job shares (once the hold after a role change ended)
@@ -72,8 +72,10 @@ def test_no_job_is_refused_for_shards_the_controller_in_control_does_not_take(ha
             assert all("shard" not in tres for _, tres, _ in after), after
             last = [d for _, _, d in after[6:]]
             assert all(d.get("action") == "whole_gpu" and "shards_refused" in d.get("why", "") for d in last), last
-        else:  # the backup takes shard jobs: a hinted job shares there as on the primary
-            assert any("shard" in tres and d.get("action") == "share" for _, tres, d in after[6:]), after
+        else:  # the backup takes shard jobs: a hinted job shares there as on the primary, once the
+            # writer's poll reads the backup's typed counts (in one parallel CI run on 26.05 the four
+            # jobs right after the lease were kept whole with shards_refused: counts not read yet)
+            wait_for(lambda: shares("on-ctl2"), 60, "a hinted job shared with ctl2 in control", 1.0)
 
         restore_primary(stack)  # and once the primary is back with its shards, jobs share again
         wait_for(lambda: shares("back"), 60, "a hinted job shared again with ctl1 in control", 1.0)
