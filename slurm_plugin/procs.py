@@ -1,6 +1,6 @@
 """Which Slurm job a GPU process belongs to, and what the kernel log says about it: the node
 agent's readers of ``/proc/<pid>/cgroup``, ``/proc/<pid>/environ``, ``/proc/<pid>/stat`` and
-``/dev/kmsg`` (see slurm_plugin/agent.py for how they are used). The parsers are pure; the
+``/dev/kmsg`` (see slurm_plugin/agent_sampler.py for how they are used). The parsers are pure; the
 readers take the /proc root as a parameter (tests give a mirror)."""
 from __future__ import annotations
 

@@ -19,9 +19,10 @@ from typing import Any, Iterator
 import pytest
 
 from policy_service.config import AgentConfig, NvmlBackend
-from slurm_plugin.agent import Agent, AgentServer
 from slurm_plugin.agent_client import request
-from slurm_plugin.nvml import FakeNvmlTelemetry, create_fake_gpus
+from slurm_plugin.agent_sampler import Agent
+from slurm_plugin.agent_server import AgentServer
+from slurm_plugin.nvml_fake import FakeNvmlTelemetry, create_fake_gpus
 
 from tests.waiting import wait_for
 

@@ -6,25 +6,27 @@ from pathlib import Path
 import pytest
 
 from policy_service.config import AgentConfig
-from slurm_plugin.agent import (
-    Agent,
-    EvidenceKind,
+from slurm_plugin.agent_sampler import Agent
+from slurm_plugin.agent_state import (
     GpuObservation,
-    KernelEvent,
-    PidJobCache,
     Series,
     apply_kernel_event,
     apply_tick,
     expired_jobs,
-    job_id_from_cgroup,
-    job_id_from_environ,
     new_job,
-    parse_kernel_line,
-    resolve_job_id,
-    start_ticks_from_stat,
     summarize,
 )
 from slurm_plugin.nvml import ProcessUsage
+from slurm_plugin.procs import (
+    EvidenceKind,
+    KernelEvent,
+    PidJobCache,
+    job_id_from_cgroup,
+    job_id_from_environ,
+    parse_kernel_line,
+    resolve_job_id,
+    start_ticks_from_stat,
+)
 
 GB = 1_000_000_000
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from policy_service.config import AgentConfig
-from slurm_plugin.agent import (
-    Agent,
+from slurm_plugin.agent_sampler import Agent
+from slurm_plugin.agent_state import sluid_map
+from slurm_plugin.procs import (
     EvidenceKind,
     KernelEvent,
     PidJobCache,
     job_id_from_cgroup,
     job_id_from_memcg,
     resolve_job_id,
-    sluid_map,
     usable_sluid,
 )
 

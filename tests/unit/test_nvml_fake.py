@@ -11,21 +11,10 @@ from pathlib import Path
 import pytest
 
 from policy_service.config import AgentConfig, NvmlBackend
-from slurm_plugin.nvml import (
-    FakeNvmlTelemetry,
-    FakeOutOfMemory,
-    GpuTelemetry,
-    MemoryInfo,
-    ProcessUsage,
-    PynvmlTelemetry,
-    TelemetryError,
-    create_fake_gpus,
-    fake_alloc,
-    fake_free,
-    open_telemetry,
-    main as nvml_main,
-    pid_alive,
-)
+from slurm_plugin.nvml import (GpuTelemetry, MemoryInfo, ProcessUsage, PynvmlTelemetry, TelemetryError, open_telemetry,
+                               pid_alive)
+from slurm_plugin.nvml_fake import FakeNvmlTelemetry, FakeOutOfMemory, create_fake_gpus, fake_alloc, fake_free
+from slurm_plugin.nvml_fake import main as nvml_main
 from tests.waiting import wait_for
 
 TOTAL_BYTES = 1_000_000
