@@ -7,7 +7,7 @@
   and ``simulation/analyzer/single_data.csv`` (each job configuration alone: its mean GPU
   utilisation in percent). Licence: S-Lab License 1.0 (redistribution for non-commercial
   purposes only), so the files are not shipped: the user passes the folder that holds them.
-* Gavel (``loaders.gavel_pair_slowdowns``): pairs without utilisations.
+* Gavel (``gavel.gavel_pair_slowdowns``): pairs without utilisations.
 
 No paths are built in: every loader takes the folder (or file) it reads.
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from policy_service.sim.gavel import gavel_pair_slowdowns
 from policy_service.sim.interference_fit import PairObs
 from policy_service.sim.loaders import (
     DataNotFound,
@@ -26,7 +27,6 @@ from policy_service.sim.loaders import (
     _float,
     _int,
     check_columns,
-    gavel_pair_slowdowns,
     sha256_file,
 )
 

@@ -19,7 +19,7 @@ Two ways to fit, by what the source records:
 
 Scores: ``score_pairs`` (MAE, Spearman, means) where utilisations are measured;
 ``score_distribution`` (mean absolute difference of matched quantiles, means) where they are not.
-Pure functions; no I/O (the loaders are ``sim.loaders`` and ``sim.colocation``).
+Pure functions; no I/O (the loaders are ``sim.gavel`` and ``sim.colocation``).
 """
 from __future__ import annotations
 

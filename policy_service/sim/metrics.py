@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from policy_service.sim.engine import EngineResult
+from policy_service.sim.records import EngineResult
 from policy_service.sim.workload import Workload
 
 SLOWDOWN_LIMIT = 2.0

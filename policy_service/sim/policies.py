@@ -11,7 +11,7 @@
 
 A policy answers at submit time (as job_submit does) with an ``Admission``: the GRES the job
 asks Slurm for, its site factor, and whether it is a designated swap victim. ``overflow`` says
-what happens on a GPU whose jobs' true memory exceeds the device (see ``engine``).
+what happens on a GPU whose jobs' true memory exceeds the device (see ``execution``).
 """
 from __future__ import annotations
 

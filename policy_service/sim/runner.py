@@ -15,17 +15,12 @@ from typing import Any, Callable, Sequence
 
 from policy_service.config import Config
 from policy_service.core import policy as core_policy
+from policy_service.sim.alibaba import load_alibaba_v2023, load_pai_2020
 from policy_service.sim.config import SimConfig, _jsonable
 from policy_service.sim.engine import Engine
+from policy_service.sim.gavel import calibrate_interference, gavel_pair_slowdowns
 from policy_service.sim.interference_fit import fit_knee
-from policy_service.sim.loaders import (
-    DataNotFound,
-    TraceJob,
-    calibrate_interference,
-    gavel_pair_slowdowns,
-    load_alibaba_v2023,
-    load_pai_2020,
-)
+from policy_service.sim.loaders import DataNotFound, TraceJob
 from policy_service.sim.metrics import summarize
 from policy_service.sim.policies import POLICIES, make_policy
 from policy_service.sim.site import load_sacct_export

@@ -9,8 +9,9 @@ import pytest
 from policy_service.config import ConfigError
 from policy_service.sim.colocation import LUCID_PAIR_COLUMNS, LUCID_SOLO_COLUMNS, load_gavel_pairs, load_lucid_pairs
 from policy_service.sim.config import INTERFERENCE_FITS, SimConfig, sim_config_from_mapping, with_interference_fit
+from policy_service.sim.gavel import gavel_pair_slowdowns
 from policy_service.sim.interference_fit import fit_knee
-from policy_service.sim.loaders import DataNotFound, SchemaError, gavel_pair_slowdowns
+from policy_service.sim.loaders import DataNotFound, SchemaError
 
 DATA = Path(__file__).parents[2].parent / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared workload data not found at {DATA}")
