@@ -30,7 +30,7 @@ if have_facts then
   -- what tests, benches and a site's own job_submit.lua call through swapaware
   for _, k in ipairs({ "NO_VAL", "SLURM_FIELD_LIMITS", "fingerprint", "utf8_clean", "cap", "exclusive",
       "het_component", "wants_gpu", "snapshot", "new_snapshot", "facts", "over_slurm_limit", "KEY_READS",
-      "REST_READS" }) do
+      "REST_READS", "LIMITED" }) do
     M[k] = F[k]
   end
 end
@@ -245,16 +245,17 @@ local function by_table(job_desc, facts)
   return false
 end
 
--- over_limits(jd): false, or true after logging why the job passes unchanged (a script over
--- max_script_bytes, or a field over Slurm's limit), of the fields read so far.
-local function over_limits(jd)
+-- over_limits(jd, part): false, or true after logging why the job passes unchanged (a script over
+-- max_script_bytes, or a field over Slurm's limit), of the fields the snapshot's ``part`` read
+-- ("key", "rest", nil: all; the script is of the key).
+local function over_limits(jd, part)
   local script = jd.script
-  if script ~= nil and #script > M.settings.max_script_bytes then
+  if part ~= "rest" and script ~= nil and #script > M.settings.max_script_bytes then
     log_info("job passes unchanged: its batch script is %d bytes, over max_script_bytes=%d (Slurm's " ..
              "max_script_size refuses it)", #script, M.settings.max_script_bytes)
     return true
   end
-  local field, size, limit = F.over_slurm_limit(jd)
+  local field, size, limit = F.over_slurm_limit(jd, part)
   if field then
     log_info("job passes unchanged, nothing recorded: its %s is %d bytes, over Slurm's %d (slurmctld refuses " ..
              "the job after job_submit)", field, size, limit)
@@ -283,8 +284,9 @@ local function decide(job_desc, submit_uid)
   if not F.wants_gpu(jd) then return end
   -- from here on the job's fields are read from jd, written to job_desc
   local by_tbl = M.settings.table ~= nil and M.settings.table ~= ""
-  F.snapshot(job_desc, jd, by_tbl and "key" or nil)
-  if over_limits(jd) then return end
+  local part = by_tbl and "key" or nil
+  F.snapshot(job_desc, jd, part)
+  if over_limits(jd, part) then return end
   if not have_cjson then
     log_error("lua-cjson is not installed; job passes unchanged")
     return
@@ -292,7 +294,7 @@ local function decide(job_desc, submit_uid)
   if by_tbl then
     if by_table(job_desc, F.facts(jd, submit_uid, facts_buf)) then return end
     F.snapshot(job_desc, jd, "rest")
-    if over_limits(jd) then return end
+    if over_limits(jd, "rest") then return end
   end
   local st = M.state
   if now() < st.open_until then

@@ -332,12 +332,33 @@ function M.facts(job_desc, submit_uid, into)
   return out
 end
 
--- over_slurm_limit(fields): the first field slurmctld will refuse the job for, and its size, of
--- the job's fields as M.snapshot read them.
-function M.over_slurm_limit(fields)
-  for field, limit in pairs(M.SLURM_FIELD_LIMITS) do
+-- The fields of Slurm's limit check, sorted, per part of the snapshot (M.snapshot's ``part``): a
+-- check after each part reads only what that part added, and names the same field every time
+-- (pairs() over the limits would give the order of the hash).
+local LIMITED = { key = {}, rest = {}, all = {} }
+do
+  local in_key = {}
+  for _, list in ipairs({ GRES_FIELDS, KEY_READS }) do
+    for _, f in ipairs(list) do in_key[f] = true end
+  end
+  for field in pairs(M.SLURM_FIELD_LIMITS) do
+    local part = LIMITED[in_key[field] and "key" or "rest"]
+    part[#part + 1] = field
+    LIMITED.all[#LIMITED.all + 1] = field
+  end
+  for _, list in pairs(LIMITED) do table.sort(list) end
+end
+M.LIMITED = LIMITED
+
+-- over_slurm_limit(fields, part): the first field (by name) slurmctld will refuse the job for, its
+-- size and limit, of the job's fields as M.snapshot read them; ``part``: "key" or "rest" checks
+-- only the fields of that part, nil all of them.
+function M.over_slurm_limit(fields, part)
+  local list, limits = LIMITED[part or "all"], M.SLURM_FIELD_LIMITS
+  for i = 1, #list do
+    local field = list[i]
     local v = fields[field]
-    if type(v) == "string" and #v > limit then return field, #v, limit end
+    if type(v) == "string" and #v > limits[field] then return field, #v, limits[field] end
   end
   return nil
 end

@@ -52,6 +52,9 @@ for line in io.lines() do
     local names = {}
     for k in pairs(reads) do names[#names + 1] = k end
     answer({ key = T.key(M.facts(s, req.uid or 1000)), reads = names, rest = M.REST_READS })
+  elseif req.op == "over_limit" then    -- the limit check of one snapshot part ("all": every field)
+    local field, size, limit = M.over_slurm_limit(req.job, req.part ~= "all" and req.part or nil)
+    answer({ field = field or cjson.null, size = size, limit = limit, limited = M.LIMITED })
   elseif req.op == "raise" then         -- the table path raises from here on
     T.key = function() error("raised by the test") end
     answer({})

@@ -535,6 +535,23 @@ def test_a_table_hit_leaves_slurms_refusal_to_slurm_and_a_key_field_over_its_lim
     assert any("mail_user is 1025 bytes" in line for line in miss["logs"]), miss["logs"]
 
 
+def test_the_limit_check_of_each_part_reads_that_parts_fields_and_names_the_first_by_name(setup):
+    """Slurm's field limits, split as the snapshot is read: the key's (checked before the table
+    decides) and the rest (checked once it has not); together every limited field, once."""
+    make, _ = setup
+    p = make()
+    limited = p.req("over_limit", job={}, part="all")["limited"]
+    key_reads = set(p.req("key_reads", job=gpu_job())["reads"])
+    assert sorted(limited["key"] + limited["rest"]) == limited["all"] == sorted(set(limited["all"]))
+    assert set(limited["key"]) <= key_reads and not set(limited["rest"]) & key_reads
+    assert len(limited["all"]) == 30 and {"comment", "tres_per_node", "name"} <= set(limited["key"])
+    both = {"mail_user": "m" * 1025, "comment": "c" * 1025, "std_out": "o" * 4097}
+    assert [(r["field"], r["size"], r["limit"]) for r in (p.req("over_limit", job=both, part=part)
+                                                          for part in ("all", "key", "rest"))] == [
+        ("comment", 1025, 1024), ("comment", 1025, 1024), ("mail_user", 1025, 1024)]
+    assert p.req("over_limit", job={"comment": "c" * 1024, "std_out": "o" * 4096}, part="all")["field"] is None
+
+
 def test_the_key_is_the_services_table_key(setup):
     admission = pytest.importorskip("policy_service.core.admission")
     from google.protobuf import json_format
