@@ -3,7 +3,7 @@
 * ``CliSlurm``: the Slurm command-line tools (``scontrol``, ``sacct --json``, ``sacctmgr``);
   works on 22.05, where ``scontrol`` has no ``--json`` (that arrives in 23.02), and speaks the
   running release's dialect (``sacct --json=v0.0.4X`` pinned per release).
-* ``PyslurmSlurm``: pyslurm, used only where its version matches the cluster's (pyslurm
+* ``PyslurmSlurm`` (slurm_pyslurm.py): pyslurm, used only where its version matches the cluster's (pyslurm
   25.11 builds against Slurm 25.11 only).
 
 ``open_slurm`` picks one. The parsers are pure functions tested on real-shaped output.
@@ -283,95 +283,6 @@ class CliSlurm:
         return parse_admin_level(self._run(["sacctmgr", "-n", "-P", "show", "user", user, "format=adminlevel"]))
 
 
-# ----------------------------------------------------------------------------- pyslurm
-class PyslurmSlurm:
-    """Slurm through pyslurm (only where pyslurm's version matches the cluster)."""
-
-    def __init__(self, timeout_s: float = 5.0, dialect: SlurmDialect | None = None) -> None:
-        import pyslurm  # noqa: F401  (import error -> caller falls back)
-
-        self._pyslurm = pyslurm
-        # The queue snapshot reads squeue/sinfo, which every Slurm version has.
-        self._cli = CliSlurm(timeout_s, dialect=dialect)
-
-    def pending_jobs(self) -> list[PendingJob]:
-        return self._cli.pending_jobs()
-
-    def cluster_gpus(self) -> int:
-        return self._cli.cluster_gpus()
-
-    def cluster_nodes(self) -> NodeGres:
-        return self._cli.cluster_nodes()
-
-    def qos_priorities(self) -> dict[str, int]:
-        return self._cli.qos_priorities()
-
-    def update_pending_job(self, job_id: int, tres_per_node: str, admin_comment: str) -> None:
-        self._cli.update_pending_job(job_id, tres_per_node, admin_comment)
-
-    def requeue_hold(self, job_id: int) -> None:
-        self._cli.requeue_hold(job_id)
-
-    def update_held_job(self, job_id: int, fields: Mapping[str, str], admin_comment: str) -> None:
-        self._cli.update_held_job(job_id, fields, admin_comment)
-
-    def release_job(self, job_id: int) -> None:
-        self._cli.release_job(job_id)
-
-    def job_state(self, job_id: int) -> str:
-        return self._cli.job_state(job_id)
-
-    def live_instances(self, job_ids: Sequence[int]) -> list[JobInstance]:
-        return self._cli.live_instances(job_ids)
-
-    def held_decision_ids(self, since: float) -> set[str]:
-        return self._cli.held_decision_ids(since)
-
-    def live_commented_jobs(self) -> list[CommentedJob]:
-        return self._cli.live_commented_jobs()
-
-    def accounted_commented_jobs(self, since: float) -> list[CommentedJob]:
-        return self._cli.accounted_commented_jobs(since)
-
-    def ended_instances(self, job_ids: Sequence[int]) -> list[JobInstance]:
-        return self._cli.ended_instances(job_ids)
-
-    def job_admin_comment(self, job_id: int) -> str | None:
-        try:
-            return self._pyslurm.Job.load(job_id).admin_comment
-        except Exception:  # pyslurm raises RPCError for unknown/finished jobs
-            jobs = self.accounting_jobs(job_ids=[job_id])
-            return jobs[0].admin_comment if jobs else None
-
-    def accounting_jobs(self, job_ids: Sequence[int] = (), start: str = "", end: str = "") -> list[AccountingJob]:
-        flt = self._pyslurm.db.JobFilter(ids=list(job_ids) or None, start_time=start or None, end_time=end or None)
-        out = []
-        for j in self._pyslurm.db.Jobs.load(flt).values():
-            out.append(AccountingJob(
-                job_id=j.id, user=j.user_name or "", account=j.account or "", partition=j.partition or "",
-                job_name=j.name or "", state=j.state or "", exit_code=int(j.exit_code or 0),
-                submit_time=int(j.submit_time or 0), start_time=int(j.start_time or 0), end_time=int(j.end_time or 0),
-                admin_comment=j.admin_comment or "", tres_alloc=str(j.allocated_tres or ""),
-                tres_req=str(j.requested_tres or "")))
-        return out
-
-    def set_admin_comment(self, job_id: int, text: str) -> None:
-        self._pyslurm.db.Job(job_id).modify(self._pyslurm.db.Job(admin_comment=text))
-
-    # Access checks: the command-line tools, as on every release.
-    def node_addresses(self) -> dict[str, str]:
-        return self._cli.node_addresses()
-
-    def controller_addresses(self) -> dict[str, str]:
-        return self._cli.controller_addresses()
-
-    def slurm_user(self) -> tuple[str, int | None]:
-        return self._cli.slurm_user()
-
-    def admin_level(self, user: str) -> str:
-        return self._cli.admin_level(user)
-
-
 # Commands that print the installed Slurm's version, tried in order. Slurm 22.05's clients need a
 # configuration even for --version (they fail with "Could not establish a configuration source"
 # where slurm.conf is missing or not yet written); the daemons' -V does not.
@@ -448,6 +359,8 @@ def open_slurm(wanted: SlurmBackend, timeout_s: float, release: ClusterRelease |
         pv = None
     choice = choose_backend(wanted, release.version, pv)
     if choice is SlurmBackend.PYSLURM:
+        from policy_service.adapters.slurm_pyslurm import PyslurmSlurm
+
         try:
             return PyslurmSlurm(timeout_s, dialect)
         except ImportError as exc:
