@@ -31,7 +31,8 @@ from typing import Mapping
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.config import Config
 from policy_service.core.estimator import usable_level
-from policy_service.core.policy import parse_admin_comment, queue_gate_state
+from policy_service.core.policy import parse_admin_comment
+from policy_service.core.queue_rules import queue_gate_state
 from policy_service.core.types import ClassStats, KeyLevel, QueueState, Reason, ReasonCode, Rewrite
 
 TABLE_FORMAT = "swapaware-admission/2"  # the compact, line-oriented file: core/admission_format.py

@@ -12,7 +12,7 @@ from typing import Mapping
 
 from policy_service.config import AccessClass, Config, Oversubscription, WholeGpuAsShards
 from policy_service.core.enforcement import EnforcementView
-from policy_service.core import estimator, swapcost
+from policy_service.core import estimator, queue_rules, swapcost
 from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.request import shard_rewrite
 from policy_service.core.types import (
@@ -198,52 +198,6 @@ def _single_gpu(req: JobRequest) -> bool:
     return g.source_field in ("tres_per_node", "tres_per_job")
 
 
-def _fresh(queue: QueueState | None, cfg: Config) -> bool:
-    return queue is not None and queue.age_s <= 3 * cfg.policy.queue_poll_s
-
-
-def _ahead(queue: QueueState, qos: str) -> str:
-    return f"pending GPU jobs at or above QoS {qos!r}" if qos and any(
-        name == qos for name, _ in queue.ahead_by_qos) else "pending GPU jobs"
-
-
-def _queue_gate(queue: QueueState | None, qos: str, cfg: Config) -> Reason | None:
-    """A reason to keep the GPU whole because nothing waits ahead of the job; None when sharing
-    may go ahead (also when the queue is unknown: the caller records why)."""
-    threshold = cfg.policy.share_min_queue
-    if threshold <= 0 or not _fresh(queue, cfg) or queue.pressure_for(qos) >= threshold:
-        return None
-    return Reason(ReasonCode.QUEUE_SHORT,
-                  f"{_ahead(queue, qos)} ask for {queue.pending_for(qos):.2f} of {queue.total_gpus} GPUs "
-                  f"({queue.pressure_for(qos):.1%} < policy.share_min_queue {threshold:.1%}): the job can start "
-                  "on a whole GPU, where no co-runner slows it down")
-
-
-def _compute_overcommit(queue: QueueState | None, qos: str, cfg: Config) -> Reason | None:
-    """A reason to size by memory alone (several compute-heavy jobs on one GPU): the queue ahead
-    of the job is so long that waiting costs more than the co-runners' interference."""
-    threshold = cfg.policy.overcommit_compute_min_queue
-    if threshold <= 0 or not _fresh(queue, cfg) or queue.pressure_for(qos) < threshold:
-        return None
-    return Reason(ReasonCode.COMPUTE_OVERCOMMITTED,
-                  f"{_ahead(queue, qos)} ask for {queue.pressure_for(qos):.0%} of the cluster's GPUs (>= "
-                  f"policy.overcommit_compute_min_queue {threshold:.0%}): sized by memory alone, co-runners may "
-                  "slow each other down")
-
-
-def queue_gate_state(queue: QueueState | None, view: str, cfg: Config) -> str:
-    """Which branch of the queue rules a job of queue view ``view`` takes (the same predicates
-    ``_route`` applies): "unknown" (no fresh snapshot), "short" (kept whole), "long" (sized by
-    memory alone where the compute floor binds) or "normal"."""
-    if not _fresh(queue, cfg):
-        return "unknown"
-    if _queue_gate(queue, view, cfg) is not None:
-        return "short"
-    if _compute_overcommit(queue, view, cfg) is not None:
-        return "long"
-    return "normal"
-
-
 def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, access: AccessClass,
            cfg: Config, queue: QueueState | None = None, util: tuple[float, KeyLevel] | None = None,
            enforcement: EnforcementView | None = None) -> tuple[Action, int, float, int, list[Reason]]:
@@ -293,7 +247,7 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
     if not est.known:
         return *whole, [Reason(ReasonCode.NO_HISTORY, "no history: whole GPU until a run is observed")]
     view = req.qos if cfg.policy.queue_per_qos else ""  # "": the whole queue
-    short = _queue_gate(queue, view, cfg)
+    short = queue_rules.queue_gate(queue, view, cfg)
     if short is not None:
         return *whole, [short]
     counts = shard_counts(req, cfg)
@@ -304,13 +258,14 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
                                f"no {g.gpu_type + ' ' if g.gpu_type else ''}GPU of partition "
                                f"{req.partition or '(default)'} has shards (gres.conf): whole GPU")]
     action, shards, slow, off, reasons = _size_shards(est, access, cfg, util, enforcement, counts)
-    long_queue = _compute_overcommit(queue, view, cfg) if util is not None and cfg.policy.compute_aware else None
+    long_queue = (queue_rules.compute_overcommit(queue, view, cfg) if util is not None and cfg.policy.compute_aware
+                  else None)
     if long_queue is not None:
         by_memory = _size_shards(est, access, cfg, None, enforcement, counts)
         if by_memory[:2] != (action, shards):  # the compute floor binds: the long queue lifts it
             action, shards, slow, off, reasons = by_memory
             reasons.append(long_queue)
-    if action is not Action.WHOLE_GPU and cfg.policy.share_min_queue > 0 and not _fresh(queue, cfg):
+    if action is not Action.WHOLE_GPU and cfg.policy.share_min_queue > 0 and not queue_rules.fresh(queue, cfg):
         reasons.append(Reason(ReasonCode.QUEUE_UNKNOWN, "the pending GPU jobs are unknown (no recent snapshot from "
                                                         "Slurm): shared as if GPU work were waiting"))
     return action, shards, slow, off, reasons
