@@ -1,0 +1,66 @@
+"""Decisions and job facts between the core's values and the wire's messages: the reply's
+``pb.Decision``, the rewrite's present fields, and the record the history keeps."""
+from __future__ import annotations
+
+import dataclasses
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.decision_log import DecisionRecord
+from policy_service.core.types import Action, Decision, EstimateSource, JobRequest, Rewrite
+from policy_service.proto_bounds import i32, u32, u64
+
+_SOURCE = {src: pb.EstimateSource.Value(f"ESTIMATE_SOURCE_{src.name}") for src in EstimateSource}
+_ACTION = {
+    Action.PASS_THROUGH: pb.ACTION_PASS_THROUGH,
+    Action.WHOLE_GPU: pb.ACTION_WHOLE_GPU,
+    Action.SHARE: pb.ACTION_SHARE,
+    Action.SHARE_OVERSUBSCRIBED: pb.ACTION_SHARE_OVERSUBSCRIBED,
+}
+
+
+def gres_fields(job: pb.JobFacts) -> dict[str, str]:
+    return {"tres_per_node": job.tres_per_node, "tres_per_job": job.tres_per_job,
+            "tres_per_task": job.tres_per_task, "tres_per_socket": job.tres_per_socket}
+
+
+def is_batch(job: pb.JobFacts) -> bool:
+    """Whether the job has a batch script; facts from a client that does not say count as batch."""
+    return job.is_batch if job.HasField("is_batch") else True
+
+
+def decision_to_proto(d: Decision) -> pb.Decision:
+    est = d.estimate
+    msg = pb.Decision(  # figures saturated: whatever the history held, the reply can be built
+        decision_id=d.decision_id, model_version=d.model_version, action=_ACTION[d.action], shards=u32(d.shards),
+        site_factor=i32(d.site_factor), job_class=d.job_class, decided_at=d.decided_at, mode=d.mode.value,
+        estimate=pb.DemandEstimate(peak_bytes=u64(est.peak_bytes), margin_bytes=u64(est.margin_bytes),
+                                   source=_SOURCE[est.source],
+                                   samples=u32(est.samples), observed_max_bytes=u64(est.observed_max_bytes)),
+        swap_cost=pb.SwapCostEstimate(slowdown=d.swap_slowdown, offloaded_bytes=u64(d.offloaded_bytes), risk=d.risk),
+        reasons=[pb.Reason(code=r.code.value, message=r.message) for r in d.reasons],
+    )
+    msg.rewrite.CopyFrom(rewrite_to_proto(d.rewrite))
+    return msg
+
+
+def brief_decision_to_proto(d: Decision) -> pb.Decision:
+    """What a brief Admit answers (the plugin's fast path): id, action, shards, rewrite."""
+    return pb.Decision(decision_id=d.decision_id, action=_ACTION[d.action], shards=d.shards,
+                       rewrite=rewrite_to_proto(d.rewrite))
+
+
+_REWRITE_FIELDS = tuple(f.name for f in dataclasses.fields(Rewrite))
+
+
+def rewrite_to_proto(rewrite: Rewrite) -> pb.JobRewrite:
+    """Only the fields the decision sets are present (None = leave the job's field alone)."""
+    return pb.JobRewrite(**{name: v for name in _REWRITE_FIELDS if (v := getattr(rewrite, name)) is not None})
+
+
+def decision_record(d: Decision, jr: JobRequest, keys, job: pb.JobFacts) -> DecisionRecord:
+    """A decision as the history records it."""
+    return DecisionRecord(
+        decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
+        account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
+        shards=d.shards, model_version=d.model_version, keys={k.value: v for k, v in keys.items()},
+        facts_pb=job.SerializeToString(), decision_pb=decision_to_proto(d).SerializeToString())
