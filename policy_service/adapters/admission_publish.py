@@ -21,23 +21,23 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import logging
 import os
 import socket
-import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.admission_archive import TableArchive, stored_entry
+from policy_service.adapters.atomic_file import write_atomically
 from policy_service.config import Config, PolicyMode
 from policy_service.core import admission, admission_format
 from policy_service.core.mode import apply_mode
-from policy_service.handler import HandlerError, PolicyHandler, decision_record
+from policy_service.decision_proto import decision_record
+from policy_service.handler import HandlerError, PolicyHandler
 
 log = logging.getLogger("swapaware.admission")
 
@@ -45,65 +45,11 @@ _PROVISIONAL = "0" * 16
 TABLE_MODE = 0o640  # the table and gate files: the service's user and slurmctld's group
 
 
-def write_atomically(path: Path, data: bytes | Iterable[bytes], mode: int = 0o644, gid: int | None = None) -> int:
-    """Replace ``path`` with ``data`` (bytes, or pieces of it written one after another): a reader
-    sees the old file or the new one, never a part. ``mode``/``gid``: the file's, set before it
-    appears under ``path`` (PermissionError when the group cannot be set). Returns the bytes
-    written."""
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.")
-    size = 0
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if gid is not None and gid != os.fstat(f.fileno()).st_gid:
-                try:
-                    os.fchown(f.fileno(), -1, gid)
-                except PermissionError as exc:
-                    raise PermissionError(f"{path} cannot be given group {gid}, SlurmUser's, which slurmctld reads "
-                                          f"it as ({exc.strerror}): run the service as root or as a member of that "
-                                          "group") from None
-            for piece in (data,) if isinstance(data, bytes) else data:
-                size += f.write(piece)
-            f.flush()
-            os.fsync(f.fileno())
-            os.fchmod(f.fileno(), mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dfd = os.open(str(path.parent), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    return size
-
-
 def _pieces(doc: dict, built: list) -> Iterator[bytes]:
-    """The class table's file (core/admission_format.py) in pieces of about 1 MiB (``doc``: the
-    document without entries): no copy of the whole table is made, so no single step holds the GIL
-    for long. Each distinct decision is written once; each key's line names its decisions by number."""
-    decisions = admission_format.Decisions()
-    digests: set[str] = set()
-    kept = []  # (key, known, refs); a key whose digest a newer key has is left out (the RPC path decides it)
-    for key, known in built:
-        if known.digest not in digests:
-            digests.add(known.digest)
-            kept.append((key, known, [(state, decisions.number(text)) for state, _, text in
-                                      (part.partition("\t") for part in known.text.split("\n"))]))
-    yield admission_format.header_lines(doc, len(decisions.numbers), len(kept)).encode()
-    lines = (admission_format.entry_line(known.digest, key, known.entry, r) for key, known, r in kept)
-    batch: list[str] = []
-    size = 0
-    for line in itertools.chain(decisions.lines(), lines, (admission_format.END + "\n",)):
-        batch.append(line)
-        size += len(line)
-        if size >= 1 << 20:
-            yield "".join(batch).encode()
-            batch, size = [], 0
-    yield "".join(batch).encode()
+    """The class table's file (core/admission_format.table_pieces) of the keys as built."""
+    return admission_format.table_pieces(doc, (
+        (known.digest, key, known.entry, (part.partition("\t")[::2] for part in known.text.split("\n")))
+        for key, known in built))
 
 
 class _Known(NamedTuple):

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from policy_service.adapters.atomic_file import write_atomically
 from policy_service.config import HaConfig
 from policy_service.core.ha import (ROLE_FILE_MODE, Control, LeaseAction, LeaseView, Role, Signals, control,
                                     controllers_of, heartbeat_role, lease_step, parse_role, standby_message,
@@ -293,7 +294,7 @@ def only_while_writer(call: Callable, role: RoleKeeper, default=None) -> Callabl
 
 
 def write_role(path: Path, role: Role, now: float) -> None:
-    """Write ``role`` to the role file atomically (a new file renamed over it, 0644), in a
+    """Write ``role`` to the role file atomically (atomic_file: a new file renamed over it, 0644), in a
     directory that only root or this user may write (created 0755 where missing). OSError, or
     PermissionError saying why the directory is not trusted."""
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -301,12 +302,4 @@ def write_role(path: Path, role: Role, now: float) -> None:
     bad = unsafe_owner(str(path.parent), st.st_uid, st.st_mode, trusted_uids())
     if bad:
         raise PermissionError(f"{bad}: the service would not trust a role file there")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, ROLE_FILE_MODE)
-    try:
-        os.fchmod(fd, ROLE_FILE_MODE)
-        os.write(fd, f"{role.value} {now:.3f}\n".encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomically(path, f"{role.value} {now:.3f}\n".encode(), ROLE_FILE_MODE)

@@ -35,9 +35,10 @@ The last line ``end`` and the header's counts tell a whole file from a truncated
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
-from typing import Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from policy_service.core.admission import LETTER_STATE, PLACEHOLDER_ID, STATE_LETTER, TABLE_FORMAT, \
     TOKEN_CHARS, TableRef
@@ -148,21 +149,42 @@ def _entry_number(entry: Mapping) -> int:
     return 0
 
 
+def table_pieces(doc: Mapping, entries: Iterable[tuple[str, str, int, Iterable[tuple[str, str]]]] | None,
+                 piece_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The file of a table, in pieces of about ``piece_bytes``: ``doc`` gives the header,
+    ``entries`` are (digest, key, entry number, (state, decision text) pairs), newest first; a key
+    whose digest an earlier one has is left out (the RPC path decides it). Each distinct decision
+    is written once and each key's line names its decisions by number. No copy of the whole table
+    is made, so no single step holds the GIL for long. ``entries`` None: a header that counts
+    none, as a broken file."""
+    decisions = Decisions()
+    digests: set[str] = set()
+    kept = []
+    for digest, key, number, states in entries or ():
+        if digest not in digests:
+            digests.add(digest)
+            kept.append((digest, key, number, [(state, decisions.number(text)) for state, text in states]))
+    yield header_lines(doc, len(decisions.numbers), None if entries is None else len(kept)).encode()
+    lines = (entry_line(*k) for k in kept)
+    batch: list[str] = []
+    size = 0
+    for line in itertools.chain(decisions.lines(), lines, (END + "\n",)):
+        batch.append(line)
+        size += len(line)
+        if size >= piece_bytes:
+            yield "".join(batch).encode()
+            batch, size = [], 0
+    yield "".join(batch).encode()
+
+
 def render_table(doc: Mapping) -> bytes:
     """The file of a table document (``admission.table_file``; entries ``None``: a header that
     counts none, as a broken file)."""
-    decisions = Decisions()
-    lines, digests = [], set()
-    for key, entry in (doc["entries"] or {}).items():
-        digest = key_digest(key)
-        if digest in digests:
-            continue
-        digests.add(digest)
-        refs = [(state, decisions.number(decision_text(d))) for state, d in entry.items() if state != "i"]
-        lines.append(entry_line(digest, key, _entry_number(entry), refs))
-    entries = None if doc["entries"] is None else len(lines)
-    return "".join([header_lines(doc, len(decisions.numbers), entries), *decisions.lines(), *lines,
-                    END + "\n"]).encode()
+    entries = None if doc["entries"] is None else (
+        (key_digest(key), key, _entry_number(entry), ((state, decision_text(d)) for state, d in entry.items()
+                                                      if state != "i"))
+        for key, entry in doc["entries"].items())
+    return b"".join(table_pieces(doc, entries))
 
 
 def read_table(data: bytes) -> dict:

@@ -26,7 +26,7 @@ from policy_service.config import load_config
 from policy_service.core.admission import PLACEHOLDER_ID, TableRef, with_table_ref
 from policy_service.core.dialect import dialect_for
 from policy_service.core.types import KeyLevel
-from policy_service.handler import decision_to_proto
+from policy_service.decision_proto import decision_to_proto
 from policy_service.metrics import ServiceMetrics
 from policy_service.server import start_service
 

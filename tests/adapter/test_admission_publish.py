@@ -292,7 +292,7 @@ def test_a_group_the_service_cannot_give_is_refused_naming_it():
     try:
         os.chmod(d, 0o777)
         code = ("import os, sys; from pathlib import Path; "
-                "from policy_service.adapters.admission_publish import write_atomically as w\n"
+                "from policy_service.adapters.atomic_file import write_atomically as w\n"
                 "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
                 "try:\n    w(Path(sys.argv[1]) / 'admission.json', b'{}', 0o640, int(sys.argv[2]))\n"
                 "except PermissionError as e:\n    print(e)\nelse:\n    print('written')")

@@ -6,7 +6,7 @@ import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.config import Config, PolicyConfig
-from policy_service.core import admission, policy
+from policy_service.core import admission, policy, queue_rules
 from policy_service.core.types import (ClassStats, GpuRequest, GresKind, JobRequest, KeyLevel, QueueState,
                                        ReasonCode, Rewrite)
 
@@ -79,8 +79,8 @@ def test_state_queues_reach_exactly_the_states_some_queue_reaches(smq, ocmq, sta
     queues = admission.state_queues(c)
     assert set(queues) == states
     for state, q in queues.items():
-        assert policy.queue_gate_state(q, "any", c) == state
-    reached = {policy.queue_gate_state(QueueState(p / 100, 1), "", c) for p in range(0, 300)}
+        assert queue_rules.queue_gate_state(q, "any", c) == state
+    reached = {queue_rules.queue_gate_state(QueueState(p / 100, 1), "", c) for p in range(0, 300)}
     assert reached | {"unknown"} == states
 
 
@@ -99,7 +99,7 @@ def test_the_gate_file_names_each_listed_qos_and_the_rest():
     assert (sent["rpc_only"], sent["controller"], sent["views"]) == ("shards refused", "ctl2", g["views"])
     assert admission.gate_file(None, c, 1000.0, controller="ctl2")["controller"] == "ctl2"
     stale = dataclasses.replace(snap, age_s=31.0)
-    assert policy.queue_gate_state(stale, "high", c) == "unknown"
+    assert queue_rules.queue_gate_state(stale, "high", c) == "unknown"
 
 
 def _job() -> JobRequest:
@@ -192,6 +192,22 @@ def test_the_file_holds_each_decision_once_and_reads_back_whole():
     for cut in (data[:-1], data[:len(data) // 2], data.replace(b"\t0001001\t", b"\t1001\t")):
         with pytest.raises(ValueError):
             fmt.read_table(cut)
+
+
+def test_the_file_in_pieces_is_the_same_file_and_a_repeated_digest_is_left_out():
+    from policy_service.core import admission_format as fmt
+    doc = admission.table_file(V, 1.0, 2.0, "26.05", "enforce", False, {})
+    short, every = admission.LETTER_STATE["s"], admission.LETTER_STATE["a"]
+    entries = [("d1", "k1", 7, [(every, "one"), (short, "two")]), ("d2", "k2", 8, [(every, "two")]),
+               ("d1", "k1-older", 9, [(every, "three")])]  # the same digest as k1: the newer key is kept
+    whole = b"".join(fmt.table_pieces(doc, entries))
+    lines = whole.decode().split("\n")
+    assert lines[2:4] == ["one", "two"] and "three" not in lines      # each decision once, the left-out key's none
+    assert [line.split("\t")[1] for line in lines[4:6]] == ["k1", "k2"] and lines[6] == fmt.END
+    assert '"decisions":2' in lines[1] and '"entries":2' in lines[1]
+    small = list(fmt.table_pieces(doc, entries, piece_bytes=4))
+    assert len(small) > 3 and b"".join(small) == whole                 # cut anywhere, the same bytes
+    assert '"entries":null' in b"".join(fmt.table_pieces(doc, None)).decode()
 
 
 def test_a_decision_without_a_whole_token_is_written_as_it_is():
