@@ -164,6 +164,8 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     partitions = SlurmConfWatch(slurm_conf_path(cfg.service.slurm_conf))
     handler = PolicyHandler(cfg, store, slurm, queue_monitor=monitor, dialect=release.dialect, authorizer=authorizer,
                             partitions=partitions.current)
+    if monitor is not None:  # writer or standby: each snapshot's refusals worked out before Admits read it
+        monitor.prepare = lambda state: partitions.current().warm_live(state.live_shards)
     if monitor is not None and cfg.policy.redecide_pending:
         monitor.on_poll = PendingRedecider(handler, slurm, cfg)
     role = follow_role(cfg, store, handler, authorizer) if cfg.ha.enabled else None

@@ -31,6 +31,7 @@ from policy_service.core.types import LiveShards
 log = logging.getLogger("swapaware.service")
 
 PER_GPU_DEFAULTS = ("DefCpuPerGPU", "DefMemPerGPU")
+LIVE_MEMO_MAX = 256  # live_shard_counts' results kept (partition, type and snapshot)
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,31 @@ class PartitionDefaults:
             return (), (f"every node: {live.unread}",)
         if not live.zero and not live.untyped:
             return counts, ()
-        key = (id(live), partition, gpu_type)
+        key = (id(live), partition, gpu_type.lower())
         hit = self._live_memo.get(key)
         if hit is not None and hit[0] is live:
             return hit[1]
-        if len(self._live_memo) > 256:  # one snapshot's partitions and types at a time, in practice
+        if len(self._live_memo) > LIVE_MEMO_MAX:  # one snapshot's partitions and types at a time, in practice
             self._live_memo.clear()
         out = self._live_counts(partition, gpu_type, live, counts)
         self._live_memo[key] = (live, out)
         return out
+
+    def warm_live(self, live: LiveShards | None) -> int:
+        """Work out live_shard_counts from ``live`` for every partition of the fleet (and none: the
+        default) and every GPU type there (and none), so that no Admit pays for it (the queue poll
+        prepares each snapshot with this; milliseconds at 1,000 nodes that all refuse). The pairs
+        worked out: 0 where no node refuses (nothing to work out) or the counts are unread."""
+        if live is None or live.unread or (not live.zero and not live.untyped):
+            return 0
+        pairs = {(name, t) for name, by_type in self.shards.items() for t in ("", *by_type)}
+        pairs |= {("", t) for t in ("", *self.shards.get(self.default_partition, {}))}
+        if len(pairs) > LIVE_MEMO_MAX // 2:   # more than the memo keeps: Admits work out their own
+            return 0
+        self._live_memo.clear()               # the snapshots before this one: no Admit reads them again
+        for name, t in sorted(pairs):
+            self.live_shard_counts(name, t, live)
+        return len(pairs)
 
     def _live_counts(self, partition: str, gpu_type: str, live: LiveShards,
                      counts: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:

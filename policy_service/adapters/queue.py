@@ -82,6 +82,9 @@ class QueueMonitor:
     def __init__(self, slurm: SlurmAccess, cfg: Config, clock: Callable[[], float] = time.monotonic,
                  on_poll: Callable[[list[PendingJob], QueueState], None] | None = None):
         self.slurm, self.cfg, self.clock, self.on_poll = slurm, cfg, clock, on_poll
+        # prepare(state): called in the poll thread with each new snapshot before Admits can read it
+        # (work they would otherwise do on their first read: partitions.warm_live)
+        self.prepare: Callable[[QueueState], object] | None = None
         self._lock = threading.Lock()
         self._state: QueueState | None = None
         self._taken_at = 0.0
@@ -99,6 +102,8 @@ class QueueMonitor:
         self._polled_change = 0
         self._change_why = ""
         self._hold_until = float("-inf")
+        self._changed_at = 0.0
+        self._logged_change = 0  # the last change whose first read of the shards was logged
 
     def controller_changed(self, why: str, hold_s: float = 0.0) -> None:
         """The controller in control may have changed (this service's role changed): its nodes'
@@ -108,6 +113,7 @@ class QueueMonitor:
         with self._lock:
             self._changes += 1
             self._change_why = why
+            self._changed_at = self.clock()
             self._hold_until = max(self._hold_until, self.clock() + hold_s)
         self._wake.set()
 
@@ -130,8 +136,16 @@ class QueueMonitor:
         if self._failing:
             log.info("queue snapshot from Slurm available again")
         self._failing = False
+        if self.prepare is not None:
+            try:
+                self.prepare(state)
+            except Exception:  # noqa: BLE001 - the snapshot is served all the same
+                log.exception("preparing the queue snapshot")
         with self._lock:
             self._state, self._taken_at, self._polled_change = state, self.clock(), change
+            first_read = self._first_read_after_change(change)
+        if first_read:
+            log.info("%s", first_read)
         self._attempted.set()  # before on_poll: re-deciding pending jobs does not hold up a start
         log.debug("queue: %.2f GPUs pending of %d", state.pending_gpus, state.total_gpus)
         if self.on_poll is not None:
@@ -140,6 +154,20 @@ class QueueMonitor:
             except Exception:  # noqa: BLE001 - the poll loop must go on
                 log.exception("after the queue poll")
         return state
+
+    def _first_read_after_change(self, change: int) -> str:
+        """Once per controller change (under the lock, after a poll begun after it): how long after
+        the change the shards of the controller in control were read, and from when they are used
+        (after the hold where one was asked for). How long shard jobs went to whole GPUs after a
+        takeover can be read from the log."""
+        if change == 0 or change != self._changes or change == self._logged_change:
+            return ""
+        self._logged_change = change
+        read_s = self._taken_at - self._changed_at
+        held = self._hold_until - self._changed_at
+        return (f"shards of the controller in control read {read_s:.1f} s after the role change "
+                f"({self._change_why})" + (f"; used from {held:.1f} s on (held after the change)"
+                                          if held > read_s else ""))
 
     def _qos_priorities(self) -> dict[str, int]:
         """QoS priorities, re-read every ``QOS_REFRESH_POLLS`` polls; {} (every job sees the whole

@@ -321,3 +321,32 @@ def test_after_a_controller_change_the_shards_stay_unread_for_the_hold(slurm_job
     assert mon.snapshot().live_shards.refuses("n1", "a100")
     clock.t += 1.5
     assert mon.snapshot().live_shards.unread == "" and not mon.snapshot().live_shards.refuses("n1", "a100")
+
+
+def _read_records(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and "after the role change" in r.getMessage()]
+
+
+def test_the_first_read_after_each_controller_change_is_logged_once_with_its_delay(slurm_jobs, clock, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    mon = QueueMonitor(slurm_jobs, Config(policy=PolicyConfig(queue_poll_s=15.0)), clock)
+    mon.poll_once()
+    assert _read_records(caplog) == []                        # no change yet: nothing to say
+    mon.controller_changed("this service became writer")
+    clock.t += 2.5
+    mon.poll_once()
+    clock.t += 15
+    mon.poll_once()                                           # the same change: said once
+    assert _read_records(caplog) == [
+        "shards of the controller in control read 2.5 s after the role change (this service became writer)"]
+    mon.controller_changed("takeover", hold_s=30.0)
+    mon.controller_changed("takeover again", hold_s=30.0)    # two before a poll: one line, for the last
+    clock.t += 0.5
+    slurm_jobs.pending = None                                 # squeue fails
+    mon.poll_once()                                           # a failed poll reads nothing
+    assert len(_read_records(caplog)) == 1
+    slurm_jobs.pending = []
+    clock.t += 1.0
+    mon.poll_once()
+    assert _read_records(caplog)[1:] == ["shards of the controller in control read 1.5 s after the role change "
+                                         "(takeover again); used from 30.0 s on (held after the change)"]

@@ -79,6 +79,26 @@ def test_the_gpus_a_job_can_land_on_are_those_the_controller_takes_shard_jobs_on
     assert parts.shards_refused(live(IN_CONTROL)) == () and parts.shards_refused(None) == ()
 
 
+def test_the_poll_works_out_every_partitions_refusals_so_that_no_admit_does(monkeypatch):
+    parts = partition_defaults(parse_slurm_conf(SLURM_CONF), parse_gres_conf(GRES_CONF))  # its own memo
+    worked_out = []
+    real = type(parts)._live_counts
+    monkeypatch.setattr(type(parts), "_live_counts", lambda self, *a: worked_out.append(a[:2]) or real(self, *a))
+    assert parts.warm_live(live(IN_CONTROL)) == 0 and parts.warm_live(None) == 0   # nothing refused
+    unread = dataclasses.replace(live(BACKUP_AFTER_TAKEOVER), unread="role change")
+    assert parts.warm_live(unread) == 0 and worked_out == []
+    refusing = live(BACKUP_AFTER_TAKEOVER)
+    pairs = parts.warm_live(refusing)
+    assert pairs == len(set(worked_out)) == len(worked_out) and ("gpu", "a100") in worked_out
+    assert ("", "") in worked_out and ("big", "h100") in worked_out
+    fresh = partition_defaults(parse_slurm_conf(SLURM_CONF), parse_gres_conf(GRES_CONF))
+    before = len(worked_out)
+    for partition, gpu_type in (("gpu", ""), ("", ""), ("gpu", "A100"), ("big", "h100"), ("small", "")):
+        assert parts.live_shard_counts(partition, gpu_type, refusing) == fresh.live_shard_counts(
+            partition, gpu_type, refusing)
+    assert len(worked_out) == before + 5     # only ``fresh`` worked anything out: ``parts`` had it all
+
+
 def _decide(peak_gib, counts, refused, fields=None, dialect=SLURM_24_11):
     fields = fields or {"tres_per_node": "gres/gpu:1"}
     req, access = job_request(user="u", account="a", partition="gpu", job_name="t", script_fingerprint="fp",
