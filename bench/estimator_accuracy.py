@@ -32,8 +32,9 @@ from pathlib import Path
 from policy_service.config import Config, EstimatorConfig
 from policy_service.core import estimator, request
 from policy_service.core.types import ClassStats, JobObservation, KeyLevel
+from policy_service.sim.alibaba import load_pai_2020
 from policy_service.sim.config import SimConfig
-from policy_service.sim.loaders import DataNotFound, load_pai_2020
+from policy_service.sim.loaders import DataNotFound
 from policy_service.sim.memtrace import hindsight_charge_floor
 from policy_service.sim.workload import build_workload, synthetic_trace
 

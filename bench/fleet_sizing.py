@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_plugin.nvml import FakeNvmlTelemetry  # noqa: E402
+from slurm_plugin.nvml_fake import FakeNvmlTelemetry  # noqa: E402
 from tests.slurm_stack import decision_of, job_field, start_stack  # noqa: E402
 
 GIB = 1 << 30

@@ -54,17 +54,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from submit_overhead import CLUSTER, STACK, set_mode, sh  # noqa: E402  (the modes are switched the same way)
-from table_mode import (BATCH, lua_us, log_size, rewrite_lua, set_table, table_on, table_sets,  # noqa: E402
-                        timed_lua_dir, warm)
+from table_mode import (BATCH, NOOP_LUA, lua_us, log_size, rewrite_lua, set_table, table_on,  # noqa: E402
+                        table_sets, timed_lua_dir, warm)
 
 from policy_service.config import PolicyConfig  # noqa: E402
 
 ID_RE = re.compile(r"swapaware:v1 id=([0-9a-f]+)")
 MODES = ("off", "on", "hung")
-# --modes noop: a job_submit.lua that returns at once (service stopped): what loading any
-# job_submit.lua costs or saves in Slurm itself, apart from swapaware.
-NOOP_LUA = ("function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS end\n"
-            "function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end\n")
+# --modes noop: table_mode.NOOP_LUA, service stopped.
 # tstop: mode table with the service stopped during the block (what the table path costs slurmctld
 # without the service's queue polls, catch-up and publisher competing for the controller's CPUs;
 # the history catches up once it runs again).

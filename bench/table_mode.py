@@ -26,6 +26,10 @@ PLUGIN = ROOT / "slurm_plugin"
 BATCH = 16
 LUA_RE = re.compile(r"swapaware-bench lua n=(\d+) us=([0-9.]+)")
 ID_RE = re.compile(r"swapaware:v1 id=([0-9a-f]{16})")
+# A job_submit.lua that returns at once: what loading any job_submit.lua costs or saves in Slurm
+# itself, apart from swapaware (the benches' mode noop).
+NOOP_LUA = ("function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS end\n"
+            "function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end\n")
 TIMED = f"""
 local bench_clock = require("socket").gettime
 local bench_n, bench_s = 0, 0
@@ -223,7 +227,7 @@ def rewrite_lua(sets: dict[str, dict]) -> str:
         fields = []
         for k, v in st.items():
             if k == "admin_comment":
-                v = v.replace("swapaware:v1", "benchmrk:v0").replace(" tbl=", " tbX=").replace(PLACEHOLDER_ID, "0" * 16)
+                v = v.replace("swapaware:v1", "benchmark:v0").replace(" tbl=", " tbX=").replace(PLACEHOLDER_ID, "0" * 16)
             fields.append(f"{k} = {v if isinstance(v, int) else lua_str(v)}")
         rows.append(f"  [{lua_str(name)}] = {{ {', '.join(fields)} }},")
     return ("local SETS = {\n" + "\n".join(rows) + "\n}\n"

@@ -144,7 +144,8 @@ def main(argv=None) -> int:
     from policy_service.server import start_service
     from slurm_plugin import hooks, task_prolog
     from slurm_plugin.agent import Agent
-    from slurm_plugin.nvml import FakeNvmlTelemetry, PynvmlTelemetry
+    from slurm_plugin.nvml import PynvmlTelemetry
+    from slurm_plugin.nvml_fake import FakeNvmlTelemetry
 
     result: dict = {"host": socket.gethostname(), "gpu": gpu_name}
     tmp = Path(tempfile.mkdtemp(prefix="swapaware-oom-"))

@@ -8,7 +8,7 @@ from policy_service.client import PolicyClient
 from policy_service.config import load_config
 from policy_service.core.request import history_keys, job_request
 from policy_service.core.types import KeyLevel
-from policy_service.handler import gpu_utilisation
+from policy_service.events import gpu_utilisation
 from policy_service.server import start_service
 from slurm_plugin.hooks import apply_telemetry
 from tests.waiting import wait_for

@@ -124,7 +124,7 @@ def test_hooks_send_the_jobs_sluid(tmp_path):
 
 def test_the_agent_status_shows_the_spool(tmp_path):
     from policy_service.config import AgentConfig
-    from slurm_plugin.agent import Agent
+    from slurm_plugin.agent_sampler import Agent
     spool_dir = tmp_path / "spool"
     spool_jobs(spool_dir, range(1, 3))
     agent = Agent(AgentConfig(), None, kernel_log=None)

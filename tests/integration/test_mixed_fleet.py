@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.nvml import FakeNvmlTelemetry
+from slurm_plugin.nvml_fake import FakeNvmlTelemetry
 from tests.slurm_stack import dev_fleet
 from tests.waiting import wait_for
 

@@ -14,7 +14,7 @@ from policy_service.adapters.history_schema import ObservationRow, checked_stats
 from policy_service.core.bounds import MAX_NODE_BYTES, MAX_RUNTIME_S, sane_stats
 from policy_service.core.types import (Action, ClassStats, Decision, DemandEstimate, EstimateSource, Rewrite)
 from policy_service.event_bounds import Refused, check_event
-from policy_service.handler import decision_to_proto
+from policy_service.decision_proto import decision_to_proto
 from policy_service.proto_bounds import U64_MAX, observation_to_proto
 
 GIB = 1024**3

@@ -1,0 +1,185 @@
+"""Where a table hit's time goes inside slurmctld: the plugin's table path timed phase by phase
+on the real dev cluster, so that an admin (or a faster controller) can see which part of the
+job_submit call to work on.
+
+job_submit.lua here loads swapaware as slurmctld does, then wraps four functions of its modules
+with a clock (lua-socket's gettime; two reads per call): the plugin calls them through the module
+tables, so the code timed is the code that runs.
+  gres   swapaware_facts.read_fields of the 4 GRES fields (is it a GPU job at all?)
+  key    swapaware_facts.snapshot(..., "key"): the other fields of the class key, each read once
+         from slurmctld's job_desc (every read calls into slurmctld)
+  facts  swapaware_facts.facts: the facts of the snapshot (script fingerprint, text caps)
+  table  swapaware_table.decide: the table's freshness check, the key, the lookup, the gate state,
+         the decision id and the assignments to job_desc
+  rest   the whole swapaware.submit less those four (the limit check, the snapshot's clearing,
+         the pcall)
+The sums are logged every 16 calls to slurmctld.log. Blocks of --jobs sbatch from 1 and from 8
+submitters (--submitters), interleaved over --rounds: whether the Lua time grows with concurrent
+submissions (contention on slurmctld's locks) or not. The same job classes as submit_burst.py,
+put in the table first by one round trip each.
+
+    SWAPAWARE_DEV_TABLE=1 bash contrib/dev-stack.sh up
+    .venv/bin/python bench/lua_phases.py [--jobs 400 --rounds 3 --submitters 1,8]
+
+Compare with the same phases in lua5.1 alone: bench/lua_table.py (M.facts and T.key per hit).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from submit_burst import NAMES, settle, stack_env, submit  # noqa: E402
+from submit_overhead import set_mode  # noqa: E402
+from table_mode import BATCH, ctld_log, log_size, plugin_files, set_table, table_on, warm  # noqa: E402
+
+PHASES = ("gres", "key", "facts", "table")
+PHASES_RE = re.compile(r"swapaware-phases n=(\d+) hits=(\d+) total=([0-9.]+) " +
+                       " ".join(f"{p}=([0-9.]+)" for p in PHASES))
+PHASES_LUA = """
+local function script_dir()
+  return string.match(debug.getinfo(1, "S").source, "^@(.*)/[^/]*$") or "/etc/slurm"
+end
+local dir = script_dir()
+package.path = dir .. "/?.lua;" .. package.path
+local swapaware = require("swapaware")
+swapaware.load_settings(dir)
+local F, T = require("swapaware_facts"), require("swapaware_table")
+local clock = require("socket").gettime
+local sums = { gres = 0, key = 0, facts = 0, table = 0 }
+local n, hits, total = 0, 0, 0
+
+local function timed(mod, name, phase, when)
+  local inner = mod[name]
+  mod[name] = function(a, b, c, d)
+    if when and not when(a, b, c, d) then return inner(a, b, c, d) end
+    local t0 = clock()
+    local r1, r2, r3 = inner(a, b, c, d)
+    sums[phase] = sums[phase] + (clock() - t0)
+    return r1, r2, r3
+  end
+end
+timed(F, "read_fields", "gres")
+timed(F, "snapshot", "key", function(_, _, part) return part == "key" end)
+timed(F, "facts", "facts")
+local decide = T.decide
+T.decide = function(M, job_desc, facts, now_s)
+  local t0 = clock()
+  local hit = decide(M, job_desc, facts, now_s)
+  sums.table = sums.table + (clock() - t0)
+  if hit then hits = hits + 1 end
+  return hit
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local t0 = clock()
+  local rc = swapaware.submit(job_desc, part_list, submit_uid)
+  total = total + (clock() - t0)
+  n = n + 1
+  if n == BATCH then
+    slurm.log_info("swapaware-phases n=%d hits=%d total=%.1f gres=%.1f key=%.1f facts=%.1f table=%.1f", n, hits,
+                   total * 1e6, sums.gres * 1e6, sums.key * 1e6, sums.facts * 1e6, sums.table * 1e6)
+    n, hits, total = 0, 0, 0
+    for k in pairs(sums) do sums[k] = 0 end
+  end
+  return rc
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+
+return slurm.SUCCESS
+""".replace("BATCH", str(BATCH))
+
+
+def phases_dir(dst: Path) -> Path:
+    """The tree's plugin files with the phase-timing job_submit.lua."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name, text in plugin_files().items():
+        (dst / name).write_text(PHASES_LUA if name == "job_submit.lua" else text)
+    return dst
+
+
+def parse_phases(text: str) -> dict[str, float]:
+    """Summed calls, hits and microseconds per phase of the lines logged in ``text``."""
+    out = dict.fromkeys(("n", "hits", "total", *PHASES), 0.0)
+    for m in PHASES_RE.finditer(text):
+        for name, value in zip(("n", "hits", "total", *PHASES), m.groups()):
+            out[name] += float(value)
+    return out
+
+
+def logged_since(env: dict[str, str], offset: int) -> str:
+    with open(ctld_log(env), "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
+def block(env: dict[str, str], tag: str, n: int, submitters: int) -> tuple[dict[str, float], int]:
+    settle(env)
+    at = log_size(env)
+    with ThreadPoolExecutor(submitters) as pool:
+        errors = [e for _, e in pool.map(lambda i: submit(env, tag, i), range(n)) if e]
+    subprocess.run(["scancel", "--user=root", "--state=PENDING"], env=env, timeout=300)
+    return parse_phases(logged_since(env, at)), len(errors)
+
+
+def report(stats: dict[int, dict[str, float]], errors: dict[int, int]) -> None:
+    print(f"{'submitters':>10s} {'jobs':>6s} {'hits':>6s} {'total us':>9s} " +
+          " ".join(f"{p + ' us':>9s}" for p in (*PHASES, "rest")) + f" {'errors':>7s}")
+    for s, st in stats.items():
+        n = st["n"] or float("nan")
+        rest = st["total"] - sum(st[p] for p in PHASES)
+        print(f"{s:10d} {st['n']:6.0f} {st['hits']:6.0f} {st['total'] / n:9.1f} " +
+              " ".join(f"{st[p] / n:9.1f}" for p in PHASES) + f" {rest / n:9.1f} {errors[s]:7d}")
+    print("per job, inside slurmctld: the plugin's swapaware.submit and the four phases of its table path "
+          "(each timed with two clock reads); rest = total less the four")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=400, help="sbatch per block")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--submitters", default="1,8", help="comma-separated: one block per value per round")
+    args = ap.parse_args()
+    counts = [int(x) for x in args.submitters.split(",") if x.strip()]
+    env = stack_env()
+    was_table = table_on(env)
+    tag = f"phases{int(time.time()) % 100000}"
+    stats = {s: dict.fromkeys(("n", "hits", "total", *PHASES), 0.0) for s in counts}
+    errors = dict.fromkeys(counts, 0)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            lua = phases_dir(Path(d) / "phases")
+            set_table(env, False)             # the classes' first decisions: one round trip each
+            set_mode("on", env, lua)
+            took = warm(env, [f"{tag}-{k}" for k in range(NAMES)])
+            print(f"table warm: the published table held the {NAMES} job classes {took:.1f} s after their "
+                  "round-trip decisions", file=sys.stderr)
+            set_table(env, True)
+            set_mode("on", env, lua)          # slurmctld restarted: a new Lua state reading table=
+            block(env, tag, max(counts) * BATCH, max(counts))   # warm-up, not counted
+            for r in range(args.rounds):
+                for s in (counts if r % 2 == 0 else list(reversed(counts))):
+                    got, errs = block(env, tag, args.jobs, s)
+                    for k, v in got.items():
+                        stats[s][k] += v
+                    errors[s] += errs
+                    per = got["total"] / got["n"] if got["n"] else float("nan")
+                    print(f"round {r + 1}/{args.rounds}, {s} submitters: {got['n']:.0f} jobs logged, "
+                          f"{got['hits']:.0f} by the table, {per:.1f} us/job", file=sys.stderr)
+    finally:
+        set_table(env, was_table)
+        set_mode("on", env)
+    report(stats, errors)
+
+
+if __name__ == "__main__":
+    main()
