@@ -319,7 +319,7 @@ stop_daemon() {
 wait_service() {
     local i n
     if ((CONTROLLERS == 2)); then
-        for n in $(controllers); do wait_probe "$(ctl_addr "$n"):$GRPC_PORT" "$(ctl_run "$n")/swapaware.pid" "$(ctl_conf "$n")"; done
+        for n in $(controllers); do wait_probe "$(ctl_addr "$n"):$GRPC_PORT" "$(ctl_run "$n")/swapaware.pid" "$(ctl_conf "$n")" "$LOGDIR/swapaware-$n.log"; done
         return 0
     fi
     for i in $(seq 1 100); do
@@ -333,13 +333,22 @@ sys.exit(0 if probe_service(sys.argv[1], 1.0, load_config(Path(sys.argv[2])).tls
 EOF
             return 0
         fi
-        pid_alive "$RUN/swapaware.pid" || die "policy service exited; see $LOGDIR/swapaware.log"
+        pid_alive "$RUN/swapaware.pid" || { log_tail "$LOGDIR/swapaware.log"; die "policy service exited; see $LOGDIR/swapaware.log"; }
         sleep 0.2
     done
+    log_tail "$LOGDIR/swapaware.log"
     die "policy service not healthy after 20 s; see $LOGDIR/swapaware.log"
 }
 
-# wait_probe ADDRESS PIDFILE CONF: a controller's service answers the doctor's probe.
+# log_tail FILE: the end of a daemon's log on stderr, where the caller's output keeps it (a test's
+# teardown purges the state directory, and with it the log that said why the daemon ended).
+log_tail() {
+    [[ -r $1 ]] || { log "no log at $1"; return 0; }
+    log "last lines of $1:"
+    tail -n 40 "$1" | sed 's/^/    /' >&2
+}
+
+# wait_probe ADDRESS PIDFILE CONF LOG: a controller's service answers the doctor's probe.
 wait_probe() {
     local i
     for i in $(seq 1 100); do
@@ -351,10 +360,11 @@ from policy_service.config import load_config
 sys.exit(0 if probe_service(sys.argv[1], 1.0, load_config(Path(sys.argv[2])).tls) else 1)' "$1" "$3" 2>/dev/null; then
             return 0
         fi
-        pid_alive "$2" || die "policy service $1 exited; see $LOGDIR"
+        pid_alive "$2" || { log_tail "$4"; die "policy service $1 exited; see $4"; }
         sleep 0.2
     done
-    die "policy service $1 not healthy after 20 s; see $LOGDIR"
+    log_tail "$4"
+    die "policy service $1 not healthy after 20 s; see $4"
 }
 
 service_start() {
