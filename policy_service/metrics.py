@@ -26,6 +26,10 @@ Every series has bounded labels (actions, reason codes, modes and transports are
                                                   table, learned from Slurm (squeue, sacct, event) and
                                                   recorded; archived=false: from the AdminComment alone
   swapaware_catchup_lag_seconds{source}           from such a job's submission to its record
+  swapaware_grpc_bound                            1 while the service listens on service.grpc_address, 0 while
+                                                  another process holds that port and the service waits
+                                                  for it (adapters/grpc_bind.py; the local socket serves)
+  swapaware_grpc_bind_failures_total              tries to bind service.grpc_address that found it held
 """
 from __future__ import annotations
 
@@ -79,6 +83,10 @@ class ServiceMetrics:
                                      registry=r)
         self.waiting = Gauge("swapaware_decisions_waiting", "Decisions journaled and not yet in the history",
                              registry=r)
+        self.grpc_bound = Gauge("swapaware_grpc_bound", "1 while the service listens on service.grpc_address, 0 "
+                                "while another process holds the port", registry=r)
+        self.grpc_bind_failures = Counter("swapaware_grpc_bind_failures", "Tries to bind service.grpc_address "
+                                          "that found the port held by another process", registry=r)
         # The plugin's counters, by the slurmctld that sent them (its pid): a restart starts them at 0.
         self._plugin_last: dict[tuple[object, str], int] = {}
         self._lock = threading.Lock()

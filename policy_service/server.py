@@ -1,5 +1,6 @@
 """Run the policy service: history store + Slurm access + handler, served over gRPC and
-the controller-local socket until SIGTERM/SIGINT."""
+the controller-local socket until SIGTERM/SIGINT. A gRPC port held by another process does not
+stop the start: the service serves its local socket and waits for the port (adapters/grpc_bind.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,8 @@ from policy_service.adapters.admission_archive import TableArchive, open_archive
 from policy_service.adapters.admission_catchup import attach as attach_catchup
 from policy_service.adapters.admission_catchup import chain
 from policy_service.adapters.admission_publish import AdmissionPublisher
-from policy_service.adapters.grpc_server import start_grpc
+from policy_service.adapters.grpc_bind import GrpcListener
+from policy_service.adapters.grpc_server import grpc_server
 from policy_service.adapters.ha_role import RoleKeeper, heartbeat_probe, holder_name, only_while_writer
 from policy_service.adapters.history import HistoryStore, open_history
 from policy_service.adapters.local_socket import start_local_socket
@@ -41,8 +43,7 @@ log = logging.getLogger("swapaware.service")
 
 @dataclass
 class RunningService:
-    grpc_server: grpc.Server
-    grpc_port: int
+    listener: GrpcListener  # the gRPC server, bound or waiting for its port
     socket_path: Path
     store: HistoryStore
     handler: PolicyHandler
@@ -56,6 +57,15 @@ class RunningService:
     admission_publisher: AdmissionPublisher | None = None
     role: RoleKeeper | None = None  # [ha] enabled: the writer role (adapters/ha_role.py)
 
+    @property
+    def grpc_server(self) -> grpc.Server:
+        return self.listener.server
+
+    @property
+    def grpc_port(self) -> int:
+        """The bound gRPC port; 0 while another process holds it (``listener.wait_bound``)."""
+        return self.listener.port
+
     def stop(self, grace_s: float = 2.0) -> None:
         self._watch_stop.set()
         if self.admission_publisher is not None:
@@ -66,7 +76,7 @@ class RunningService:
         self._health.enter_graceful_shutdown()
         self._socket_server.shutdown()  # type: ignore[attr-defined]
         self._socket_server.server_close()  # type: ignore[attr-defined]
-        self.grpc_server.stop(grace_s).wait(grace_s + 1)
+        self.listener.stop(grace_s)  # a listener still waiting for its port stops trying
         if self.role is None or drained_while_writer(self.handler, self.role, self.role.cfg.lease_ttl_s):
             self.handler.close()  # every decision handed out is recorded before exit
         # else: a standby's decisions stay in its journal (read back at the next start)
@@ -169,25 +179,28 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     if monitor is not None and cfg.policy.redecide_pending:
         monitor.on_poll = PendingRedecider(handler, slurm, cfg)
     role = follow_role(cfg, store, handler, authorizer) if cfg.ha.enabled else None
-    server = None
+    server, health_servicer = grpc_server(handler, cfg.service.max_workers, token, authorizer)
+    listener = GrpcListener(server, health_servicer, cfg.service.grpc_address, tls, handler.metrics)
     try:
         if monitor is not None:  # the first Admit must see the queue, not "unknown": poll before serving
             monitor.start().wait_first_poll()
-        server, port, health_servicer = start_grpc(handler, cfg.service.grpc_address, cfg.service.max_workers, token,
-                                                   authorizer, tls)
+        bind_or_say(listener)  # False: another process holds the port; tried again once the local socket serves
         sock_server, _ = start_local_socket(handler, cfg.service.socket_path)
     except BaseException:
-        if server is not None:
-            server.stop(0)
+        listener.stop(0)
         if monitor is not None:
             monitor.stop()
         handler.close()
         store.close()
         raise
-    log.info("serving gRPC on %s (port %d, %s), local socket %s, history %s",
-             cfg.service.grpc_address, port, "TLS" + (" with client certificates" if cfg.tls.client_ca else "")
-             if tls is not None else "plaintext", cfg.service.socket_path, history_source(cfg))
-    svc = RunningService(server, port, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server,
+    log.info("%s gRPC on %s (%s, %s), local socket %s, history %s",
+             "serving" if listener.bound.is_set() else "waiting for its port to serve", cfg.service.grpc_address,
+             f"port {listener.port}" if listener.bound.is_set() else "held by another process",
+             "TLS" + (" with client certificates" if cfg.tls.client_ca else "") if tls is not None else "plaintext",
+             cfg.service.socket_path, history_source(cfg))
+    if not listener.bound.is_set():
+        listener.retry()
+    svc = RunningService(listener, cfg.service.socket_path, store, handler, monitor, health_servicer, sock_server,
                          role=role)
     watch_history(svc, cfg.service.history_check_s)
     if cfg.service.metrics_address:
@@ -242,6 +255,15 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
                 f"this service became {'writer' if writer else 'standby'}", hold_s))
         role.start()
     return svc
+
+
+def bind_or_say(listener: GrpcListener) -> bool:
+    """The first try at the gRPC port; a failure that waiting would not mend is logged and raised."""
+    try:
+        return listener.bind()
+    except OSError as exc:
+        log.error("%s", exc.strerror or exc)
+        raise
 
 
 # After a role change on a release whose backup may refuse shards after a takeover (dialect

@@ -147,15 +147,24 @@ def port_holder(address: str) -> OSError | None:
     return None
 
 
+def held_message(address: str) -> str:
+    """What the log and the exit say where another process holds the port of ``address``."""
+    port = address.rpartition(":")[2]
+    return (f"gRPC address {address} is in use by another process (ss -ltnp 'sport = :{port}' shows which): the "
+            f"service does not share its port; stop that process or change service.grpc_address")
+
+
 def bind_failure(address: str, grpc_said: str) -> OSError:
     """The error for a gRPC address the service could not bind: EADDRINUSE naming the address and
-    the fix where another process holds the port, else what the bind said."""
+    the fix where another process holds the port, EACCES naming the capability for a privileged
+    port, else what the bind said."""
     held = port_holder(address)
     if held is not None and held.errno == errno.EADDRINUSE:
-        port = address.rpartition(":")[2]
-        return OSError(errno.EADDRINUSE, f"gRPC address {address} is in use by another process (ss -ltnp "
-                       f"'sport = :{port}' shows which): the service does not share its port; stop that "
-                       f"process or change service.grpc_address")
+        return OSError(errno.EADDRINUSE, held_message(address))
+    if held is not None and held.errno == errno.EACCES:
+        return OSError(errno.EACCES, f"cannot bind gRPC address {address}: port {address.rpartition(':')[2]} is "
+                       "privileged: run the service as root or give it CAP_NET_BIND_SERVICE (contrib/systemd/"
+                       "swapaware.service: AmbientCapabilities=CAP_NET_BIND_SERVICE)")
     code = held.errno if held is not None and held.errno else errno.EADDRNOTAVAIL
     detail = held.strerror if held is not None and held.strerror else grpc_said
     return OSError(code, f"cannot bind gRPC address {address}: {detail}")
@@ -173,17 +182,25 @@ def add_servicer(servicer: PolicyServicer, server: grpc.Server) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 
-def start_grpc(handler: PolicyHandler, address: str, max_workers: int, token: str | None = None,
-               authorizer: Authorizer | None = None, credentials: grpc.ServerCredentials | None = None,
-               ) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """Start serving on ``address`` ('host:0' picks a free port), over TLS with ``credentials``.
-    Returns (server, port, health); OSError naming the address where it cannot be bound (another
-    process holds the port: EADDRINUSE)."""
+def grpc_server(handler: PolicyHandler, max_workers: int, token: str | None = None,
+                authorizer: Authorizer | None = None) -> tuple[grpc.Server, health.HealthServicer]:
+    """The service's gRPC server, with its servicer and the health service (whose overall status
+    and PolicyService entry say NOT_SERVING until a port is bound: adapters/grpc_bind.py); no port
+    yet, not started."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                          options=SERVER_OPTIONS)
     add_servicer(PolicyServicer(handler, token, authorizer), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    return server, health_servicer
+
+
+def add_port(server: grpc.Server, address: str, credentials: grpc.ServerCredentials | None = None) -> int:
+    """Bind ``address`` ('host:0' picks a free port) on a server not yet started, over TLS with
+    ``credentials``. Returns the port; OSError naming the address where it cannot be bound
+    (another process holds the port: EADDRINUSE; a privileged port without the capability: EACCES)."""
     try:
         port = (server.add_secure_port(address, credentials) if credentials is not None
                 else server.add_insecure_port(address))
@@ -192,10 +209,27 @@ def start_grpc(handler: PolicyHandler, address: str, max_workers: int, token: st
     else:
         failure = "no address bound"
     if port == 0:
-        error = bind_failure(address, failure)
-        log.error("%s", error.strerror)
-        raise error
-    server.start()
+        raise bind_failure(address, failure)
+    return port
+
+
+def serving(health_servicer: health.HealthServicer) -> None:
+    """The health service's overall status and PolicyService entry: SERVING (the port is bound)."""
     for name in ("", SERVICE):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+
+def start_grpc(handler: PolicyHandler, address: str, max_workers: int, token: str | None = None,
+               authorizer: Authorizer | None = None, credentials: grpc.ServerCredentials | None = None,
+               ) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """Start serving on ``address`` at once (the service itself waits for a held port:
+    adapters/grpc_bind.py). Returns (server, port, health); OSError as ``add_port``."""
+    server, health_servicer = grpc_server(handler, max_workers, token, authorizer)
+    try:
+        port = add_port(server, address, credentials)
+    except OSError as error:
+        log.error("%s", error.strerror)
+        raise
+    server.start()
+    serving(health_servicer)
     return server, port, health_servicer

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import socket
-import subprocess
-import sys
 
 import grpc
 import pytest
@@ -19,42 +16,10 @@ from policy_service.config import ConfigError, UnsafeTokenFile, load_config, rea
 from policy_service.server import start_service
 from slurm_plugin import hooks, spool
 
-from .test_durability import ROOT
-
 REMOTE = "10.77.0.1"  # the multi-node dev cluster's controller: not this host
 
 
-@pytest.fixture
-def squatter():
-    """A plain socket bound and listening on a free loopback port: another process's."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield s.getsockname()[1]
-
-
-def test_the_service_refuses_a_port_another_process_holds(service_env, slurm_jobs, squatter, caplog):
-    address = f"127.0.0.1:{squatter}"
-    cfg = load_config(env={**service_env, "SWAPAWARE_SERVICE__GRPC_ADDRESS": address})
-    with caplog.at_level(logging.ERROR), pytest.raises(OSError) as err:
-        start_service(cfg, slurm=slurm_jobs)
-    assert err.value.errno == errno.EADDRINUSE
-    assert f"gRPC address {address} is in use by another process" in str(err.value)
-    assert "service.grpc_address" in str(err.value)
-    assert any(address in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
-
-
-def test_swapaware_serve_exits_non_zero_naming_the_held_address(service_env, squatter):
-    address = f"127.0.0.1:{squatter}"
-    env = {**os.environ, **service_env, "SWAPAWARE_SERVICE__GRPC_ADDRESS": address}
-    # a process of its own: a service that does not refuse serves until the timeout ends it
-    p = subprocess.run([sys.executable, "-c", "from policy_service.cli import main; main()", "serve"],
-                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1, p.stderr
-    said = f"gRPC address {address} is in use by another process"
-    assert f"ERROR {said}" in p.stderr  # logged
-    assert "Error: cannot start: [Errno 98] " + said in p.stderr  # and the exit's reason
-    assert "Traceback" not in p.stderr
+# A port another process holds while the service starts: tests/adapter/test_port_squatter.py.
 
 
 def test_no_other_socket_can_share_the_port_while_the_service_listens(service):
