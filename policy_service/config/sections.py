@@ -241,6 +241,11 @@ class PolicyConfig:
     queue_poll_s: float = 15.0
     # Admin comment length cap (Slurm stores it as text; keep sacct output readable).
     admin_comment_max_chars: int = 400
+    # Tell the submitting user, on sbatch/srun's stderr, when a request was rewritten to shards
+    # (slurm.log_user). Off: users see exactly what they see without swapaware (scripts that
+    # capture `sbatch --parsable ... 2>&1` get the job id alone); the rewrite is in the
+    # AdminComment and `swapaware explain`.
+    tell_users: bool = False
 
 
 @dataclass(frozen=True)

@@ -377,7 +377,7 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     user_message = None
     if shards:
         fields = shard_rewrite(dict(gres_fields), req.gpu.source_field, shards, dialect, req.gpu.gpu_type)
-    if action in (Action.SHARE, Action.SHARE_OVERSUBSCRIBED):
+    if action in (Action.SHARE, Action.SHARE_OVERSUBSCRIBED) and cfg.policy.tell_users:
         of_gpu = f"one {req.gpu.gpu_type} GPU" if req.gpu.gpu_type else "one GPU"
         user_message = (f"swapaware: gpu request rewritten to {shards} shard(s) of {of_gpu} "
                         f"(predicted peak {estimator.fmt_bytes(est.peak_bytes)})")

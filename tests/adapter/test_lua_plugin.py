@@ -98,13 +98,29 @@ def test_the_jobs_qos_reaches_the_service(service, tmp_path):
     assert json.loads(service.store.decision(d_id).facts_json)["qos"] == "high"
 
 
-def test_known_job_is_rewritten_to_shards(service, client, slurm_jobs, tmp_path):
-    teach(service, client, slurm_jobs, script_fingerprint(SCRIPT.encode()), 3 * GIB)
-    out = run_lua(tmp_path, [gpu_job(), gpu_job(tres_per_node="", tres_per_job="gres:gpu:1")], service.socket_path)
+@pytest.mark.parametrize("tell", [False, True])
+def test_known_job_is_rewritten_to_shards(tell, service_env, slurm_jobs, tmp_path):
+    """The user is told of the rewrite (slurm.log_user: sbatch's stderr) only where the site asks
+    (policy.tell_users); by default sbatch prints what it prints without swapaware."""
+    from policy_service.client import PolicyClient
+    from policy_service.config import load_config
+    from policy_service.server import start_service
+    service = start_service(load_config(env={**service_env, "SWAPAWARE_POLICY__TELL_USERS": str(tell).lower()}),
+                            slurm=slurm_jobs)
+    try:
+        with PolicyClient(f"127.0.0.1:{service.grpc_port}", 5.0) as client:
+            teach(service, client, slurm_jobs, script_fingerprint(SCRIPT.encode()), 3 * GIB)
+        out = run_lua(tmp_path, [gpu_job(), gpu_job(tres_per_node="", tres_per_job="gres:gpu:1")],
+                      service.socket_path)
+    finally:
+        service.stop(0)
     first, second = out["results"]
     assert first["job"]["tres_per_node"] == "gres:shard:1"
     assert second["job"]["tres_per_node"] == "gres:shard:1" and second["job"]["tres_per_job"] == ""
-    assert any("rewritten to 1 shard" in m for m in out["user"])
+    if tell:
+        assert len(out["user"]) == 2 and all("rewritten to 1 shard" in m for m in out["user"]), out["user"]
+    else:
+        assert not out["user"], out["user"]
 
 
 def test_non_gpu_job_never_calls_the_service(service, tmp_path):

@@ -195,7 +195,7 @@ def test_compute_aware_sizing(cfg, stats, action, shards, code):
 
 
 def test_compute_shards_reason_carries_the_figures():
-    d = gated(None, stats=with_util(0.62), cfg=CFG)
+    d = gated(None, stats=with_util(0.62), cfg=replace(CFG, policy=replace(CFG.policy, tell_users=True)))
     assert reason(d, ReasonCode.COMPUTE_SHARDS) == (
         "alone on a GPU it kept it 62% busy (class history): charged 5 of 8 shards so the jobs on a GPU ask for "
         "no more than its compute")

@@ -8,7 +8,7 @@ from policy_service.core import policy
 from policy_service.core.mode import SHADOW_TOKEN, apply_mode, shadow_comment
 from policy_service.core.types import Action, Rewrite
 
-from tests.unit.test_policy import decide, history, make
+from tests.unit.test_policy import decide, history, make, telling
 
 CFG = Config()
 MAX = CFG.policy.admin_comment_max_chars
@@ -33,7 +33,7 @@ def test_shadow_changes_nothing_but_the_admin_comment(kw, stats):
 
 
 def test_a_sharing_decision_in_shadow_sets_no_gres_no_site_factor_no_message():
-    enforced = decide(history(10, 10, 10))
+    enforced = decide(history(10, 10, 10), cfg=telling(CFG))
     assert enforced.action in (Action.SHARE, Action.SHARE_OVERSUBSCRIBED)
     assert enforced.rewrite.tres_per_node and enforced.rewrite.user_message
     shadow = apply_mode(enforced, PolicyMode.SHADOW, MAX)

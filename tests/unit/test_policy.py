@@ -38,6 +38,11 @@ def history(*peaks_gib, **overrides):
 NO_OVERSUB = replace(CFG, policy=replace(CFG.policy, allow_oversubscription=False))
 
 
+def telling(cfg):
+    """``cfg`` with policy.tell_users on (a message to the user on a rewrite; off by default)."""
+    return replace(cfg, policy=replace(cfg.policy, tell_users=True))
+
+
 @pytest.mark.parametrize("kw,stats,action,shards,code", [
     (dict(fields={}), None, Action.PASS_THROUGH, 0, ReasonCode.NO_GPU),
     (dict(fields={"tres_per_node": "gres:shard:2"}), None, Action.PASS_THROUGH, 0, ReasonCode.ALREADY_SHARDS),
@@ -59,6 +64,15 @@ def test_decision_table(kw, stats, action, shards, code):
     assert (d.action, d.shards) == (action, shards)
     assert code in {r.code for r in d.reasons}
     assert d.decision_id in (d.rewrite.admin_comment or d.decision_id)
+
+
+def test_the_user_is_told_of_a_rewrite_only_where_the_site_asks():
+    """Off by default (sbatch's stderr as without swapaware); policy.tell_users on: one line."""
+    quiet = decide(history(3), cfg=NO_OVERSUB)
+    told = decide(history(3), cfg=telling(NO_OVERSUB))
+    assert quiet.action is told.action is Action.SHARE and quiet.rewrite.tres_per_node == told.rewrite.tres_per_node
+    assert quiet.rewrite.user_message is None
+    assert told.rewrite.user_message == "swapaware: gpu request rewritten to 1 shard(s) of one GPU (predicted peak 3.0GiB)"
 
 
 def test_share_rewrite_clears_gpu_fields():

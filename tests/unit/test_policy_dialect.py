@@ -10,7 +10,7 @@ from policy_service.core.dialect import DIALECTS
 from policy_service.core.request import gpu_request, history_keys, job_request
 from policy_service.core.types import Action, KeyLevel, ReasonCode
 
-from .test_policy import CFG, NO_OVERSUB, history
+from .test_policy import CFG, NO_OVERSUB, history, telling
 
 D22, D24, D26 = DIALECTS[(22, 5)], DIALECTS[(24, 11)], DIALECTS[(26, 5)]
 
@@ -112,7 +112,7 @@ def test_interactive_and_het_requests_stay_as_typed(fields, is_batch, code, stat
 def test_typed_requests_share_within_their_type(fields, dialect, expected):
     """Shards take their GPU's type (gres.conf Type= with the same File=, on every release): a
     typed request shares only GPUs of its type."""
-    d = decide(fields, history(3), NO_OVERSUB, dialect)
+    d = decide(fields, history(3), telling(NO_OVERSUB), dialect)
     assert (d.action, d.shards) == (Action.SHARE, 1)
     got = {f: getattr(d.rewrite, f) for f in ("tres_per_node", "tres_per_job", "tres_per_task") if getattr(d.rewrite, f)
            is not None}
