@@ -173,6 +173,11 @@ SQUEUE_PENDING_FORMAT = ("JobID:|,tres-per-node:|,tres-per-job:|,tres-per-task:|
 SINFO_NODE_FORMAT = "%N|%G|%T"
 # Node states (sinfo %T, lower case, without the "*"/"~"/"#" suffixes) that take no new jobs.
 _UNAVAILABLE_NODE_STATES = ("down", "drain", "fail", "future", "inval", "powered_down", "power_down", "unknown")
+# A node the controller in control shows as UNKNOWN has not registered with it since it started (a
+# slurmctld restart, or a reconfigure, which restarts slurmctld on 23.11+): measured on 24.11 and
+# 26.05, sinfo already shows the node's typed shards then, and slurmctld refuses typed shard jobs
+# ("Requested node configuration is not available") until the node registers.
+_UNREGISTERED_NODE_STATE = "unknown"
 
 
 def _na(value: str) -> str:
@@ -236,6 +241,7 @@ class NodeGres:
 
     gpus: int
     shards: Mapping[str, Mapping[str, int]]
+    unregistered: frozenset[str] = frozenset()  # nodes in State=UNKNOWN (LiveShards.unregistered)
 
 
 def parse_sinfo_nodes(text: str) -> NodeGres:
@@ -243,6 +249,7 @@ def parse_sinfo_nodes(text: str) -> NodeGres:
     partition and counted once; a node down, drained, ... counts no GPU and lists no shards)."""
     gpus: dict[str, int] = {}
     shards: dict[str, dict[str, int]] = {}
+    unregistered: set[str] = set()
     for line in text.splitlines():
         cols = line.split("|")
         if len(cols) < 3 or not cols[0].strip():
@@ -250,6 +257,8 @@ def parse_sinfo_nodes(text: str) -> NodeGres:
         node, gres, state = cols[0].strip(), cols[1], cols[2].strip().lower().rstrip("*~#!%$@^-")
         if state.startswith(_UNAVAILABLE_NODE_STATES):
             gpus.setdefault(node, 0)
+            if state.startswith(_UNREGISTERED_NODE_STATE):
+                unregistered.add(node)
             continue
         n, by_type = 0, {}
         for entry in _split_gres("" if gres.strip() == "(null)" else gres):
@@ -264,7 +273,7 @@ def parse_sinfo_nodes(text: str) -> NodeGres:
         gpus[node] = n
         if by_type:
             shards[node] = by_type
-    return NodeGres(sum(gpus.values()), shards)
+    return NodeGres(sum(gpus.values()), shards, frozenset(unregistered))
 
 
 def parse_sinfo_gpus(text: str) -> int:

@@ -151,17 +151,22 @@ class LiveShards:
     Measured on Slurm 22.05 (docs/slurm-releases.md): a backup that took over with ``scontrol
     takeover`` reports ``shard:<type>:0`` on every node and refuses every shard job until the
     primary is back; a controller that just started reports slurm.conf's untyped count for the
-    seconds before the nodes register, and refuses most shard jobs then."""
+    seconds before the nodes register, and refuses most shard jobs then. Measured on 24.11 and
+    26.05: after a restart or ``scontrol reconfigure`` (which restarts slurmctld there) a node shows
+    State=UNKNOWN and its typed shards, and typed shard jobs are refused until it registers:
+    ``unregistered`` names those nodes, which refuse every shard job."""
 
     by_node: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     unread: str = ""
+    unregistered: frozenset[str] = frozenset()
     # the nodes refuses() may name, derived from by_node, so that a decision checks those alone: a
     # type's count is 0 (zero), or the shards are untyped (untyped: a refusal only where the fleet types them)
     zero: frozenset[str] = field(init=False, compare=False, repr=False)
     untyped: frozenset[str] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "zero", frozenset(n for n, c in self.by_node.items() if 0 in c.values()))
+        object.__setattr__(self, "zero", frozenset(n for n, c in self.by_node.items() if 0 in c.values())
+                           | frozenset(self.unregistered))
         object.__setattr__(self, "untyped", frozenset(n for n, c in self.by_node.items() if c and not any(c.keys())))
 
     def refuses(self, node: str, gpu_type: str | None) -> str:
@@ -169,6 +174,9 @@ class LiveShards:
         fleet does not type them); "" when it would not, or does not say (node not listed)."""
         if self.unread:
             return self.unread
+        if node in self.unregistered:
+            return ("the node has not registered with the controller in control yet (State=UNKNOWN, as after a "
+                    "slurmctld restart or reconfigure)")
         counts = self.by_node.get(node)
         if counts is None:
             return ""

@@ -99,10 +99,12 @@ class SlurmJobs:
 
     # node -> lower-case type -> shards, as sinfo %G shows them (LiveShards.by_node)
     node_shards: dict[str, dict[str, int]] = field(default_factory=dict)
+    # nodes in State=UNKNOWN (not registered with the controller since it started)
+    node_unregistered: set[str] = field(default_factory=set)
 
     def cluster_nodes(self):
         from policy_service.adapters.slurm_text import NodeGres
-        return NodeGres(self.gpus, {n: dict(c) for n, c in self.node_shards.items()})
+        return NodeGres(self.gpus, {n: dict(c) for n, c in self.node_shards.items()}, frozenset(self.node_unregistered))
 
     qos_table: dict[str, int] = field(default_factory=dict)  # {}: no per-QoS view
 

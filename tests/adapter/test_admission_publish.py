@@ -329,6 +329,13 @@ def test_the_gate_sends_jobs_to_the_rpc_path_while_the_controller_refuses_shards
         slurm_jobs.node_shards = {"n1": {"a100": 16}}
         s.queue_monitor.poll_once()
         assert "rpc_only" not in json.loads(p.gate.read_text())
+        # after a slurmctld restart or reconfigure (24.11+): typed counts shown, State=UNKNOWN
+        slurm_jobs.node_unregistered = {"n1"}
+        s.queue_monitor.poll_once()
+        assert "n1: the node has not registered with the controller" in json.loads(p.gate.read_text())["rpc_only"]
+        slurm_jobs.node_unregistered = set()
+        s.queue_monitor.poll_once()
+        assert "rpc_only" not in json.loads(p.gate.read_text())
     finally:
         s.stop(0)
 

@@ -22,6 +22,9 @@ IN_CONTROL = "node1|gpu:a100:2,gpu:h100:2,shard:a100:8,shard:h100:16|idle\nnode2
 BACKUP_AFTER_TAKEOVER = "node1|gpu:a100:2,gpu:h100:2,shard:a100:0,shard:h100:0|idle\nnode2|gpu:l4:1|idle\n"
 NOT_REGISTERED = "node1|gpu:a100:2,gpu:h100:2,shard:24|unknown*\n"
 NOT_REGISTERED_IDLE = "node1|gpu:a100:2,gpu:h100:2,shard:24|idle\n"
+# What 24.11 and 26.05 showed right after a slurmctld restart or `scontrol reconfigure`: typed
+# shards, State=UNKNOWN, typed shard jobs refused until the node registered
+RESTARTED_TYPED = "node1|gpu:a100:2,gpu:h100:2,shard:a100:8,shard:h100:16|unknown\nnode2|gpu:l4:1|idle\n"
 
 
 @pytest.mark.parametrize("text,gpus,shards", [
@@ -36,6 +39,22 @@ NOT_REGISTERED_IDLE = "node1|gpu:a100:2,gpu:h100:2,shard:24|idle\n"
 def test_sinfo_gives_each_nodes_gpus_and_shards(text, gpus, shards):
     nodes = parse_sinfo_nodes(text)
     assert (nodes.gpus, nodes.shards) == (gpus, shards)
+    assert nodes.unregistered == (frozenset({"node1"}) if text == NOT_REGISTERED else frozenset())
+
+
+def test_a_node_not_registered_since_the_controller_started_refuses_shard_jobs(parts):
+    """State=UNKNOWN (with or without its shards shown): every shard job there is refused, typed or
+    not, until the node registers; other nodes are unaffected."""
+    nodes = parse_sinfo_nodes(RESTARTED_TYPED)
+    assert (nodes.gpus, nodes.unregistered) == (1, frozenset({"node1"}))
+    got = live(RESTARTED_TYPED)
+    for gpu_type in ("a100", "h100", None):
+        assert "State=UNKNOWN" in got.refuses("node1", gpu_type)
+    assert got.refuses("node2", None) == ""
+    assert "node1" in got.zero
+    counts, refused = parts.live_shard_counts("gpu", "a100", got)
+    assert counts == () and refused and refused[0].startswith("node1: the node has not registered")
+    assert parts.shards_refused(got) and parts.shards_refused(live(RESTARTED_TYPED.replace("unknown", "idle"))) == ()
 
 
 @pytest.mark.parametrize("by_node,node,gpu_type,refused", [
@@ -60,7 +79,8 @@ def parts():
 
 
 def live(text: str) -> LiveShards:
-    return LiveShards(parse_sinfo_nodes(text).shards)
+    nodes = parse_sinfo_nodes(text)
+    return LiveShards(nodes.shards, unregistered=nodes.unregistered)
 
 
 def test_the_gpus_a_job_can_land_on_are_those_the_controller_takes_shard_jobs_on(parts):
