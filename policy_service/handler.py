@@ -149,6 +149,8 @@ class PolicyHandler:
                 reasons=[pb.Reason(code=ReasonCode.MODE_OFF.value, message="policy.mode = off: the job passes "
                                                                            "unchanged, nothing is decided")]))
         dry_run_why = self._not_slurmctld(caller) if not req.dry_run else None
+        if req.plugin.started_at and dry_run_why is None and not req.dry_run and self.queue is not None:
+            self.queue.slurmctld_started(req.plugin.instance, req.plugin.started_at)  # slurmctld's alone
         d, jr, keys = self._decide(job)
         d = apply_mode(d, mode, self.cfg.policy.admin_comment_max_chars)
         if not req.dry_run and dry_run_why is None:

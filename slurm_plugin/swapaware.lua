@@ -73,6 +73,12 @@ local function now()
   return os.time()
 end
 
+-- When this Lua state was created: slurmctld's start (or, 23.11+, a reconfigure, which restarts
+-- it). The service and the table's gate compare it with their queue snapshot's time: one taken
+-- before says nothing of the nodes' registration with this slurmctld (T.gate_state, Admit).
+M.counters.started_at = now()
+if have_table then T.started_at = M.counters.started_at end
+
 -- Settings --------------------------------------------------------------------------------
 function M.parse_settings(text, base)
   local out = {}
@@ -307,7 +313,8 @@ local function decide(job_desc, submit_uid)
   end
   local c = M.counters
   local line = cjson.encode({ method = "Admit", request = { job = F.facts(jd, submit_uid, facts_buf), brief = true,
-    plugin = { instance = c.instance, breakerOpen = c.breaker_open, serviceError = c.service_error } } })
+    plugin = { instance = c.instance, breakerOpen = c.breaker_open, serviceError = c.service_error,
+      startedAt = c.started_at } } })
   local resp, err = M.call(M.settings.socket, line, M.settings.timeout_ms / 1000)
   if not resp then return breaker_fail(err) end
   local ok, reply = pcall(cjson.decode, resp)

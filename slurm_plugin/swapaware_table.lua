@@ -308,6 +308,11 @@ function T.gate_state(settings, view, now_s)
   if type(doc.controller) == "string" and doc.controller ~= "" and doc.controller ~= T.hostname() then
     return declined(path, "written for the slurmctld on %s, this host is %s", doc.controller, T.hostname())
   end
+  -- a snapshot taken before this slurmctld started (1 s of slack: os.time() counts whole seconds)
+  -- says nothing of its nodes' registration: typed shard jobs are refused until they register
+  if T.started_at and type(doc.taken_at) == "number" and doc.taken_at < T.started_at + 1 then
+    return declined(path, "%s", "queue snapshot taken before this slurmctld started")
+  end
   declined_logged = nil
   local views = type(doc.views) == "table" and doc.views or {}
   local state = views[view]

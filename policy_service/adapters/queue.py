@@ -32,6 +32,9 @@ log = logging.getLogger("swapaware.queue")
 WAITING_REASONS = frozenset({"Priority", "Resources", "None"})
 QOS_REFRESH_POLLS = 40  # QoS priorities change rarely: re-read them every 40 polls (10 min at 15 s)
 FIRST_POLL_CALLS = 3  # squeue, sinfo and sacctmgr (QoS): each bounded by service.slurm_timeout_s
+# The job_submit plugin's start time is os.time() (whole seconds) where lua-socket is missing.
+STARTED_SLACK_S = 1.0
+PLUGIN_STATES_KEPT = 64  # Lua states (slurmctld starts) remembered by slurmctld_started
 
 
 def first_poll_bound_s(cfg: Config) -> float:
@@ -80,8 +83,9 @@ class QueueMonitor:
     """Polls Slurm for the queue snapshot; ``snapshot()`` never blocks on Slurm."""
 
     def __init__(self, slurm: SlurmAccess, cfg: Config, clock: Callable[[], float] = time.monotonic,
-                 on_poll: Callable[[list[PendingJob], QueueState], None] | None = None):
-        self.slurm, self.cfg, self.clock, self.on_poll = slurm, cfg, clock, on_poll
+                 on_poll: Callable[[list[PendingJob], QueueState], None] | None = None,
+                 wall: Callable[[], float] = time.time):
+        self.slurm, self.cfg, self.clock, self.on_poll, self.wall = slurm, cfg, clock, on_poll, wall
         # prepare(state): called in the poll thread with each new snapshot before Admits can read it
         # (work they would otherwise do on their first read: partitions.warm_live)
         self.prepare: Callable[[QueueState], object] | None = None
@@ -104,6 +108,8 @@ class QueueMonitor:
         self._hold_until = float("-inf")
         self._changed_at = 0.0
         self._logged_change = 0  # the last change whose first read of the shards was logged
+        self._began_wall = float("-inf")  # wall clock: when the last successful poll began
+        self._plugin_states: dict[str, None] = {}  # slurmctld_started: the Lua states seen, oldest first
 
     def controller_changed(self, why: str, hold_s: float = 0.0) -> None:
         """The controller in control may have changed (this service's role changed): its nodes'
@@ -117,14 +123,35 @@ class QueueMonitor:
             self._hold_until = max(self._hold_until, self.clock() + hold_s)
         self._wake.set()
 
+    def slurmctld_started(self, instance: str, started_at: float) -> bool:
+        """The job_submit plugin's Lua state ``instance`` was created at ``started_at`` (wall clock):
+        when slurmctld started, or was reconfigured (23.11+ restarts it). A snapshot from a poll
+        begun before then cannot show that its nodes have not registered with it yet (State=UNKNOWN;
+        measured on 24.11 and 26.05: typed shard jobs are refused until they register), so the
+        shards count as unread until a poll begun after now (controller_changed, which polls at
+        once). Looked at once per Lua state; True when the shards were marked unread."""
+        with self._lock:
+            if not instance or instance in self._plugin_states:
+                return False
+            self._plugin_states[instance] = None
+            while len(self._plugin_states) > PLUGIN_STATES_KEPT:
+                del self._plugin_states[next(iter(self._plugin_states))]
+            began = self._began_wall
+        if started_at <= 0 or started_at + STARTED_SLACK_S <= began:
+            return False
+        self.controller_changed(f"slurmctld started at {time.strftime('%H:%M:%S', time.localtime(started_at))}, "
+                                "after the last queue poll began (its nodes may not have registered with it yet)")
+        return True
+
     def poll_once(self) -> QueueState | None:
         with self._lock:
             change = self._changes
+        began_wall = self.wall()
         try:
             pending = self.slurm.pending_jobs()
             nodes = self.slurm.cluster_nodes()
             state = queue_state(pending, nodes.gpus, self.cfg.gpu.shards_per_gpu, self._qos_priorities())
-            state = dataclasses.replace(state, live_shards=LiveShards(nodes.shards))
+            state = dataclasses.replace(state, live_shards=LiveShards(nodes.shards, unregistered=nodes.unregistered))
         except Exception as exc:  # noqa: BLE001  (the monitor thread must outlive any Slurm surprise)
             if not self._failing:  # one line per outage, not one per poll
                 log.warning("cannot read the queue from Slurm (%s); decisions treat it as unknown once the "
@@ -143,6 +170,7 @@ class QueueMonitor:
                 log.exception("preparing the queue snapshot")
         with self._lock:
             self._state, self._taken_at, self._polled_change = state, self.clock(), change
+            self._began_wall = max(self._began_wall, began_wall)
             first_read = self._first_read_after_change(change)
         if first_read:
             log.info("%s", first_read)

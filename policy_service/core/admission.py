@@ -152,7 +152,9 @@ def gate_file(snapshot: QueueState | None, cfg: Config, now: float, rpc_only: st
     ``rpc_only``: why every job takes the RPC path now (the table's decisions assume what the
     service no longer sees, e.g. nodes whose shards the controller refuses); ``controller``: the
     host name of the slurmctld the service follows ([ha]): the plugin on another host takes the RPC
-    path (swapaware_table.lua, T.gate_state)."""
+    path (swapaware_table.lua, T.gate_state). ``taken_at``: when the snapshot was taken (wall
+    clock): a slurmctld that started after it takes the RPC path (its nodes may not have
+    registered with it, which the snapshot cannot show)."""
     fresh_for = 3 * cfg.policy.queue_poll_s
     extra = {k: v for k, v in (("rpc_only", rpc_only), ("controller", controller)) if v}
     if snapshot is None:
@@ -166,8 +168,8 @@ def gate_file(snapshot: QueueState | None, cfg: Config, now: float, rpc_only: st
     else:
         other = queue_gate_state(snapshot, "", cfg)
         views = {"": other}
-    return {"format": GATE_FORMAT, "generated_at": now, "valid_until": taken + fresh_for, "views": views,
-            "other": other, **extra}
+    return {"format": GATE_FORMAT, "generated_at": now, "taken_at": taken, "valid_until": taken + fresh_for,
+            "views": views, "other": other, **extra}
 
 
 # ---------------------------------------------------------------------- entries

@@ -308,6 +308,26 @@ def test_a_snapshot_from_a_poll_begun_before_the_change_stays_unread(slurm_jobs,
     assert mon.snapshot().live_shards.unread == "" and not mon.snapshot().live_shards.refuses("n1", "a100")
 
 
+def test_a_slurmctld_started_after_the_last_poll_began_has_its_shards_unread_until_the_next(slurm_jobs, clock):
+    """The job_submit plugin's Lua state is created when slurmctld starts (or, 23.11+, is
+    reconfigured): a snapshot from a poll begun before then cannot show nodes that have not
+    registered with it (typed shard jobs refused there, 24.11 and 26.05). Once per Lua state."""
+    wall = [1000.0]
+    mon = QueueMonitor(slurm_jobs, Config(policy=PolicyConfig(queue_poll_s=15.0)), clock, wall=lambda: wall[0])
+    slurm_jobs.node_shards = {"n1": {"a100": 16}}
+    mon.poll_once()  # began at 1000.0
+    assert not mon.slurmctld_started("1-0x1", 998.5)  # started before the poll (and its slack)
+    assert mon.snapshot().live_shards.unread == ""
+    assert mon.slurmctld_started("1-0x2", 999.5)  # within the slack of os.time()'s whole seconds
+    live = mon.snapshot().live_shards
+    assert "slurmctld started at" in live.unread and live.refuses("n1", "a100")
+    assert not mon.slurmctld_started("1-0x2", 999.5)  # the same Lua state: looked at once
+    wall[0] = 1002.0
+    mon.poll_once()  # begun after the start: the restarted controller's view
+    assert mon.snapshot().live_shards.unread == ""
+    assert not mon.slurmctld_started("1-0x3", 0.0)  # an older plugin sends no start time
+
+
 def test_after_a_controller_change_the_shards_stay_unread_for_the_hold(slurm_jobs, clock):
     """A 22.05 backup that took over was seen to show its nodes' shards for seconds before it
     showed them as 0: after a role change there the counts stay unread for a while, polls or not."""
