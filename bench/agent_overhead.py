@@ -60,7 +60,7 @@ def run(samples: int, jobs: int, procs: int, gpus: int) -> list[tuple[str, float
         agent = Agent(cfg, FakeNvmlTelemetry(root), kernel_log=None)
         results = [("idle (no jobs)", _cpu_per_sample_s(agent, samples))]
         for k in range(jobs):
-            agent.start(1000 + k, [k % gpus], 0)
+            agent.start(1000 + k, [k % gpus], os.getuid())  # the bench processes run as this user
         results.append((f"{jobs} jobs, 0 GPU processes", _cpu_per_sample_s(agent, samples)))
         children = _spawn_job_processes(root, jobs, procs, gpus)
         try:

@@ -6,8 +6,9 @@ logging, the hooks' spool replayer and metrics, then the socket until a signal. 
 split by what it does: ``agent_protocol`` (the JSON-lines requests), ``agent_state`` (the pure
 per-job bookkeeping and the stop report, ``oom_suspected`` included), ``agent_sampler`` (``Agent``:
 locks, clocks, device and /proc reads, the sampling loop), ``agent_server`` (``AgentServer``:
-the socket and the threads), ``agent_metrics`` (Prometheus) and ``procs`` (the /proc and
-kernel-log parsers).
+the socket and the threads), ``agent_metrics`` (Prometheus), ``procs`` (the /proc and
+kernel-log parsers) and ``attribution`` (which job a process's memory is charged to: the kernel's
+word only).
 """
 from __future__ import annotations
 

@@ -1,14 +1,18 @@
 """The node agent's ``Agent``: the tracked jobs behind a lock, the requests that start and stop
 them, and the sampling loop that reads the devices, /proc and the kernel log on a clock.
 
-Every ``sample_period_s`` the sampler thread reads each device's processes and attributes a
-process to a job by its ``/proc/<pid>/cgroup`` path (Slurm's cgroup plugins): a ``job_<id>``
-component, or a component equal to the SLUID an announced job came with (Slurm 26.05 with cgroup
-v2 names job directories ``.../slurmstepd.scope/<SLUID>/`` unless ``CgroupJobIdPaths=yes``; the
-prolog sees ``SLURM_JOB_SLUID`` from 25.11 on). SLUIDs are opaque: only a whole path component
-equal to an announced one counts. Failing both, by ``SLURM_JOB_ID`` in ``/proc/<pid>/environ``
-(readable as root; can be forged by a user who sets it by hand, the cgroup cannot). The parsers
-are in ``slurm_plugin.procs``, the bookkeeping of each sample in ``slurm_plugin.agent_state``.
+Every ``sample_period_s`` the sampler thread reads each device's processes and charges a
+process's memory to a job only where the kernel ties it to that job (``slurm_plugin.attribution``):
+by its ``/proc/<pid>/cgroup`` path (Slurm's cgroup plugins), a ``job_<id>`` component, or a
+component equal to the SLUID an announced job came with (Slurm 26.05 with cgroup v2 names job
+directories ``.../slurmstepd.scope/<SLUID>/`` unless ``CgroupJobIdPaths=yes``; the prolog sees
+``SLURM_JOB_SLUID`` from 25.11 on). SLUIDs are opaque: only a whole path component equal to an
+announced one counts. A process whose cgroup names no job is charged by ``SLURM_JOB_ID`` in
+``/proc/<pid>/environ`` (readable as root) only when its owner (``/proc/<pid>/status``) is the
+job's announced uid and only on the job's own GPUs: anyone can set that variable, nobody can
+change their uid. The parsers are in ``slurm_plugin.procs``, the bookkeeping of each sample in
+``slurm_plugin.agent_state``. Kernel lines are attributed by cgroup (the line's memcg path, or the
+named pid's cgroup), else by a pid already charged to the job.
 Xid lines are read from ``/dev/kmsg`` when it is readable; Xids without a pid (old drivers) are
 not attributed. Jobs never stopped are forgotten after ``MAX_JOB_AGE_S``; at most ``MAX_JOBS``
 are tracked.
@@ -36,14 +40,16 @@ from slurm_plugin.agent_state import (
     summarize,
     unknown_job_telemetry,
 )
+from slurm_plugin.attribution import sample_owners
 from slurm_plugin.nvml import PROC_ROOT, GpuTelemetry, TelemetryError
 from slurm_plugin.procs import (
     KernelEvent,
     KernelLogTail,
-    PidJobCache,
+    ProcFacts,
+    ProcFactsCache,
+    cgroup_job_id,
     job_id_from_memcg,
     parse_kernel_line,
-    resolve_job_id,
     usable_sluid,
 )
 
@@ -70,7 +76,7 @@ class Agent:
         self._jobs: dict[int, JobTrack] = {}
         self._lock = threading.Lock()
         self._identity: dict[int, tuple[str, str]] = {}
-        self._pid_cache = PidJobCache(proc_root)
+        self._pid_cache = ProcFactsCache(proc_root)
         self._logged: set[str] = set()
         self._kernel = self._open_kernel_log(kernel_log)
         self.replayer = None  # slurm_plugin.replayer.SpoolReplayer, set by main()
@@ -121,7 +127,8 @@ class Agent:
         if sluid is not None and usable is None:
             # Still track the job: its processes are found by job_<id> or their environ.
             log.warning("job %d: SLUID %r cannot be a cgroup path component: ignored, its processes are "
-                        "attributed by job_<id> or SLURM_JOB_ID only", job_id, sluid[:80])
+                        "attributed by job_<id> or (its own user's, on its GPUs) SLURM_JOB_ID only", job_id,
+                        sluid[:80])
         with self._lock:
             self._forget_expired()
             if job_id not in self._jobs and len(self._jobs) >= MAX_JOBS:
@@ -165,30 +172,34 @@ class Agent:
         """Take one sample of every device and fold it into each tracked job."""
         with self._lock:
             self._forget_expired()
-            tracking = bool(self._jobs)
-            sluids = sluid_map(self._jobs.values())
+            jobs = dict(self._jobs)
+            sluids = sluid_map(jobs.values())
         events = self._kernel_events()
-        if self.telemetry is None or not (tracking or events):
+        if self.telemetry is None or not (jobs or events):
             return
-        observations = self._observe() if tracking else []
-        pid_jobs = self._pid_cache.resolve({p.pid for o in observations for p in o.procs}, sluids)
-        events = [self._with_live_job(e, pid_jobs, sluids) for e in events]
+        observations = self._observe() if jobs else []
+        facts = self._pid_cache.resolve({p.pid for o in observations for p in o.procs}, sluids)
+        owners = sample_owners(observations, facts, jobs)
+        events = [self._with_live_job(e, facts, sluids) for e in events]
         t_s = self._mono()
         with self._lock:
             for job_id, job in list(self._jobs.items()):
                 if observations:
-                    job = apply_tick(job, t_s, observations, pid_jobs)
+                    job = apply_tick(job, t_s, observations, owners)
                 for event in events:
                     job = apply_kernel_event(job, event)
                 self._jobs[job_id] = job
 
-    def _with_live_job(self, event: KernelEvent, pid_jobs: Mapping[int, int | None],
+    def _with_live_job(self, event: KernelEvent, facts: Mapping[int, ProcFacts],
                        sluids: Mapping[str, int]) -> KernelEvent:
+        """``event`` with the job its cgroup names (never its environment's: a pid charged to a
+        job by that is matched by ``apply_kernel_event``)."""
         if event.job_id is not None:
             return event
         job_id = job_id_from_memcg(event.text, sluids)  # 26.05: memcg paths name the SLUID
         if job_id is None and event.pid is not None:
-            job_id = pid_jobs.get(event.pid) or resolve_job_id(event.pid, self._proc_root, sluids)
+            known = facts.get(event.pid)
+            job_id = known.cgroup_job if known is not None else cgroup_job_id(event.pid, self._proc_root, sluids)
         return event if job_id is None else dataclasses.replace(event, job_id=job_id)
 
     def _kernel_events(self) -> list[KernelEvent]:

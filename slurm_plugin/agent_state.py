@@ -7,16 +7,23 @@ adds those. Per job and GPU it keeps the peak and the time-weighted mean of the 
 function: each sample holds until the next, over [first sample, last sample]) and the device
 utilisation (device-wide, not per job).
 
-``oom_suspected`` is a heuristic, with its evidence listed:
-  * ``job_near_capacity``: the job's processes held >= 98 % of a device's memory at a sample;
-  * ``device_full``: the device was >= 98 % used (all processes) while the job held memory there;
-  * ``xid``: an ``NVRM: Xid`` kernel line naming one of the job's pids; only Xid 31 (GPU MMU
-    fault, which is how a failed page-in under oversubscription shows, but also plain bad
-    pointers) sets ``oom_suspected``, other Xids are listed only.
-  ``host_oom`` (the kernel OOM killer hit one of the job's pids or its memory cgroup) is listed
-  but does not set it: that is host memory. A CUDA out-of-memory error itself leaves no trace
-  the driver reports, and an allocation that failed between two samples is invisible here, so
-  the epilog should combine this with the job's exit code.
+Which job a process's memory belongs to is decided before (``slurm_plugin.attribution``: its
+cgroup, or its environment only for the job's own user on the job's own GPUs); ``apply_tick``
+takes the result, (GPU, pid) -> job.
+
+``oom_suspected`` is a heuristic, with its evidence listed. Only the job's own memory can set it:
+  * ``job_near_capacity``: the processes charged to the job held >= 98 % of one of the job's own
+    GPUs (``JobTrack.gpus``) at a sample; memory on a GPU the job was not given never counts;
+  * ``xid``: an ``NVRM: Xid`` kernel line naming a pid charged to the job (or, by its cgroup, the
+    job); only Xid 31 (GPU MMU fault, which is how a failed page-in under oversubscription shows,
+    but also plain bad pointers) sets ``oom_suspected``, other Xids are listed only.
+  ``device_full`` (one of the job's GPUs was >= 98 % used by all processes while the job held
+  memory there) is listed but does not set it: most of that memory may be a neighbour's, and a
+  neighbour must not be able to flag a job (the service's own rule, ``estimator.infer_oom``, still
+  flags a shared job that failed at its own charge). ``host_oom`` (the kernel OOM killer hit one
+  of the job's pids or its memory cgroup) is listed only: that is host memory. A CUDA
+  out-of-memory error itself leaves no trace the driver reports, and an allocation that failed
+  between two samples is invisible here, so the epilog combines this with the job's exit code.
 """
 from __future__ import annotations
 
@@ -125,6 +132,7 @@ def add_evidence(job: JobTrack, item: Evidence) -> JobTrack:
 
 
 def _capacity_evidence(obs: GpuObservation, job_bytes: int, rel_s: float) -> list[Evidence]:
+    """Evidence of one of the job's own GPUs at one sample (``job_bytes``: the job's own there)."""
     limit_bytes = NEAR_CAPACITY_FRAC * obs.total_bytes
     if job_bytes <= 0 or obs.total_bytes <= 0:
         return []
@@ -134,7 +142,7 @@ def _capacity_evidence(obs: GpuObservation, job_bytes: int, rel_s: float) -> lis
     if obs.used_bytes >= limit_bytes:
         detail = (f"GPU {obs.index} full: {obs.used_bytes} of {obs.total_bytes} bytes used by all processes, "
                   f"job held {job_bytes}, at +{rel_s:.1f}s")
-        return [Evidence(EvidenceKind.DEVICE_FULL, obs.index, detail, True)]
+        return [Evidence(EvidenceKind.DEVICE_FULL, obs.index, detail, False)]  # a neighbour's memory
     return []
 
 
@@ -144,13 +152,15 @@ def _gpu_track(job: JobTrack, obs: GpuObservation) -> GpuTrack:
 
 
 def apply_tick(job: JobTrack, t_s: float, observations: Sequence[GpuObservation],
-               pid_jobs: Mapping[int, int | None]) -> JobTrack:
-    """Fold one sample of all devices into ``job``: its GPUs plus any GPU its pids appear on."""
+               owners: Mapping[tuple[int, int], int]) -> JobTrack:
+    """Fold one sample of all devices into ``job``: its GPUs plus any GPU a process charged to it
+    appears on (``owners``: (GPU index, pid) -> the job charged, ``attribution.sample_owners``).
+    Capacity evidence comes from the job's own GPUs only."""
     tracks = {g.index: g for g in job.gpu_tracks}
     total_bytes, utils, pids, reported = 0, [], set(job.pids), job.per_process_memory_reported
     evidence: list[Evidence] = []
     for obs in observations:
-        mine = [p for p in obs.procs if pid_jobs.get(p.pid) == job.job_id]
+        mine = [p for p in obs.procs if owners.get((obs.index, p.pid)) == job.job_id]
         if obs.index not in job.gpus and not mine:
             continue
         job_bytes = sum(p.used_bytes or 0 for p in mine)
@@ -162,7 +172,8 @@ def apply_tick(job: JobTrack, t_s: float, observations: Sequence[GpuObservation]
         total_bytes += job_bytes
         if obs.util_pct is not None and obs.index in job.gpus:
             utils.append(obs.util_pct)
-        evidence += _capacity_evidence(obs, job_bytes, t_s - job.started_mono_s)
+        if obs.index in job.gpus:
+            evidence += _capacity_evidence(obs, job_bytes, t_s - job.started_mono_s)
     if len(pids) > MAX_PIDS_PER_JOB:
         pids = set(sorted(pids)[-MAX_PIDS_PER_JOB:])
     job = dataclasses.replace(
@@ -176,8 +187,10 @@ def apply_tick(job: JobTrack, t_s: float, observations: Sequence[GpuObservation]
 
 
 def apply_kernel_event(job: JobTrack, event: KernelEvent) -> JobTrack:
-    """Attach ``event`` to ``job`` when it names one of the job's pids or its cgroup."""
-    if not (event.job_id == job.job_id or (event.pid is not None and event.pid in job.pids)):
+    """Attach ``event`` to ``job`` when its cgroup is the job's (``event.job_id``: the kernel's
+    word), or, when no cgroup names a job, when its pid is one charged to the job."""
+    by_pid = event.job_id is None and event.pid is not None and event.pid in job.pids
+    if not (event.job_id == job.job_id or by_pid):
         return job
     suggests_oom = event.kind is EvidenceKind.XID and event.code == 31
     return add_evidence(job, Evidence(event.kind, None, event.text[:300], suggests_oom))

@@ -1,7 +1,9 @@
-"""Which Slurm job a GPU process belongs to, and what the kernel log says about it: the node
-agent's readers of ``/proc/<pid>/cgroup``, ``/proc/<pid>/environ``, ``/proc/<pid>/stat`` and
-``/dev/kmsg`` (see slurm_plugin/agent_sampler.py for how they are used). The parsers are pure; the
-readers take the /proc root as a parameter (tests give a mirror)."""
+"""What /proc and the kernel log say about a GPU process: the node agent's readers of
+``/proc/<pid>/cgroup``, ``/proc/<pid>/environ``, ``/proc/<pid>/status``, ``/proc/<pid>/stat`` and
+``/dev/kmsg`` (see slurm_plugin/agent_sampler.py for how they are used). ``ProcFacts`` holds what
+they say about one process; which job it is charged to is decided from those facts by
+``slurm_plugin.attribution`` (the kernel's word only: the environment is the user's). The parsers
+are pure; the readers take the /proc root as a parameter (tests give a mirror)."""
 from __future__ import annotations
 
 import contextlib
@@ -24,6 +26,18 @@ class EvidenceKind(enum.Enum):
     DEVICE_FULL = "device_full"
     XID = "xid"
     HOST_OOM = "host_oom"
+
+
+@dataclass(frozen=True)
+class ProcFacts:
+    """What /proc says about one process. ``cgroup_job``: the job its cgroup path names (the
+    kernel's word: a user cannot move a process out of its job's cgroup); ``env_job``: the
+    ``SLURM_JOB_ID`` of its environment (the user's word: anyone can set it); ``uid``: its owner
+    (real and effective uid, when they agree; None when they differ or cannot be read)."""
+
+    cgroup_job: int | None
+    env_job: int | None
+    uid: int | None
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,19 @@ def job_id_from_environ(data: bytes) -> int | None:
     return None
 
 
+def uid_from_status(text: str) -> int | None:
+    """The owner of a process from ``/proc/<pid>/status``: its real uid when the effective uid is
+    the same (``Uid:`` real, effective, saved, filesystem), else None (a process running with two
+    identities, e.g. a set-uid program, is nobody's for the environment's purposes)."""
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            ids = line[4:].split()
+            if len(ids) >= 2 and ids[0].isdigit() and ids[0] == ids[1]:
+                return int(ids[0])
+            return None
+    return None
+
+
 def start_ticks_from_stat(text: str) -> int | None:
     """Process start time (clock ticks since boot, field 22) from ``/proc/<pid>/stat``; tells pids apart."""
     fields = text.rpartition(")")[2].split()
@@ -124,49 +151,67 @@ def parse_kernel_line(line: str) -> KernelEvent | None:
 # =========================================================================== shell
 
 
-def resolve_job_id(pid: int, proc_root: Path = PROC_ROOT, sluids: Mapping[str, int] | None = None) -> int | None:
-    """Slurm job of ``pid``: cgroup first (``job_<id>`` or an announced SLUID), then environ; None
-    when neither says."""
+def cgroup_job_id(pid: int, proc_root: Path = PROC_ROOT, sluids: Mapping[str, int] | None = None) -> int | None:
+    """The job ``pid``'s cgroup names (``job_<id>`` or an announced SLUID), or None. Never the
+    environment: this is the kernel's word alone."""
+    try:
+        return job_id_from_cgroup((proc_root / str(pid) / "cgroup").read_text(), sluids)
+    except OSError:
+        return None
+
+
+def process_uid(pid: int, proc_root: Path = PROC_ROOT) -> int | None:
+    """``pid``'s owner: ``uid_from_status`` of ``/proc/<pid>/status``, else the owner of
+    ``/proc/<pid>`` (the kernel gives that directory the effective uid); None when gone."""
+    try:
+        return uid_from_status((proc_root / str(pid) / "status").read_text())
+    except OSError:
+        pass
+    try:
+        return (proc_root / str(pid)).stat().st_uid
+    except OSError:
+        return None
+
+
+def read_proc_facts(pid: int, proc_root: Path = PROC_ROOT, sluids: Mapping[str, int] | None = None) -> ProcFacts:
+    """``ProcFacts`` of ``pid``; a file that cannot be read says nothing (None)."""
+    env_job = None
     with contextlib.suppress(OSError):
-        job_id = job_id_from_cgroup((proc_root / str(pid) / "cgroup").read_text(), sluids)
-        if job_id is not None:
-            return job_id
-    with contextlib.suppress(OSError):
-        return job_id_from_environ((proc_root / str(pid) / "environ").read_bytes())
-    return None
+        env_job = job_id_from_environ((proc_root / str(pid) / "environ").read_bytes())
+    return ProcFacts(cgroup_job_id(pid, proc_root, sluids), env_job, process_uid(pid, proc_root))
 
 
-class PidJobCache:
-    """pid -> job id, remembered while the same process (pid + start time) is on a GPU.
+class ProcFactsCache:
+    """pid -> ``ProcFacts``, remembered while the same process (pid + start time) is on a GPU.
 
-    A process's job does not change, so each GPU process costs one ``/proc/<pid>/stat`` read
-    per sample instead of the cgroup and environ reads. Holds only the pids of the last sample.
-    What a cgroup path means depends on the announced SLUIDs: when they change (a job started
-    or stopped) every pid is read again, so a process seen before its job was announced is not
-    left unattributed.
+    A process's cgroup, environment and owner do not change in ways that matter here, so each GPU
+    process costs one ``/proc/<pid>/stat`` read per sample instead of the cgroup, environ and
+    status reads. Holds only the pids of the last sample. What a cgroup path means depends on the
+    announced SLUIDs: when they change (a job started or stopped) every pid is read again, so a
+    process seen before its job was announced is not left unattributed.
     """
 
     def __init__(self, proc_root: Path = PROC_ROOT) -> None:
         self._proc_root = proc_root
-        self._known: dict[int, tuple[int, int | None]] = {}
+        self._known: dict[int, tuple[int, ProcFacts]] = {}
         self._sluids: dict[str, int] = {}
 
-    def resolve(self, pids: Iterable[int], sluids: Mapping[str, int] | None = None) -> dict[int, int | None]:
+    def resolve(self, pids: Iterable[int], sluids: Mapping[str, int] | None = None) -> dict[int, ProcFacts]:
         sluids = dict(sluids or {})
         if sluids != self._sluids:
             self._known, self._sluids = {}, sluids
-        known: dict[int, tuple[int, int | None]] = {}
-        out: dict[int, int | None] = {}
+        known: dict[int, tuple[int, ProcFacts]] = {}
+        out: dict[int, ProcFacts] = {}
         for pid in pids:
             start = self._start_ticks(pid)
             cached = self._known.get(pid)
             if start is not None and cached is not None and cached[0] == start:
-                job_id = cached[1]
+                facts = cached[1]
             else:
-                job_id = resolve_job_id(pid, self._proc_root, sluids)
+                facts = read_proc_facts(pid, self._proc_root, sluids)
             if start is not None:
-                known[pid] = (start, job_id)
-            out[pid] = job_id
+                known[pid] = (start, facts)
+            out[pid] = facts
         self._known = known
         return out
 

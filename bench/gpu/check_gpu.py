@@ -543,6 +543,7 @@ def step_sampler(budget: Budget, free_bytes: int, telemetry: Any = None,
     ``telemetry``/``spawn`` default to real NVML and CUDA children (tests pass fakes)."""
     from policy_service.config import AgentConfig
     from slurm_plugin.agent import Agent
+    from slurm_plugin.attribution import charged_job
     from slurm_plugin.nvml import PynvmlTelemetry
 
     limit = budget.slice(90, min_s=20)
@@ -563,7 +564,7 @@ def step_sampler(budget: Budget, free_bytes: int, telemetry: Any = None,
             job_id = JOB_ID_BASE + i
             env = {**os.environ, "SLURM_JOB_ID": str(job_id), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
             env.pop("SLURM_JOBID", None)
-            agent.start(job_id, [0], None)
+            agent.start(job_id, [0], os.getuid())  # the children run as this user, on GPU 0
             p = spawn("hold", size, env)
             procs.append(p)
             ready = _read_ready(p, max(1.0, deadline - time.monotonic()))
@@ -585,7 +586,8 @@ def step_sampler(budget: Budget, free_bytes: int, telemetry: Any = None,
                     per_pid[p.pid].append(p.used_bytes)
             device_used_peak = max(device_used_peak, telemetry.memory(0).used_bytes)
             time.sleep(0.2)
-        attribution = agent._pid_cache.resolve(raw_pids)  # the agent's own pid -> job mapping
+        facts = agent._pid_cache.resolve(raw_pids)  # the agent's own pid -> job rule, on GPU 0
+        attribution = {pid: charged_job(f, 0, agent._jobs) for pid, f in facts.items()}
         job_peaks = {c["job_id"]: int(agent.stop(c["job_id"]).get("peak_bytes", 0)) for c in children}
     finally:
         _stop(procs)

@@ -110,7 +110,7 @@ def child_argv(hold_bytes: int, more_bytes: int, hold_s: float, fake_root: Path 
 def run_child(env: dict[str, str], hold_bytes: int, more_bytes: int, agent, hold_s: float = 2.0,
               fake_root: Path | None = None) -> dict:
     t0 = time.monotonic()
-    agent.start(JOB_ID, [0], None)
+    agent.start(JOB_ID, [0], os.getuid())  # the child runs as this user, on GPU 0
     p = subprocess.Popen(child_argv(hold_bytes, more_bytes, hold_s, fake_root), env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while p.poll() is None:

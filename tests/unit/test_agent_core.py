@@ -7,11 +7,11 @@ import pytest
 
 from policy_service.config import AgentConfig
 from slurm_plugin.agent_sampler import Agent
+from slurm_plugin import agent_state
 from slurm_plugin.agent_state import (
     GpuObservation,
     Series,
     apply_kernel_event,
-    apply_tick,
     expired_jobs,
     new_job,
     summarize,
@@ -20,11 +20,12 @@ from slurm_plugin.nvml import ProcessUsage
 from slurm_plugin.procs import (
     EvidenceKind,
     KernelEvent,
-    PidJobCache,
+    ProcFacts,
+    ProcFactsCache,
     job_id_from_cgroup,
     job_id_from_environ,
     parse_kernel_line,
-    resolve_job_id,
+    read_proc_facts,
     start_ticks_from_stat,
 )
 
@@ -36,6 +37,13 @@ def _obs(index: int, procs: list[tuple[int, int | None]], total: int = 10 * GB, 
     usage = tuple(ProcessUsage(pid, b) for pid, b in procs)
     used_bytes = sum(b or 0 for _, b in procs) if used is None else used
     return GpuObservation(index, total, used_bytes, util, usage, f"gpu{index}", f"GPU-{index}")
+
+
+def apply_tick(job, t_s, observations, pid_jobs):
+    """``agent_state.apply_tick`` with each pid charged to ``pid_jobs[pid]`` on every GPU it is on."""
+    owners = {(o.index, p.pid): pid_jobs[p.pid] for o in observations for p in o.procs
+              if pid_jobs.get(p.pid) is not None}
+    return agent_state.apply_tick(job, t_s, observations, owners)
 
 
 # --------------------------------------------------------------------------- Series
@@ -103,19 +111,30 @@ def test_unreported_per_process_memory_is_flagged() -> None:
     assert summary["per_process_memory_reported"] is False and summary["pids_seen"] == 1
 
 
-@pytest.mark.parametrize("procs, pid_jobs, used, kind", [
-    ([(1, 9_900_000_000)], {1: 5}, None, EvidenceKind.JOB_NEAR_CAPACITY),
-    ([(1, 9_700_000_000)], {1: 5}, None, None),
-    ([(1, 4 * GB), (2, 5_900_000_000)], {1: 5, 2: 6}, None, EvidenceKind.DEVICE_FULL),
-    ([(1, 4 * GB)], {1: 5}, 9_800_000_000, EvidenceKind.DEVICE_FULL),  # non-process memory counts
-    ([(2, 10 * GB)], {2: 6}, None, None),  # full, but the job held nothing there
+@pytest.mark.parametrize("procs, pid_jobs, used, kind, suspected", [
+    ([(1, 9_900_000_000)], {1: 5}, None, EvidenceKind.JOB_NEAR_CAPACITY, True),
+    ([(1, 9_700_000_000)], {1: 5}, None, None, False),
+    # Full, mostly with a neighbour's memory: listed, never the job's OOM (a neighbour cannot flag it)
+    ([(1, 4 * GB), (2, 5_900_000_000)], {1: 5, 2: 6}, None, EvidenceKind.DEVICE_FULL, False),
+    ([(1, 4 * GB)], {1: 5}, 9_800_000_000, EvidenceKind.DEVICE_FULL, False),  # non-process memory counts
+    ([(2, 10 * GB)], {2: 6}, None, None, False),  # full, but the job held nothing there
 ])
-def test_capacity_evidence(procs, pid_jobs, used, kind) -> None:
+def test_capacity_evidence(procs, pid_jobs, used, kind, suspected) -> None:
     job = apply_tick(new_job(5, [0], None, 0.0, 0.0), 1.0, [_obs(0, procs, used=used)], pid_jobs)
     job = apply_tick(job, 2.0, [_obs(0, procs, used=used)], pid_jobs)
     summary = summarize(job, "nvml", 1.0, 3.0)
     assert [e.kind for e in job.evidence] == ([kind] if kind else [])  # once per kind and GPU
-    assert summary["oom_suspected"] is (kind is not None)
+    assert summary["oom_suspected"] is suspected
+
+
+def test_capacity_evidence_only_on_the_jobs_own_gpus() -> None:
+    # The job (GPU 0) is charged by its cgroup for a process filling GPU 1: its memory counts, but
+    # a GPU the job was not given says nothing about the job running out of memory.
+    job = apply_tick(new_job(5, [0], None, 0.0, 0.0), 1.0, [_obs(0, [(1, GB)]), _obs(1, [(2, 9_900_000_000)])],
+                     {1: 5, 2: 5})
+    summary = summarize(job, "nvml", 1.0, 2.0)
+    assert summary["peak_bytes"] == GB + 9_900_000_000
+    assert job.evidence == () and summary["oom_suspected"] is False
 
 
 @pytest.mark.parametrize("event, attached, suspected", [
@@ -124,6 +143,8 @@ def test_capacity_evidence(procs, pid_jobs, used, kind) -> None:
     (KernelEvent(EvidenceKind.XID, 999, None, 31, "Xid 31 pid=999"), False, False),
     (KernelEvent(EvidenceKind.XID, None, 5, 31, "Xid 31"), True, True),
     (KernelEvent(EvidenceKind.HOST_OOM, None, 5, None, "oom-kill ... job_5"), True, False),
+    # pid 100 was charged to job 5, but the line's cgroup names job 6 (the pid was reused): job 6's
+    (KernelEvent(EvidenceKind.XID, 100, 6, 31, "Xid 31 pid=100"), False, False),
 ])
 def test_kernel_events_attach_to_the_right_job(event, attached, suspected) -> None:
     job = apply_tick(new_job(5, [0], None, 0.0, 0.0), 0.0, [_obs(0, [(100, GB)])], {100: 5})
@@ -201,19 +222,23 @@ def test_parse_kernel_line(line, kind, pid, code, job_id) -> None:
     assert not event.text.startswith(("4,", "6,"))
 
 
-def test_resolve_job_id_prefers_cgroup_then_environ(tmp_path: Path) -> None:
-    def proc(pid: int, cgroup: str | None, environ: bytes | None) -> None:
+def test_read_proc_facts_keeps_cgroup_environ_and_owner_apart(tmp_path: Path) -> None:
+    def proc(pid: int, cgroup: str | None, environ: bytes | None, status: str | None) -> None:
         (tmp_path / str(pid)).mkdir()
-        if cgroup is not None:
-            (tmp_path / str(pid) / "cgroup").write_text(cgroup)
+        for name, data in (("cgroup", cgroup), ("status", status)):
+            if data is not None:
+                (tmp_path / str(pid) / name).write_text(data)
         if environ is not None:
             (tmp_path / str(pid) / "environ").write_bytes(environ)
 
-    proc(1, "0::/slurmstepd.scope/job_10/step_0\n", b"SLURM_JOB_ID=99\0")
-    proc(2, "0::/user.slice\n", b"SLURM_JOB_ID=20\0")
-    proc(3, None, b"SLURM_JOB_ID=30\0")
-    proc(4, "0::/user.slice\n", None)
-    assert [resolve_job_id(p, tmp_path) for p in (1, 2, 3, 4, 5)] == [10, 20, 30, None, None]
+    proc(1, "0::/slurmstepd.scope/job_10/step_0\n", b"SLURM_JOB_ID=99\0", "Name:\tx\nUid:\t1000\t1000\t1000\t1000\n")
+    proc(2, "0::/user.slice\n", b"SLURM_JOB_ID=20\0", "Uid:\t1000\t0\t0\t0\n")  # set-uid: two identities
+    proc(3, None, b"SLURM_JOB_ID=30\0", None)  # no status: the owner of /proc/<pid>
+    proc(4, "0::/user.slice\n", None, "Uid:\t7\t7\t7\t7\n")
+    me = (tmp_path / "3").stat().st_uid
+    assert [read_proc_facts(p, tmp_path) for p in (1, 2, 3, 4, 5)] == [
+        ProcFacts(10, 99, 1000), ProcFacts(None, 20, None), ProcFacts(None, 30, me), ProcFacts(None, None, 7),
+        ProcFacts(None, None, None)]
 
 
 def _stat_line(pid: int, start_ticks: int) -> str:
@@ -229,11 +254,12 @@ def test_start_ticks_parser() -> None:
 def test_pid_cache_remembers_a_process_and_notices_pid_reuse(tmp_path: Path) -> None:
     (tmp_path / "7").mkdir()
     (tmp_path / "7" / "stat").write_text(_stat_line(7, 100))
+    (tmp_path / "7" / "status").write_text("Uid:\t5\t5\t5\t5\n")
     (tmp_path / "7" / "environ").write_bytes(b"SLURM_JOB_ID=5\0")
-    cache = PidJobCache(tmp_path)
-    assert cache.resolve([7]) == {7: 5}
+    cache = ProcFactsCache(tmp_path)
+    assert cache.resolve([7]) == {7: ProcFacts(None, 5, 5)}
     (tmp_path / "7" / "environ").write_bytes(b"SLURM_JOB_ID=6\0")
-    assert cache.resolve([7]) == {7: 5}  # same process: not re-read
+    assert cache.resolve([7]) == {7: ProcFacts(None, 5, 5)}  # same process: not re-read
     (tmp_path / "7" / "stat").write_text(_stat_line(7, 200))
-    assert cache.resolve([7]) == {7: 6}  # new process with the same pid
-    assert cache.resolve([8]) == {8: None}
+    assert cache.resolve([7]) == {7: ProcFacts(None, 6, 5)}  # new process with the same pid
+    assert cache.resolve([8]) == {8: ProcFacts(None, None, None)}

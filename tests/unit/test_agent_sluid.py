@@ -15,10 +15,11 @@ from slurm_plugin.agent_state import sluid_map
 from slurm_plugin.procs import (
     EvidenceKind,
     KernelEvent,
-    PidJobCache,
+    ProcFactsCache,
+    cgroup_job_id,
     job_id_from_cgroup,
     job_id_from_memcg,
-    resolve_job_id,
+    read_proc_facts,
     usable_sluid,
 )
 
@@ -94,22 +95,28 @@ def _proc(root: Path, pid: int, cgroup: str | None, environ: bytes | None, start
         (root / str(pid) / "environ").write_bytes(environ)
 
 
-def test_resolve_job_id_cgroup_sluid_then_environ(tmp_path: Path) -> None:
+def test_proc_facts_cgroup_by_sluid_and_environ_apart(tmp_path: Path) -> None:
     _proc(tmp_path, 1, f"0::/system.slice/slurmstepd.scope/{SLUID}/step_0/user/task_0\n", b"SLURM_JOB_ID=99\0")
     _proc(tmp_path, 2, f"0::/system.slice/slurmstepd.scope/{SLUID}/step_0/user/task_0\n", None)
     _proc(tmp_path, 3, "0::/system.slice/slurmstepd.scope/s-unknown/step_0/user/task_0\n", b"SLURM_JOB_ID=30\0")
-    assert [resolve_job_id(p, tmp_path, ANNOUNCED) for p in (1, 2, 3)] == [4242, 4242, 30]
-    assert [resolve_job_id(p, tmp_path) for p in (1, 2, 3)] == [99, None, 30]
+    assert [cgroup_job_id(p, tmp_path, ANNOUNCED) for p in (1, 2, 3)] == [4242, 4242, None]
+    assert [cgroup_job_id(p, tmp_path) for p in (1, 2, 3)] == [None, None, None]
+    assert [(f.cgroup_job, f.env_job) for f in (read_proc_facts(p, tmp_path, ANNOUNCED) for p in (1, 2, 3))] == [
+        (4242, 99), (4242, None), (None, 30)]
 
 
 def test_pid_cache_reads_again_when_the_announced_sluids_change(tmp_path: Path) -> None:
     _proc(tmp_path, 7, f"0::/system.slice/slurmstepd.scope/{SLUID}/step_0/user/task_0\n", None)
-    cache = PidJobCache(tmp_path)
-    assert cache.resolve([7], {}) == {7: None}  # seen on a GPU before its prolog announced it
-    assert cache.resolve([7], {SLUID: 4242}) == {7: 4242}  # announced: read again
+    cache = ProcFactsCache(tmp_path)
+
+    def job(sluids):
+        return cache.resolve([7], sluids)[7].cgroup_job
+
+    assert job({}) is None  # seen on a GPU before its prolog announced it
+    assert job({SLUID: 4242}) == 4242  # announced: read again
     (tmp_path / "7" / "cgroup").write_text("0::/user.slice\n")
-    assert cache.resolve([7], {SLUID: 4242}) == {7: 4242}  # same process, same map: cached
-    assert cache.resolve([7], {}) == {7: None}  # job stopped: read again
+    assert job({SLUID: 4242}) == 4242  # same process, same map: cached
+    assert job({}) is None  # job stopped: read again
 
 
 def test_sluid_map_of_tracked_jobs() -> None:
