@@ -250,7 +250,9 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    grpc_address: str = "127.0.0.1:50551"
+    # Port 455: privileged (< 1024), so no user of the host can take it while the service restarts
+    # (docs/admin-guide.md, "The service's port"); the systemd unit gives CAP_NET_BIND_SERVICE.
+    grpc_address: str = "127.0.0.1:455"
     socket_path: Path = Path("/run/swapaware/policy.sock")
     db_path: Path = Path("/var/lib/swapaware/history.sqlite3")
     log_level: str = "INFO"
@@ -311,7 +313,7 @@ class AdmissionConfig:
 class HookConfig:
     """Prolog / epilog: where the service is, how long to wait, where to spool."""
 
-    service_address: str = "127.0.0.1:50551"
+    service_address: str = "127.0.0.1:455"  # service.grpc_address's port
     deadline_s: float = 2.0
     spool_dir: Path = Path("/var/spool/swapaware")
     agent_socket: Path = Path("/run/swapaware/agent.sock")
