@@ -5,6 +5,7 @@ GPUs and memory enforcement, the service and agent, the queue) and ``swapaware g
                   parsing lives in policy_service/adapters/slurm_files.py, which the service also
                   reads slurm.conf with (without importing these tools, which reach the node wing)
   billing.py      the check of how shared jobs are billed
+  grpc_port.py    the check that no other process can take (or holds) the service's gRPC port
   check.py        one check's result
   commands.py     the click commands
 """

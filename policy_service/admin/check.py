@@ -10,6 +10,7 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    warn: bool = False  # ok, but worth fixing: printed [WARN] with its fix; doctor still exits 0
 
 
 def _check(name: str, ok: bool, detail: str, fix: str) -> Check:

@@ -9,6 +9,7 @@ from typing import Sequence
 from policy_service.admin.billing import billing_checks
 from policy_service.core.ha import service_addresses
 from policy_service.admin.check import Check, _check, _list_values
+from policy_service.admin.grpc_port import PortSeen, grpc_port_check
 from policy_service.adapters.slurm_files import (
     GresConf,
     GresLine,
@@ -212,9 +213,11 @@ def shard_counts_check(conf: SlurmConf, gres: GresConf, dialect: SlurmDialect) -
 
 def doctor_checks(slurm_conf_text: str, gres_conf_text: str, cfg: Config, telemetry: GpuTelemetry | None,
                   service_reachable: bool | None, *, agent_reachable: bool | None = None,
-                  hostname: str | None = None, dialect: SlurmDialect | None = None) -> list[Check]:
+                  hostname: str | None = None, dialect: SlurmDialect | None = None,
+                  grpc_port: PortSeen | None = None) -> list[Check]:
     """Everything ``swapaware doctor`` verifies, as a list of checks (None probes are skipped;
-    ``dialect``: the running Slurm's, None when not known)."""
+    ``dialect``: the running Slurm's, None when not known; ``grpc_port``: what this host shows of
+    service.grpc_address, admin/grpc_port.py)."""
     conf, gres = parse_slurm_conf(slurm_conf_text), parse_gres_conf(gres_conf_text)
     checks = _slurm_param_checks(conf, cfg) + _node_checks(conf, gres, cfg.gpu.shards_per_gpu)
     counts = shard_counts_check(conf, gres, dialect) if dialect is not None else None
@@ -225,6 +228,8 @@ def doctor_checks(slurm_conf_text: str, gres_conf_text: str, cfg: Config, teleme
         checks.append(_check("service", service_reachable, "policy service at "
                              + " or ".join(service_addresses(cfg)),
                              "start it (swapaware serve) or fix hooks.service_address (ha.controllers)"))
+    if grpc_port is not None:
+        checks.append(grpc_port_check(cfg.service.grpc_address, grpc_port))
     if agent_reachable is not None:
         checks.append(_check("agent", agent_reachable, f"node agent at {cfg.hooks.agent_socket}",
                              "start swapaware-agent (systemd unit in contrib/) or fix hooks.agent_socket"))

@@ -12,6 +12,7 @@ import click
 
 from policy_service.admin.checks import (Check, doctor_checks, enforcement_checks, gres_conf_lines, queue_check,
                                         shards_fitting)
+from policy_service.admin.grpc_port import look_at_port
 from policy_service.adapters.slurm_files import parse_slurm_conf
 from policy_service.config import Config, ConfigError, load_config
 from policy_service.core.ha import service_addresses
@@ -57,8 +58,8 @@ def _read(path: Path) -> str | None:
 
 def _print_checks(checks: Sequence[Check]) -> None:
     for c in checks:
-        click.echo(f"[{' OK ' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
-        if not c.ok and c.fix:
+        click.echo(f"[{('WARN' if c.warn else ' OK ') if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+        if (c.warn or not c.ok) and c.fix:
             click.echo(f"       fix: {c.fix}")
 
 
@@ -88,7 +89,8 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
     release = cluster_release(cfg.service.slurm_release, cfg.service.slurm_timeout_s)
     checks = missing + opened + doctor_checks(slurm_text or "", gres_text or "", cfg, telemetry, service,
                                               agent_reachable=agent, hostname=socket.gethostname().split(".")[0],
-                                              dialect=release.dialect if release.version is not None else None)
+                                              dialect=release.dialect if release.version is not None else None,
+                                              grpc_port=look_at_port(cfg, ask_service=not no_probes))
     checks += enforcement_checks(cfg)  # which GPU memory enforcement this node has, what it enforces
     from policy_service.adapters.queue import reads_queue
 

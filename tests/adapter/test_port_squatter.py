@@ -4,6 +4,7 @@ metrics), binds the port once it is free, and stops at once while it waits. Real
 sockets on 127.0.0.1."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -20,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.admin import probe_service
+from policy_service.admin.grpc_port import grpc_port_check, look_at_port
 from policy_service.adapters.grpc_server import bind_failure
 from policy_service.client import PolicyClient
 from policy_service.config import load_config
@@ -108,6 +110,13 @@ def test_stop_while_waiting_for_the_port_is_prompt_and_leaves_the_port_alone(ser
     assert svc.grpc_port == 0
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (SigCgt in /proc/<pid>/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
 def test_swapaware_serve_on_a_held_port_waits_and_stops_on_sigterm(service_env, squatter, tmp_path):
     port = squatter.getsockname()[1]
     env = {**os.environ, **service_env, "SWAPAWARE_SERVICE__GRPC_ADDRESS": f"127.0.0.1:{port}"}
@@ -119,6 +128,7 @@ def test_swapaware_serve_on_a_held_port_waits_and_stops_on_sigterm(service_env, 
         wait_for(lambda: HELD in log_path.read_text() or p.poll() is not None, 60, "the service to say it waits")
         assert p.poll() is None, log_path.read_text()  # it did not exit
         wait_for(lambda: os.path.exists(service_env["SWAPAWARE_SERVICE__SOCKET_PATH"]), 15, "the local socket")
+        wait_for(lambda: catches(p.pid, signal.SIGTERM), 15, "serve's SIGTERM handler")  # set once started
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=10) == 0
     finally:
@@ -137,3 +147,43 @@ def test_a_privileged_port_without_the_capability_names_the_fix():
             pytest.skip("ports below 1024 are not privileged on this host")
     err = run_as(NOBODY, NOBODY, lambda: list(bind_failure("127.0.0.1:455", "").args))
     assert err[0] == errno.EACCES and "CAP_NET_BIND_SERVICE" in err[1] and "contrib/systemd" in err[1]
+
+
+def as_seen_by_doctor(svc, cfg):
+    """The service's config, with the metrics port it took (doctor reads swapaware_grpc_bound there)."""
+    return dataclasses.replace(cfg, service=dataclasses.replace(
+        cfg.service, metrics_address=f"127.0.0.1:{svc.metrics_server.server_port}"))
+
+
+def test_doctor_fails_grpc_port_while_the_service_waits_and_passes_once_it_is_bound(service_env, slurm_jobs,
+                                                                                     squatter):
+    port = squatter.getsockname()[1]
+    svc = held_service(service_env, slurm_jobs, port)
+    try:
+        cfg = as_seen_by_doctor(svc, load_config(env={**service_env, "SWAPAWARE_SERVICE__GRPC_ADDRESS":
+                                                      f"127.0.0.1:{port}"}))
+        seen = look_at_port(cfg, ask_service=True)
+        assert seen.service_bound is False and seen.listener_uids == (os.geteuid(),)  # the squatter's
+        check = grpc_port_check(cfg.service.grpc_address, seen)
+        assert not check.ok and "the service on this host waits for its port" in check.detail, check
+        squatter.close()
+        wait_for(lambda: svc.grpc_port, 15, "the service to bind its port once free")
+        seen = look_at_port(cfg, ask_service=True)
+        assert seen.service_bound is True and seen.listener_uids == (os.geteuid(),) == (seen.service_uid,)
+        assert grpc_port_check(cfg.service.grpc_address, seen).ok
+    finally:
+        svc.stop(0)
+
+
+def test_doctor_fails_grpc_port_held_by_another_user_than_the_services(service_env, slurm_jobs, squatter):
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give the service's socket to another user")
+    port = squatter.getsockname()[1]
+    svc = held_service(service_env, slurm_jobs, port)
+    try:
+        os.chown(svc.socket_path, NOBODY, -1)  # as if the service ran as nobody: the squatter (root) is not it
+        cfg = load_config(env={**service_env, "SWAPAWARE_SERVICE__GRPC_ADDRESS": f"127.0.0.1:{port}"})
+        check = grpc_port_check(cfg.service.grpc_address, look_at_port(cfg, ask_service=False))
+        assert not check.ok and f"listened on by uid 0, not by the service's user (uid {NOBODY}" in check.detail
+    finally:
+        svc.stop(0)
