@@ -22,6 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.admin import probe_service
 from policy_service.admin.grpc_port import grpc_port_check, look_at_port
+from policy_service.adapters.history import HistoryStore
+from policy_service.core.ha import Role
 from policy_service.adapters.grpc_server import bind_failure
 from policy_service.client import PolicyClient
 from policy_service.config import load_config
@@ -29,8 +31,9 @@ from policy_service.server import start_service
 from tests.waiting import wait_for
 
 from .as_user import NOBODY, run_as
-from .conftest import socket_call
+from .conftest import SlurmJobs, socket_call
 from .test_durability import ROOT
+from .test_ha import ha_env
 
 HELD = "is in use by another process"
 
@@ -185,5 +188,29 @@ def test_doctor_fails_grpc_port_held_by_another_user_than_the_services(service_e
         cfg = load_config(env={**service_env, "SWAPAWARE_SERVICE__GRPC_ADDRESS": f"127.0.0.1:{port}"})
         check = grpc_port_check(cfg.service.grpc_address, look_at_port(cfg, ask_service=False))
         assert not check.ok and f"listened on by uid 0, not by the service's user (uid {NOBODY}" in check.detail
+    finally:
+        svc.stop(0)
+
+
+def test_ha_a_service_waiting_for_its_port_still_takes_the_writer_role_and_records_admits(short_dir, squatter):
+    """[ha]: the role does not hang on the gRPC port. The service of the controller in control takes
+    the lease and records slurmctld's Admits (local socket) while the port is held."""
+    port = squatter.getsockname()[1]
+    db = short_dir / "shared" / "history.sqlite3"
+    db.parent.mkdir()
+    HistoryStore(db).close()
+    cfg = load_config(env=ha_env(short_dir, "a", db, Role.PRIMARY, {
+        "SWAPAWARE_SERVICE__GRPC_ADDRESS": f"127.0.0.1:{port}"}))
+    svc = start_service(cfg, slurm=SlurmJobs())
+    try:
+        assert svc.grpc_port == 0
+        wait_for(svc.role.is_writer, 10, "the writer role")
+        assert health_status(svc, "swapaware.writer") == "SERVING"
+        decision = admit_over_socket(svc, "ha-held")["response"]["decision"]["decisionId"]
+        svc.handler.flush()
+        assert svc.store.decision(decision) is not None
+        squatter.close()
+        wait_for(lambda: svc.grpc_port, 15, "the service to bind its port once free")
+        assert probe_service(f"127.0.0.1:{port}", 5.0) and svc.role.is_writer()
     finally:
         svc.stop(0)
