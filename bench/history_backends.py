@@ -59,7 +59,7 @@ def warm(store: HistoryStore, handler: PolicyHandler) -> None:
         keys = {KeyLevel(k): v for k, v in store.decision(d.decision_id).keys.items()}
         obs = ObservationRow(f"w{i}", i, d.decision_id, "n1", (0,), 1.0, 100.0, 99.0, 0, 3 * GIB, False, 0, False,
                              "fake-nvml", 100.0, f"c/{i}/1", 1)
-        store.record_finish(obs, keys, lambda s: ClassStats(samples=s.samples + 5, runs=s.runs + 5,
+        store.record_finish(obs, keys, lambda level, s: ClassStats(samples=s.samples + 5, runs=s.runs + 5,
                                                             ewma_peak_bytes=3.0 * GIB, max_peak_bytes=3 * GIB,
                                                             last_peak_bytes=3 * GIB))
 

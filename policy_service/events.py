@@ -181,7 +181,9 @@ class EventApplier:
                                   oom=obs.oom, shared=shared, co_runners=obs.co_runners,
                                   util_frac=gpu_utilisation(req))
         keys = learn_keys(row)
-        applied = self.store.record_finish(obs, keys, lambda s: estimator.observe(s, core_obs, self.cfg.estimator))
+        user = row.user if row is not None else ""
+        applied = self.store.record_finish(
+            obs, keys, lambda level, s: estimator.observe_key(level, s, core_obs, self.cfg.estimator, user))
         if applied and keys:
             self.learned.update(keys.values())  # pending jobs of these keys may share now
         if applied and self.metrics is not None:

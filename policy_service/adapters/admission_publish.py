@@ -291,7 +291,8 @@ class AdmissionPublisher:
                                              decided_at=0.0)
         facts.uid = 0  # not part of the key: catch-up fills in the job's own
         facts.work_dir = ""
-        deps = admission.keys_read(keys, read.get("stats", {}), self.cfg)
+        user = jr.user if jr is not None else facts.user
+        deps = admission.keys_read(keys, read.get("stats", {}), self.cfg, user=user)
         text, templates = self._fragment(i, out, jr, keys, facts)
         known = _Known(generation, self._learned(deps), deps, i, text, templates, admission_format.key_digest(key))
         self._known[key] = tuple(known)

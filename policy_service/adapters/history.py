@@ -311,8 +311,8 @@ class HistoryStore(SqliteFile, FencedWrites):
         return [r for r in map(run_row, rows) if wanted & set(r.gpu_indices)]
 
     def record_finish(self, obs: ObservationRow, keys: Mapping[KeyLevel, str],
-                      fold: Callable[[ClassStats], ClassStats]) -> bool:
-        """Store an observation and fold it into each key's statistics, in one transaction
+                      fold: Callable[[KeyLevel, ClassStats], ClassStats]) -> bool:
+        """Store an observation and fold it into each key's statistics (``fold(level, stats)``), in one transaction
         (no lost update between concurrent finishes of one class); False on replay. Closes the
         instance's run on that node, and an unresolved run of the same job id there that started
         after the instance was submitted (the same job, started while Slurm could not be asked)."""
@@ -338,7 +338,7 @@ class HistoryStore(SqliteFile, FencedWrites):
             for level, key in keys.items():
                 row = c.execute("SELECT stats_json FROM class_stats WHERE level=? AND key=?",
                                 (level.value, key)).fetchone()
-                new = fold(stats_from_json(row[0]) if row else ClassStats())
+                new = fold(level, stats_from_json(row[0]) if row else ClassStats())
                 c.execute("INSERT OR REPLACE INTO class_stats VALUES (?,?,?,?)",
                           (level.value, key, stats_to_json(new), obs.received_at))
         return True

@@ -81,6 +81,7 @@ def _validate(cfg: Config) -> None:
         (0 < cfg.estimator.margin_quantile <= 1, "estimator.margin_quantile must be in (0, 1]"),
         (cfg.estimator.quantile_floor_frac >= 0, "estimator.quantile_floor_frac must be >= 0"),
         (cfg.estimator.margin_multiplier_decay >= 1, "estimator.margin_multiplier_decay must be >= 1"),
+        (cfg.estimator.wide_key_user_cap >= 1, "estimator.wide_key_user_cap must be >= 1"),
         (cfg.policy.max_victim_slowdown >= 1, "policy.max_victim_slowdown must be >= 1"),
         (0 <= cfg.policy.site_factor_max < 2**31 - 2, "policy.site_factor_max must fit Slurm's site factor"),
         (0 <= cfg.policy.share_min_queue <= 100, "policy.share_min_queue must be in [0, 100]"),

@@ -132,8 +132,11 @@ class EstimatorConfig:
     oom_whole_gpu_runs: int = 2
     # A shared run that failed after using this fraction of its charged shards counts as OOM.
     oom_charge_frac: float = 0.95
-    # Wider keys (account, partition) are only used with at least this many samples.
+    # Wider keys (account, partition) are only used with at least this many samples (another
+    # user's counting at most this - 1), and another user's peak counts at most wide_key_user_cap
+    # x the largest peak of the rest of the key (core/wide_key.py).
     wide_key_min_samples: int = 5
+    wide_key_user_cap: float = 1.5
     # Minimum samples for the exact class / user+name keys. 3 and quantile_floor_frac 0.55: the
     # point of the measured operating curve with the most GPU-hours saved less lost to requeues
     # among those with <= 1 % of shared runs requeued (bench/operating_curve.py, docs/model.md).

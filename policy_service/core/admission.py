@@ -229,13 +229,14 @@ def table_file(version: str, generated_at: float, valid_until: float, dialect: s
             "dialect": dialect, "mode": mode, "per_qos": per_qos, "entries": entries}
 
 
-def keys_read(keys: Mapping[KeyLevel, str], stats: Mapping[KeyLevel, ClassStats], cfg: Config) -> tuple[str, ...]:
-    """The history keys whose statistics a decision read (``stats``: those it was given): class
-    and user+name (OOM penalty, utilisation, site factor), and the estimator's fallback up to the
-    key it took its estimate from (all of them when none had enough runs). Only their learning can
-    change the decision."""
+def keys_read(keys: Mapping[KeyLevel, str], stats: Mapping[KeyLevel, ClassStats], cfg: Config, *,
+              user: str) -> tuple[str, ...]:
+    """The history keys whose statistics a decision for a job of ``user`` read (``stats``: those it
+    was given): class and user+name (OOM penalty, utilisation, site factor), and the estimator's
+    fallback up to the key it took its estimate from (all of them when none had enough runs).
+    Only their learning can change the decision."""
     order = list(KeyLevel)
-    level = usable_level(stats, cfg.estimator)
+    level = usable_level(stats, cfg.estimator, user)
     read = set(order if level is None else order[:order.index(level) + 1]) | {KeyLevel.CLASS, KeyLevel.USER_NAME}
     return tuple(keys[lv] for lv in order if lv in read and lv in keys)
 

@@ -11,10 +11,10 @@ hold 16), no run lasts longer than ``MAX_RUNTIME_S``.
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any, Mapping
 
-from policy_service.core.types import ClassStats
+from policy_service.core.types import ClassStats, UserFigure
 
 MAX_DEVICE_BYTES = 1 << 40  # 1 TiB: one GPU's memory
 MAX_GPUS_PER_NODE = 64  # GPU indices on a node are 0..63
@@ -27,6 +27,8 @@ MAX_RATIO = 64.0  # a run's peak / the estimate made before it
 MAX_MARGIN_MULTIPLIER = 64.0
 MAX_RECENT = 256  # EstimatorConfig.recent_runs is at most this
 DEVICE_TOLERANCE = 0.02  # what a GPU is said to hold vs what its jobs were measured to use
+MAX_WIDE_USERS = 64  # per-user figures a wide key keeps (the most recently seen)
+MAX_USER_CHARS = 256  # a user name in them (Slurm's are at most 32 characters on Linux)
 
 _BYTES = ("ewma_peak_bytes", "ewma_absdev_bytes", "max_peak_bytes", "last_peak_bytes")
 _COUNTS = ("samples", "runs", "oom_count", "whole_gpu_runs_left", "solo_runs", "shared_runs", "util_runs")
@@ -71,9 +73,25 @@ def sane_stats(data: Mapping[str, Any]) -> tuple[ClassStats, tuple[str, ...]]:
     ratios, peaks = ((), ()) if void else (_numbers(raw["recent_ratios"]), _numbers(raw["recent_peaks"]))
     fixed["recent_ratios"] = tuple(float(clamp(r, 0.0, MAX_RATIO)) for r in ratios)
     fixed["recent_peaks"] = tuple(int(clamp(p, 0, MAX_NODE_BYTES)) for p in peaks)
+    fixed["users"] = () if void else _user_figures(raw["users"])
     out = ClassStats(**fixed)
     changed = tuple(name for name, v in raw.items() if not _same(v, getattr(out, name)))
     return out, changed
+
+
+def _user_figures(items: object) -> tuple[UserFigure, ...]:
+    """A wide key's stored per-user figures: the last ``MAX_WIDE_USERS`` well-formed ones, one per
+    user (the last), figures in range."""
+    out: dict[str, UserFigure] = {}
+    for item in items if isinstance(items, (list, tuple)) else []:
+        user = item.get("user") if isinstance(item, dict) else None
+        if not isinstance(user, str) or len(user) > MAX_USER_CHARS:
+            continue
+        samples, peak = item.get("samples"), item.get("max_peak_bytes")
+        out.pop(user, None)
+        out[user] = UserFigure(user, int(clamp(samples, 0, MAX_COUNT)) if _number(samples) else 0,
+                               int(clamp(peak, 0, MAX_NODE_BYTES)) if _number(peak) else 0)
+    return tuple(out.values())[-MAX_WIDE_USERS:]
 
 
 def _number(x: object) -> bool:
@@ -86,6 +104,8 @@ def _numbers(items: object) -> list:
 
 
 def _same(stored: object, kept: object) -> bool:
+    if isinstance(kept, tuple) and kept and isinstance(kept[0], UserFigure):
+        return isinstance(stored, (list, tuple)) and list(stored) == [asdict(u) for u in kept]
     if isinstance(kept, tuple):
         return isinstance(stored, (list, tuple)) and len(stored) == len(kept) and all(
             _number(a) and a == b for a, b in zip(stored, kept))

@@ -3,12 +3,17 @@
 Prediction (per key, narrowest first, see ``KeyLevel``):
   * exact class / user+name: peak = EWMA of observed peaks; margin = max(min_margin_frac *
     peak, deviation_k * EWMA(|peak - EWMA|)) * margin_multiplier;
-  * account / partition (only with ``wide_key_min_samples``): peak = largest observed peak,
-    margin = min_margin_frac * peak * 2 (a wide key says little about one job);
+  * account / partition (only with ``wide_key_min_samples`` runs, each other user's counting
+    at most ``wide_key_min_samples - 1``): peak = the largest per-user peak, another user's held
+    to ``wide_key_user_cap`` x the largest of the rest, margin = min_margin_frac * peak * 2 (a
+    wide key says little about one job; ``core/wide_key.py``: no single user's runs, however
+    large, move the estimate others get past that bound);
   * nothing: unknown -> the policy keeps the whole GPU.
 The margin is decoupled from the point estimate: an OOM of a shared job raises the class's
-margin multiplier (compounding, capped, never decaying) and forces whole-GPU runs; the point
-estimate is only raised to at least the failed run's own peak (it needed at least that).
+(and user+name's) margin multiplier (compounding, capped, fading) and forces whole-GPU runs; the
+point estimate is only raised to at least the failed run's own peak (it needed at least that).
+Learning (``observe_key``) folds a run into each of its keys; a wide key also keeps the run in its
+user's figure and takes no OOM multiplier.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from dataclasses import replace
 from typing import Mapping
 
 from policy_service.config import EstimatorConfig, GpuConfig
+from policy_service.core import wide_key
 from policy_service.core.types import (
     ClassStats,
     DemandEstimate,
@@ -36,16 +42,18 @@ def fmt_bytes(n: float) -> str:
     return f"{n / GIB:.1f}GiB"
 
 
-def _usable(level: KeyLevel, stats: ClassStats | None, cfg: EstimatorConfig) -> bool:
+def _usable(level: KeyLevel, stats: ClassStats | None, cfg: EstimatorConfig, user: str) -> bool:
     if stats is None:
         return False
-    need = cfg.min_samples if level in _NARROW else cfg.wide_key_min_samples
-    return stats.samples >= need
+    if level in _NARROW:
+        return stats.samples >= cfg.min_samples
+    return wide_key.evidence(stats, user, cfg) >= cfg.wide_key_min_samples
 
 
-def usable_level(stats: Mapping[KeyLevel, ClassStats], cfg: EstimatorConfig) -> KeyLevel | None:
-    """The narrowest key whose history the estimate is taken from (None: none has enough runs)."""
-    return next((lv for lv in KeyLevel if _usable(lv, stats.get(lv), cfg)), None)
+def usable_level(stats: Mapping[KeyLevel, ClassStats], cfg: EstimatorConfig, user: str) -> KeyLevel | None:
+    """The narrowest key whose history the estimate for a job of ``user`` is taken from (None:
+    none has enough runs)."""
+    return next((lv for lv in KeyLevel if _usable(lv, stats.get(lv), cfg, user)), None)
 
 
 def _conformal_ratio(ratios: tuple[float, ...], q: float) -> float:
@@ -60,8 +68,8 @@ def _quantile_ready(s: ClassStats, cfg: EstimatorConfig) -> bool:
     return cfg.recent_runs > 0 and len(s.recent_ratios) >= max(1, cfg.quantile_min_runs)
 
 
-def _from_stats(level: KeyLevel, s: ClassStats, cfg: EstimatorConfig) -> tuple[int, int, str]:
-    """(peak, margin, how the margin was derived)."""
+def _from_stats(level: KeyLevel, s: ClassStats, cfg: EstimatorConfig, user: str) -> tuple[int, int, str]:
+    """(peak, margin, how the margin was derived) for a job of ``user``."""
     if level in _NARROW:
         peak = s.ewma_peak_bytes
         if _quantile_ready(s, cfg):
@@ -77,9 +85,10 @@ def _from_stats(level: KeyLevel, s: ClassStats, cfg: EstimatorConfig) -> tuple[i
                 margin = max(margin, cfg.cold_margin_frac * peak)
                 how += f", at least the cold margin {cfg.cold_margin_frac:.0%} ({s.samples} run(s))"
     else:
-        peak = float(s.max_peak_bytes)
+        wide_peak, which = wide_key.bounded_peak(s, user, cfg)
+        peak = float(wide_peak)
         margin = 2 * cfg.min_margin_frac * peak
-        how = f"margin {2 * cfg.min_margin_frac:.0%} of the largest peak"
+        how = f"margin {2 * cfg.min_margin_frac:.0%} of the largest peak of {which}"
     if s.margin_multiplier > 1:
         how += f", x{s.margin_multiplier:.2f} after out-of-memory run(s)"
     return int(math.ceil(peak)), int(math.ceil(margin * s.margin_multiplier)), how
@@ -97,7 +106,7 @@ def estimate(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Estimat
              gpu: GpuConfig) -> DemandEstimate:
     """Predict the job's peak GPU memory with a safety margin, and say why."""
     reasons: list[Reason] = []
-    level = usable_level(stats, cfg)
+    level = usable_level(stats, cfg, req.user)
     class_stats = stats.get(KeyLevel.CLASS)
     observed_max = max((_observed_max(s, cfg) for s in (class_stats, stats.get(KeyLevel.USER_NAME)) if s),
                        default=0)
@@ -105,7 +114,7 @@ def estimate(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Estimat
         peak, margin, source, samples = 0, 0, EstimateSource.UNKNOWN, 0
     else:
         chosen = stats[level]
-        peak, margin, how = _from_stats(level, chosen, cfg)
+        peak, margin, how = _from_stats(level, chosen, cfg, req.user)
         source, samples = level.source, chosen.samples
         code = ReasonCode.ESTIMATE_FROM_HISTORY if level in _NARROW else ReasonCode.ESTIMATE_FROM_WIDER_KEY
         reasons.append(Reason(code, f"peak {fmt_bytes(peak)} + margin {fmt_bytes(margin)} from {samples} "
@@ -158,8 +167,21 @@ def _ewma(old: float, new: float, alpha: float) -> float:
     return (1 - alpha) * old + alpha * new
 
 
-def observe(s: ClassStats, obs: JobObservation, cfg: EstimatorConfig) -> ClassStats:
-    """Fold one finished run into a key's statistics (online learning)."""
+def observe_key(level: KeyLevel, s: ClassStats, obs: JobObservation, cfg: EstimatorConfig, user: str) -> ClassStats:
+    """Fold one finished run of ``user``'s into the statistics of its key at ``level``: a wide key
+    (account, partition) also keeps it in the user's figure and takes no OOM penalty
+    (``core/wide_key.py``)."""
+    if level not in wide_key.WIDE:
+        return observe(s, obs, cfg)
+    out = observe(s, obs, cfg, penalize=False)
+    if obs.peak_bytes is not None and obs.peak_bytes > 0:
+        out = replace(out, users=wide_key.add_run(s, user, obs.peak_bytes))
+    return out
+
+
+def observe(s: ClassStats, obs: JobObservation, cfg: EstimatorConfig, *, penalize: bool = True) -> ClassStats:
+    """Fold one finished run into a key's statistics (online learning). ``penalize``: an OOM of a
+    shared run raises the margin multiplier and forces whole-GPU runs (False: it is only counted)."""
     a = cfg.ewma_alpha
     ch: dict = {"runs": s.runs + 1}
     ewma, absdev = s.ewma_peak_bytes, s.ewma_absdev_bytes
@@ -180,7 +202,7 @@ def observe(s: ClassStats, obs: JobObservation, cfg: EstimatorConfig) -> ClassSt
             ch["margin_multiplier"] = max(1.0, s.margin_multiplier / cfg.margin_multiplier_decay)
     if obs.oom:
         ch["oom_count"] = s.oom_count + 1
-        if obs.shared:
+        if obs.shared and penalize:
             ch.update(margin_multiplier=min(cfg.max_margin_multiplier, s.margin_multiplier * cfg.oom_margin_multiplier),
                       whole_gpu_runs_left=cfg.oom_whole_gpu_runs,
                       # It needed at least what it had when it died.

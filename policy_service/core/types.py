@@ -227,6 +227,16 @@ def _pressure(pending_gpus: float, total_gpus: int) -> float:
 
 
 @dataclass(frozen=True)
+class UserFigure:
+    """One user's part of a wide key (account, partition): their measured runs under it and the
+    largest peak of those (``core/wide_key.py`` bounds what it may do to others' estimates)."""
+
+    user: str
+    samples: int = 0
+    max_peak_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class ClassStats:
     """What history says about one key. Updated by ``estimator.observe`` (a pure fold)."""
 
@@ -251,11 +261,15 @@ class ClassStats:
     # the peaks. The margin is an empirical quantile of the ratios (estimator._quantile_margin).
     recent_ratios: tuple[float, ...] = ()
     recent_peaks: tuple[int, ...] = ()
+    # Wide keys only: per user, the most recently seen last (bounds.MAX_WIDE_USERS at most).
+    users: tuple[UserFigure, ...] = ()
 
     def __post_init__(self) -> None:
         # Stats read back from JSON carry lists: keep the frozen value hashable and comparable.
         object.__setattr__(self, "recent_ratios", tuple(float(x) for x in self.recent_ratios))
         object.__setattr__(self, "recent_peaks", tuple(int(x) for x in self.recent_peaks))
+        object.__setattr__(self, "users", tuple(u if isinstance(u, UserFigure) else UserFigure(**u)
+                                                for u in self.users))
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,7 @@ class SwapAware(SimPolicy):
             keys = self._request(job)[3]
         for level, key in keys:
             table = self.stats[level]
-            table[key] = estimator.observe(table.get(key, ClassStats()), obs, self.cfg.estimator)
+            table[key] = estimator.observe_key(level, table.get(key, ClassStats()), obs, self.cfg.estimator, job.user)
             self._learned[key] = self._learned.get(key, 0) + 1  # as the service's handler.learned
 
 

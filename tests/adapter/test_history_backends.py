@@ -143,7 +143,7 @@ def test_keys_are_compared_byte_for_byte(history_backend, tmp_path):
     try:
         for name, samples in (("Alice/train", 1), ("alice/train", 2), ("alice/train ", 3)):
             store.record_finish(_obs(name), {KeyLevel.USER_NAME: name},
-                                lambda s, n=samples: ClassStats(samples=s.samples + n))
+                                lambda level, s, n=samples: ClassStats(samples=s.samples + n))
         got = {k: store.stats({KeyLevel.USER_NAME: k})[KeyLevel.USER_NAME].samples
                for k in ("Alice/train", "alice/train", "alice/train ")}
         assert got == {"Alice/train": 1, "alice/train": 2, "alice/train ": 3}

@@ -8,7 +8,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.config import Config, PolicyConfig
 from policy_service.core import admission, policy, queue_rules
 from policy_service.core.types import (ClassStats, GpuRequest, GresKind, JobRequest, KeyLevel, QueueState,
-                                       ReasonCode, Rewrite)
+                                       ReasonCode, Rewrite, UserFigure)
 
 V = "0123456789abcdef"
 
@@ -141,10 +141,14 @@ def test_keys_read_stop_at_the_key_the_estimate_came_from():
     c = cfg()
     keys = {KeyLevel.CLASS: "c", KeyLevel.USER_NAME: "u/n", KeyLevel.ACCOUNT: "a", KeyLevel.PARTITION: "p"}
     known = ClassStats(samples=50, runs=50, ewma_peak_bytes=1.0, max_peak_bytes=1)
-    assert admission.keys_read(keys, {KeyLevel.CLASS: known}, c) == ("c", "u/n")
-    assert admission.keys_read(keys, {KeyLevel.ACCOUNT: known}, c) == ("c", "u/n", "a")
-    assert admission.keys_read(keys, {}, c) == ("c", "u/n", "a", "p")  # nothing usable: every key was read
-    assert admission.keys_read(keys, {KeyLevel.CLASS: ClassStats(samples=0)}, c) == ("c", "u/n", "a", "p")
+    assert admission.keys_read(keys, {KeyLevel.CLASS: known}, c, user="u") == ("c", "u/n")
+    assert admission.keys_read(keys, {KeyLevel.ACCOUNT: known}, c, user="u") == ("c", "u/n", "a")
+    assert admission.keys_read(keys, {}, c, user="u") == ("c", "u/n", "a", "p")  # nothing usable: every key was read
+    assert admission.keys_read(keys, {KeyLevel.CLASS: ClassStats(samples=0)}, c, user="u") == ("c", "u/n", "a", "p")
+    # an account known from one other user's runs alone is not usable for u's job: it read on
+    others = ClassStats(samples=50, runs=50, max_peak_bytes=1, users=(UserFigure("v", 50, 1),))
+    assert admission.keys_read(keys, {KeyLevel.ACCOUNT: others}, c, user="u") == ("c", "u/n", "a", "p")
+    assert admission.keys_read(keys, {KeyLevel.ACCOUNT: others}, c, user="v") == ("c", "u/n", "a")
 
 
 def test_template_reasons_say_the_gate_state_not_made_up_figures():
