@@ -213,7 +213,9 @@ class PolicyHandler:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         if parts:  # the GPUs its partitions hold, of the type it asks for, where the controller takes shard jobs
             counts, refused = parts.live_shard_counts(job.partition, jr.gpu.gpu_type, self._live_shards(queue))
-            jr = dataclasses.replace(jr, gpu_shard_counts=counts, shards_refused=refused)
+            unbilled, whole_unbilled = parts.unbilled(job.partition, jr.gpu.gpu_type)  # its TRESBillingWeights
+            jr = dataclasses.replace(jr, gpu_shard_counts=counts, shards_refused=refused, shards_unbilled=unbilled,
+                                     whole_shards_unbilled=whole_unbilled)
         keys = history_keys(jr)
         stats = (stats_of or self.store.stats)(keys)
         d = policy.decide(jr, stats, self.cfg, decision_id=decision_id or self.new_id(), now=self.clock(),

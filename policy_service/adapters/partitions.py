@@ -1,10 +1,13 @@
 """What a job's partition gives it, read from the controller's slurm.conf and gres.conf: the
-per-GPU defaults (``DefCpuPerGPU``, ``DefMemPerGPU``) and the shard counts of its GPUs.
+per-GPU defaults (``DefCpuPerGPU``, ``DefMemPerGPU``), the shard counts of its GPUs and how its
+``TRESBillingWeights`` bill a job that holds shards.
 
 Slurm gives a job that asks for GPUs those CPUs and that memory per GPU unless the job says
 otherwise; a job that holds shards holds no GPU and gets none of them (measured on 22.05: with
 ``DefCpuPerGPU=2`` a ``--gres=gpu:1`` job ran with 2 CPUs, the same job rewritten to a shard with 1).
-Such a job keeps its request (``core/policy.py``, reason ``per_gpu_default``).
+Such a job keeps its request (``core/policy.py``, reason ``per_gpu_default``). So does a job whose
+shards would not bill its fraction of the GPU under its partition's weights (``billing_weights.py``,
+reason ``shards_unbilled``), and a whole GPU is held as shards only where all of them bill the GPU.
 
 A shard is a fixed amount of memory on every GPU, so GPUs of different memory have different
 shard counts (``adapters/fleet.py``); the policy sizes a job for the GPUs its partitions hold.
@@ -24,6 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
+from policy_service.adapters.billing_weights import (
+    BillingWeights,
+    distinct_gpus,
+    read_weights,
+    shard_billing,
+    unbilled_reason,
+    whole_unbilled,
+)
 from policy_service.adapters.fleet import GpuShards, counts_by_type, partition_gpus, shard_counts
 from policy_service.adapters.slurm_files import GresConf, SlurmConf, parse_gres_conf, parse_slurm_conf
 from policy_service.core.types import LiveShards
@@ -47,8 +58,12 @@ class PartitionDefaults:
     gpus: Mapping[str, tuple[GpuShards, ...]] = field(default_factory=dict)
     nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)  # every partition -> its nodes with shards
     node_gpus: Mapping[str, tuple[GpuShards, ...]] = field(default_factory=dict)  # node -> its GPUs with shards
+    billing: Mapping[str, BillingWeights] = field(default_factory=dict)  # every partition -> its TRESBillingWeights
+    # every partition -> one of its GPUs with shards of each (type, shard count): what billing depends on
+    gpu_kinds: Mapping[str, tuple[GpuShards, ...]] = field(default_factory=dict)
     # live_shard_counts' results for the snapshot they were worked out from (no part of the value)
     _live_memo: dict = field(default_factory=dict, compare=False, repr=False)
+    _billing_memo: dict = field(default_factory=dict, compare=False, repr=False)  # unbilled's, per (partition, type)
 
     def _names(self, partition: str) -> list[str]:
         return [p.strip() for p in (partition or "").split(",") if p.strip()] or [self.default_partition]
@@ -65,6 +80,29 @@ class PartitionDefaults:
             return None
         return tuple(sorted({c for n in names for t, counts in self.shards[n].items()
                              if _of_type(t, want) for c in counts}))
+
+    def unbilled(self, partition: str, gpu_type: str = "") -> tuple[str, str]:
+        """(why a job of ``gpu_type`` in ``partition`` that holds shards would not bill its fraction of
+        a GPU, why all the shards of one GPU would not bill what the GPU bills) under the weights of
+        each partition it may run in (billing_weights.py); "" where they would. A partition not known
+        says nothing."""
+        key = (partition, gpu_type.lower())
+        hit = self._billing_memo.get(key)
+        if hit is None:
+            if len(self._billing_memo) > LIVE_MEMO_MAX:
+                self._billing_memo.clear()
+            share, whole = [], []
+            for name in self._names(partition):
+                weights, gpus = self.billing.get(name), self.gpu_kinds.get(name, ())
+                if weights is None:
+                    continue
+                on = [g for g in gpus if _of_type(g.type, key[1])]
+                if on:
+                    verdict = shard_billing(weights, gpus, on)
+                    share.append(unbilled_reason(name, weights, verdict))
+                    whole.append(whole_unbilled(name, weights, on, verdict))
+            hit = self._billing_memo[key] = (next((w for w in share if w), ""), next((w for w in whole if w), ""))
+        return hit
 
     def live_shard_counts(self, partition: str, gpu_type: str,
                           live: LiveShards | None) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
@@ -189,7 +227,9 @@ def partition_defaults(conf: SlurmConf, gres: GresConf | None = None) -> Partiti
             by_node.setdefault(g.node, {}).setdefault((g.index, g.type, g.shards), g)
     return PartitionDefaults(by, default, shards, per_gpu, gpus,
                              {name: frozenset(g.node for g in of) for name, of in gpus.items()},
-                             {node: tuple(seen.values()) for node, seen in by_node.items()})
+                             {node: tuple(seen.values()) for node, seen in by_node.items()},
+                             {part.name: read_weights(part.get("TRESBillingWeights")) for part in conf.partitions},
+                             {name: tuple(distinct_gpus(of)) for name, of in gpus.items()})
 
 
 class SlurmConfWatch:
@@ -230,6 +270,10 @@ class SlurmConfWatch:
                      ", ".join(f"{p} ({' '.join(v)})" for p, v in self._current.by_partition.items()) or "none",
                      self.gres_path if seen[1] else "no gres.conf: from slurm.conf's Gres=",
                      "; ".join(f"{p} {_fmt_counts(c)}" for p, c in self._current.shards.items()) or "no partitions")
+            unbilled = [why for p in self._current.billing for why in [self._current.unbilled(p)[0]] if why]
+            if unbilled:
+                log.warning("slurm.conf %s: GPU jobs keep their request (shards_unbilled) in %d partition(s): %s",
+                            self.path, len(unbilled), " | ".join(unbilled))
         except (OSError, ValueError) as exc:
             why = f"{type(exc).__name__}: {exc}"
             if why != self._failed:

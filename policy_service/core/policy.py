@@ -238,6 +238,9 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
                                                      "more than one GPU: shards of one GPU cannot serve it")]
     if not cfg.policy.enable_sharing:
         return *whole, [Reason(ReasonCode.SHARING_DISABLED, "sharing is disabled by configuration")]
+    if req.shards_unbilled:
+        return *whole, [Reason(ReasonCode.SHARDS_UNBILLED,
+                               f"not shared: {req.shards_unbilled}; the job keeps its request")]
     if req.qos and req.qos in cfg.policy.whole_gpu_qos:
         return *whole, [Reason(ReasonCode.PROTECTED_QOS, f"QoS {req.qos!r} is in policy.whole_gpu_qos: whole GPU")]
     if penalty is not None and penalty.whole_gpu_runs_left > 0:
@@ -303,6 +306,9 @@ def _whole_as_shards(req: JobRequest, cfg: Config, dialect: SlurmDialect) -> tup
     counts = shard_counts(req, cfg)
     if not counts and req.shards_refused:
         return 0, shards_refused_reason(req)
+    unbilled = req.shards_unbilled or req.whole_shards_unbilled  # all shards of a GPU would not bill the GPU
+    if len(counts) == 1 and unbilled:
+        return 0, Reason(ReasonCode.SHARDS_UNBILLED, f"not held as shards: {unbilled}; the gpu request stays as typed")
     if len(counts) == 1:
         return counts[0], _as_shards_reason(counts[0], dialect, req.gpu.gpu_type)
     of = f"{req.gpu.gpu_type} GPUs" if req.gpu.gpu_type else "GPUs"

@@ -83,6 +83,7 @@ class ReasonCode(enum.Enum):
     PER_GPU_DEFAULT = "per_gpu_default"  # the partition's DefCpuPerGPU / DefMemPerGPU: a shard job gets none
     NO_SHARD_GPUS = "no_shard_gpus"  # no GPU the job can land on has shards (gres.conf)
     SHARDS_REFUSED = "shards_refused"  # the controller in control takes no shard job where it can land (LiveShards)
+    SHARDS_UNBILLED = "shards_unbilled"  # its partition's TRESBillingWeights would not bill its fraction of a GPU
     WHOLE_GPU_SIZES_DIFFER = "whole_gpu_sizes_differ"  # 22.05: GPUs of different shard counts, whole kept as gpu
     EXCLUSIVE = "exclusive"  # --exclusive: Slurm never starts an exclusive job holding shards
     DRY_RUN_NOT_SLURMCTLD = "dry_run_not_slurmctld"  # an Admit not from slurmctld: answered, not recorded
@@ -139,6 +140,12 @@ class JobRequest:
     # Why GPUs of its partitions were left out of gpu_shard_counts: the controller in control
     # refuses shards there now (LiveShards.refuses), one "node: why" per node. Empty: none left out.
     shards_refused: tuple[str, ...] = ()
+    # Why a job holding shards of the GPUs it can land on would not bill its fraction of a GPU under
+    # its partitions' TRESBillingWeights, and why all the shards of one GPU would not bill what the
+    # GPU bills (adapters/billing_weights.py, naming the partition, the weight and the fix). "": they
+    # would, or the partitions are not known.
+    shards_unbilled: str = ""
+    whole_shards_unbilled: str = ""
 
 
 @dataclass(frozen=True)
