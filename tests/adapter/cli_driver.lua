@@ -28,6 +28,7 @@ for i, case in ipairs(cjson.decode(io.read("*a"))) do
   local options, store = options_of(case.options)
   local env = case.env
   local mended = M.mend_step(options, function(name) return env[name] end)
-  results[i] = { mended = mended, options = store }
+  local marked = M.mark_test_only(options)
+  results[i] = { mended = mended, marked = marked, options = store }
 end
 io.write(cjson.encode({ results = results, verbose = verbose }))

@@ -37,7 +37,32 @@ CASES = [
     ({"type": "srun", "gpus-per-node": "1"}, IN_SHARD_JOB, True, "shard:2", {"gpus-per-node": ""}),
     ({"type": "srun", "gres": "gres/gpu:1,gres/nvme:1"}, IN_SHARD_JOB, True, "gres/nvme:1,shard:2", {}),
     ({"type": "srun", "gres": "gres/gpu:1,gres/shard:1"}, IN_SHARD_JOB, True, "shard:2", {}),
-    ({"type": "srun"}, IN_SHARD_JOB, False, None, {}),  # a plain step: nothing to mend
+    # a plain step: Slurm refuses it in a job holding typed shards (22.05, 26.05), so it asks for the
+    # job's shards, which gives the same GPU in an untyped one
+    ({"type": "srun"}, IN_SHARD_JOB, True, "shard:2", {}),
+    ({"type": "srun", "ntasks": "2"}, IN_SHARD_JOB, True, "shard:2", {}),
+    # a --gpu-bind in a shard job binds GPUs the step does not hold (no CUDA_VISIBLE_DEVICES): it goes
+    ({"type": "srun", "gpu-bind": "closest"}, IN_SHARD_JOB, True, "shard:2", {"gpu-bind": ""}),
+    ({"type": "srun", "gpu-bind": "none"}, IN_SHARD_JOB, True, "shard:2", {"gpu-bind": ""}),
+    ({"type": "srun", "gres": "gres/gpu:1", "gpu-bind": "map_gpu:0"}, IN_SHARD_JOB, True, "shard:2", {"gpu-bind": ""}),
+    ({"type": "srun", "gpus": "h100:1", "gpu-bind": "single:1"}, IN_SHARD_JOB, True, "shard:2",
+     {"gpus": "", "gpu-bind": ""}),
+    ({"type": "srun", "gpu-bind": "closest"}, IN_GPU_JOB, False, None, {"gpu-bind": "closest"}),
+    # more GPUs than the job holds: left for Slurm to refuse, as without swapaware
+    ({"type": "srun", "ntasks": "2", "gpus-per-task": "1"}, IN_SHARD_JOB, False, None, {"gpus-per-task": "1"}),
+    ({"type": "srun", "gpus-per-task": "1"}, {**IN_SHARD_JOB, "SLURM_NTASKS": "2"}, False, None,
+     {"gpus-per-task": "1"}),
+    ({"type": "srun", "gpus": "2"}, IN_SHARD_JOB, False, None, {"gpus": "2"}),
+    ({"type": "srun", "gres": "gres/gpu:h100:2"}, IN_SHARD_JOB, False, "gres/gpu:h100:2", {}),
+    ({"type": "srun", "ntasks": "2", "tres-per-task": "gres/gpu=1"}, IN_SHARD_JOB, False, None,
+     {"tres-per-task": "gres/gpu=1"}),
+    ({"type": "srun", "gpus-per-task": "1"}, {**IN_SHARD_JOB, "SLURM_GPUS_ON_NODE": "1", "SLURM_NTASKS": "1"}, True,
+     "shard:2", {"gpus-per-task": ""}),
+    # the step names its own GRES: as typed
+    ({"type": "srun", "gres": "gres/nvme:1"}, IN_SHARD_JOB, False, "gres/nvme:1", {}),
+    ({"type": "srun", "gres": "gres/shard:1"}, IN_SHARD_JOB, False, "gres/shard:1", {}),
+    ({"type": "srun", "gres": "none"}, IN_SHARD_JOB, False, "none", {}),
+    ({"type": "srun", "gpus": "0"}, IN_SHARD_JOB, False, None, {"gpus": "0"}),
     ({"type": "srun", "gres": "gres/gpu:0"}, IN_SHARD_JOB, False, "gres/gpu:0", {}),
     ({"type": "srun", "gres": "gres/gpu:1"}, IN_GPU_JOB, False, "gres/gpu:1", {}),  # the job holds a gpu
     ({"type": "srun", "gres": "gres/gpu:1"}, {}, False, "gres/gpu:1", {}),  # not inside a job
@@ -46,13 +71,13 @@ CASES = [
     # 23.11+: a plain srun inherits the job's --gpus-per-task as --tres-per-task
     ({"type": "srun", "tres-per-task": "gres/gpu=1"}, IN_SHARD_JOB, True, "shard:2", {"tres-per-task": ""}),
     ({"type": "srun", "tres-per-task": "cpu=2,gres/gpu=1"}, IN_SHARD_JOB, True, "shard:2", {"tres-per-task": "cpu=2"}),
-    ({"type": "srun", "tres-per-task": "cpu=2"}, IN_SHARD_JOB, False, None, {"tres-per-task": "cpu=2"}),
+    ({"type": "srun", "tres-per-task": "cpu=2"}, IN_SHARD_JOB, True, "shard:2", {"tres-per-task": "cpu=2"}),
     ({"type": "srun", "tres-per-task": "gres/gpu=1"}, IN_GPU_JOB, False, None, {"tres-per-task": "gres/gpu=1"}),
     # 26.05: it also inherits the binding Slurm gave --gpus-per-task, to GPUs the job does not hold
     ({"type": "srun", "tres-per-task": "gres/gpu=1", "tres-bind": "gres/gpu:per_task:1"}, IN_SHARD_JOB, True,
      "shard:2", {"tres-per-task": "", "tres-bind": ""}),
     ({"type": "srun", "gres": "gres/gpu:1", "tres-bind": "gres/gpu:closest"}, IN_SHARD_JOB, True, "shard:2",
-     {"tres-bind": "gres/gpu:closest"}),  # not Slurm's own: left as the user typed it
+     {"tres-bind": ""}),  # a binding of GPUs the step does not hold, as --gpu-bind
 ]
 
 
@@ -66,3 +91,19 @@ def test_steps_that_ask_for_gpus_inside_a_shard_job_ask_for_its_shards(options, 
         assert res["options"].get(key) == value
     if mended:
         assert any("swapaware" in line and gres in line for line in out["verbose"])
+
+
+@pytest.mark.parametrize("options,marked,comment", [
+    ({"type": "sbatch", "test-only": "set"}, True, "swapaware:test-only"),
+    ({"type": "srun", "test-only": "set", "comment": "swapaware:mem=2G"}, True, "swapaware:mem=2G swapaware:test-only"),
+    ({"type": "sbatch", "test-only": "set", "comment": "x swapaware:test-only"}, True, "x swapaware:test-only"),
+    ({"type": "sbatch"}, False, None),
+    ({"type": "sbatch", "comment": "mine"}, False, "mine"),
+    ({"type": "salloc", "test-only": "set"}, False, None),
+])
+def test_a_test_only_submission_is_marked_for_job_submit(options, marked, comment):
+    """sbatch/srun --test-only: job_submit cannot tell it from a real submission (measured on 22.05:
+    the same job_desc fields), so cli_filter marks its comment and swapaware.lua leaves it as typed."""
+    out = run_cases([{"options": options, "env": {}}])
+    res = out["results"][0]
+    assert res["marked"] is marked and res["options"].get("comment") == comment
