@@ -35,6 +35,8 @@ if have_facts then
   end
 end
 M.MAX_SITE_FACTOR = 2147483645
+-- what cli_filter puts in a --test-only submission's comment (swapaware_cli.lua, M.TEST_ONLY_MARK)
+local TEST_ONLY_MARK = "swapaware:test-only"
 local str = have_facts and F.str or tostring
 
 M.settings = { socket = "/run/swapaware/policy.sock", timeout_ms = 200, breaker_s = 10, enabled = true,
@@ -293,6 +295,8 @@ local function decide(job_desc, submit_uid)
   local part = by_tbl and "key" or nil
   F.snapshot(job_desc, jd, part)
   if over_limits(jd, part) then return end
+  -- a --test-only query, marked by cli_filter (swapaware_cli.lua): answered for the request as typed
+  if jd.comment and string.find(jd.comment, TEST_ONLY_MARK, 1, true) then return end
   if not have_cjson then
     log_error("lua-cjson is not installed; job passes unchanged")
     return

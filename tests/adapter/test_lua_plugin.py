@@ -123,6 +123,23 @@ def test_known_job_is_rewritten_to_shards(tell, service_env, slurm_jobs, tmp_pat
         assert not out["user"], out["user"]
 
 
+def test_a_test_only_query_is_left_as_typed_and_records_nothing(service, client, slurm_jobs, tmp_path):
+    """sbatch/srun --test-only reach job_submit as a real submission would; cli_filter marks their
+    comment (swapaware_cli.mark_test_only) and the plugin answers nothing: no rewrite, no AdminComment,
+    no decision. The same job without the mark is decided (a shareable class)."""
+    teach(service, client, slurm_jobs, script_fingerprint(SCRIPT.encode()), 3 * GIB)
+    service.handler.flush()
+    before = len(list(service.store.decisions()))
+    out = run_lua(tmp_path, [gpu_job(comment="swapaware:test-only"),
+                             gpu_job(comment="swapaware:mem=2G swapaware:test-only")], service.socket_path)
+    for res in out["results"]:
+        assert res["job"]["tres_per_node"] == "gres:gpu:1" and "admin_comment" not in res["job"], res
+    service.handler.flush()
+    assert len(list(service.store.decisions())) == before
+    real = run_lua(tmp_path, [gpu_job()], service.socket_path)["results"][0]
+    assert real["job"]["tres_per_node"] == "gres:shard:1" and "admin_comment" in real["job"]
+
+
 def test_non_gpu_job_never_calls_the_service(service, tmp_path):
     out = run_lua(tmp_path, [gpu_job(tres_per_node="gres:nvme:1")], service.socket_path)
     assert "admin_comment" not in out["results"][0]["job"]
