@@ -2,10 +2,14 @@
 inside a rewritten batch job, interactive srun/salloc, typed GPUs (shared within their type), --gpus-per-task, gpu:0, job
 arrays, held jobs and heterogeneous jobs. A memory hint (swapaware:mem=2G) makes a first run
 shareable, so each test sees a rewrite without a learned history."""
+import re
+import threading
+import time
 import uuid
 
 import pytest
 
+from tests.slurm_stack import CLUSTER
 from tests.waiting import wait_for
 
 from .conftest import decision_of, job_field
@@ -90,6 +94,76 @@ def test_gpus_per_task_job_is_a_gpu_job(stack):
     assert d and d["action"] == "share", info
     assert job_field(info, "TresPerNode") == stack.gres("shard", 1), info
     assert stack.wait_done(job) == "COMPLETED"
+
+
+@pytest.mark.parametrize("hint", [False, True], ids=["first_run", "shared"])
+def test_every_step_of_a_typed_job_runs_on_its_gpu(stack, hint):
+    """A typed job held as typed shards (shared; or, on 22.05, kept whole as all shards of a GPU of
+    its type on its first run): Slurm refuses its plain steps ("Invalid generic resource (gres)
+    specification", measured on 22.05 and 26.05) unless cli_filter mends them, and a --gpu-bind step
+    would run without CUDA_VISIBLE_DEVICES. Every step below runs on the job's one GPU."""
+    script = f"""#!/bin/bash
+set -e
+srun {STEP}
+srun --gpu-bind=closest {STEP}
+srun --gpu-bind=map_gpu:0 {STEP}
+srun --gres=gpu:h100:1 {STEP}
+"""
+    name = _name("typed-steps")
+    args = ("--gres=gpu:h100:1", f"--job-name={name}") + ((HINT,) if hint else ())
+    job = stack.sbatch(script, *args)
+    info = stack.show_job(job)
+    out = stack.state / "jobs" / f"slurm-{job}.out"
+    assert stack.wait_done(job) == "COMPLETED", (info, out.read_text())
+    steps = [line for line in out.read_text().splitlines() if line.startswith("step-ok")]
+    assert len(steps) == 4 and len({line.split()[1] for line in steps}) == 1, out.read_text()
+    assert "gpus= " not in out.read_text(), out.read_text()
+
+
+def test_scontrol_shows_the_shards_a_shared_job_holds(stack):
+    """The one difference Slurm's own GPU tests see (22.05's test39.5 reads `scontrol -dd show job`):
+    a shared job shows JOB_GRES=shard:k where the same job without swapaware shows gpu:1; inside the
+    job CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS are what they are without it (docs/user-guide.md)."""
+    job = stack.sbatch("#!/bin/sh\necho gpus=$SLURM_JOB_GPUS\nsleep 3\n", "--gres=gpu:1", HINT,
+                       f"--job-name={_name('dd')}")
+    detail = wait_for(lambda: (lambda t: t if "JOB_GRES=" in t else None)(
+        stack.run("scontrol", "-dd", "show", "job", str(job)).stdout), 60, f"job {job} running", 0.3)
+    assert re.search(r"JOB_GRES=shard:(\w+:)?1\b", detail) and "JOB_GRES=gpu" not in detail, detail
+    assert stack.wait_done(job) == "COMPLETED"
+
+
+@pytest.mark.parametrize("how", ["reconfigure", "restart"])
+def test_typed_jobs_submitted_while_the_controller_restarts_are_never_refused(stack, how):
+    """Right after a slurmctld restart or `scontrol reconfigure` (a restart on 23.11+) the node shows
+    State=UNKNOWN until it registers, and slurmctld refuses typed shard jobs then ("Requested node
+    configuration is not available": 4 of 6 refused on 26.05, none without swapaware). Typed jobs
+    submitted from the moment it starts until it is back keep their request and are accepted."""
+    name = _name(f"typed-{how}")
+    restart = threading.Thread(target=lambda: stack.run("scontrol", "reconfigure") if how == "reconfigure"
+                               else stack.run("bash", str(CLUSTER), "restart-ctld", timeout=300))
+    accepted: list[int] = []
+    refused: list[str] = []
+    unknown = 0
+    restart.start()
+    try:
+        deadline = time.monotonic() + 180
+        while (restart.is_alive() or len(accepted) < 6) and time.monotonic() < deadline:
+            state = stack.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout
+            r = stack.run("sbatch", "--parsable", "--hold", "--gres=gpu:h100:1", HINT, f"--job-name={name}",
+                          "--wrap", "true", check=False)
+            if r.returncode == 0:
+                accepted.append(int(r.stdout.strip().split(";")[0]))
+                unknown += "unknown" in state.lower()
+            elif "contact slurm controller" not in r.stderr and "Socket timed out" not in r.stderr:
+                refused.append(r.stderr.strip())  # not the controller being down: a refusal
+    finally:
+        restart.join()
+        for job in accepted:
+            stack.run("scancel", str(job), check=False)
+    print(f"\n[{how}] {len(accepted)} typed submissions accepted ({unknown} while a node showed UNKNOWN), "
+          f"{len(refused)} refused")
+    assert not refused, refused
+    assert len(accepted) >= 6
 
 
 def test_gpu_zero_is_no_gpu_request(stack):
