@@ -14,8 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.adapter.test_agent_socket import TOTAL_BYTES, Rig
-from tests.waiting import wait_for
+from tests.adapter.test_agent_socket import TOTAL_BYTES, MirroredRig
 
 VICTIM_UID, ATTACKER_UID = 2001, 2002
 VICTIM_JOB, ATTACKER_JOB = 5001, 5002
@@ -23,29 +22,16 @@ LOGIN = "/user.slice/user-{uid}.slice/session-3.scope"  # outside any job's cgro
 JOB_CGROUP = "/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0"
 
 
-class Node(Rig):
+class Node(MirroredRig):
     """An agent over two fake GPUs whose /proc view is a mirror the test writes."""
 
     def __init__(self, base: Path) -> None:
-        self.proc = base / "proc"
-        self.proc.mkdir()
-        super().__init__(base, proc_root=self.proc, gpus=2)
+        super().__init__(base, gpus=2)
 
     def process(self, *, uid: int, env_job: int, cgroup: str, gpu: int, nbytes: int) -> int:
         """A real process with SLURM_JOB_ID=``env_job`` holding ``nbytes`` on ``gpu``, seen by the
-        agent as owned by ``uid`` and in ``cgroup`` (``stat`` last: the agent caches by it)."""
-        pid = self.job_process(env_job, gpu, nbytes).pid
-        mirror = self.proc / str(pid)
-        mirror.mkdir()
-        (mirror / "cgroup").write_text(f"0::{cgroup}\n")
-        (mirror / "status").write_text(f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
-        (mirror / "environ").symlink_to(Path("/proc") / str(pid) / "environ")
-        (mirror / "stat").symlink_to(Path("/proc") / str(pid) / "stat")
-        return pid
-
-    def wait_more_samples(self, job_id: int, more: int) -> None:
-        target = self.samples(job_id) + more
-        wait_for(lambda: self.samples(job_id) >= target, what=f"{more} more samples of job {job_id}")
+        agent as owned by ``uid`` and in ``cgroup``."""
+        return self.mirrored_process(cgroup, gpu, nbytes, env_job=env_job, uid=uid)
 
 
 @pytest.fixture

@@ -20,36 +20,24 @@ from policy_service.config import Config, HookConfig
 from slurm_plugin import hooks
 from slurm_plugin.agent_client import notify_start
 
-from tests.adapter.test_agent_socket import Rig
+from tests.adapter.test_agent_socket import MirroredRig
 from tests.waiting import wait_for
 
 SLUID = "s0a7kq3m9x2vd"  # opaque to the agent: any single path component
 
 
-class Node(Rig):
+class Node(MirroredRig):
     """An agent whose /proc view is a mirror in which the test writes each process's cgroup."""
 
     def __init__(self, base: Path) -> None:
-        self.proc = base / "proc"
-        self.proc.mkdir()
-        super().__init__(base, proc_root=self.proc, gpus=1)
+        super().__init__(base, gpus=1)
         self.gpus = self.root
         self.hooks = HookConfig(agent_socket=self.socket_path, agent_timeout_s=5.0,
                                 service_address="127.0.0.1:1", deadline_s=0.5, spool_dir=base / "spool")
 
     def process(self, cgroup_path: str, nbytes: int) -> int:
         """A real process holding ``nbytes`` on GPU 0, in cgroup ``cgroup_path`` (v2), without SLURM_JOB_ID."""
-        pid = self.job_process(None, 0, nbytes).pid
-        mirror = self.proc / str(pid)
-        mirror.mkdir()
-        for name in ("stat", "environ"):
-            (mirror / name).symlink_to(Path("/proc") / str(pid) / name)
-        (mirror / "cgroup").write_text(f"0::{cgroup_path}\n")
-        return pid
-
-    def wait_samples(self, job_id: int, more: int) -> None:
-        target = self.samples(job_id) + more
-        wait_for(lambda: self.samples(job_id) >= target, what=f"{more} more samples of job {job_id}")
+        return self.mirrored_process(cgroup_path, 0, nbytes)
 
 
 @pytest.fixture
@@ -67,13 +55,13 @@ def test_prolog_announced_sluid_attributes_the_jobs_processes(node: Node) -> Non
     node.process(f"/system.slice/slurmstepd.scope/{SLUID}/step_batch/user/task_0", 300_000)
     node.process("/system.slice/slurmstepd.scope/s-not-announced/step_0/user/task_0", 50_000)
     node.process("/user.slice/user-1000.slice/session-3.scope", 20_000)
-    node.wait_samples(4243, 2)  # our process was seen (and not attributed) before the prolog ran
+    node.wait_more_samples(4243, 2)  # our process was seen (and not attributed) before the prolog ran
 
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_SLUID": SLUID, "SLURM_JOB_GPUS": "0", "SLURM_JOB_UID": "1000",
            "SLURMD_NODENAME": "n1"}
     hooks.run_prolog(env, Config(hooks=node.hooks), 1000.0)  # the service is down: its event is spooled
     assert [(j["job_id"], j["sluid"]) for j in node.ask({"op": "status"})["jobs"]] == [(4243, None), (4242, SLUID)]
-    node.wait_samples(4242, 3)
+    node.wait_more_samples(4242, 3)
 
     t = node.ask({"op": "stop", "job_id": 4242})["telemetry"]
     assert (t["peak_bytes"], t["mean_bytes"], t["pids_seen"]) == (300_000, 300_000, 1)
@@ -84,7 +72,7 @@ def test_prolog_announced_sluid_attributes_the_jobs_processes(node: Node) -> Non
 def test_a_job_announced_without_sluid_does_not_claim_sluid_directories(node: Node) -> None:
     notify_start(node.hooks, 4242, [0], 1000)  # a 24.11 prolog: no SLURM_JOB_SLUID
     node.process(f"/system.slice/slurmstepd.scope/{SLUID}/step_0/user/task_0", 300_000)
-    node.wait_samples(4242, 3)
+    node.wait_more_samples(4242, 3)
     t = node.ask({"op": "stop", "job_id": 4242})["telemetry"]
     assert (t["peak_bytes"], t["pids_seen"]) == (0, 0)
 

@@ -91,6 +91,36 @@ class Rig:
         self.server.stop()
 
 
+class MirroredRig(Rig):
+    """A Rig whose agent reads /proc from a mirror the test writes (a process cannot be put into a
+    Slurm cgroup here, nor run as another user without root): a process's ``stat`` and ``environ``
+    link to the real ones, its ``cgroup`` (and ``status``: its ``Uid:`` line) hold what the kernel
+    would say of a process in that cgroup (and of that user)."""
+
+    def __init__(self, base: Path, gpus: int) -> None:
+        self.proc = base / "proc"
+        self.proc.mkdir()
+        super().__init__(base, proc_root=self.proc, gpus=gpus)
+
+    def mirrored_process(self, cgroup: str, gpu: int, nbytes: int, env_job: int | None = None,
+                         uid: int | None = None) -> int:
+        """A real process holding ``nbytes`` on ``gpu`` (with SLURM_JOB_ID=``env_job`` unless None),
+        seen by the agent in ``cgroup`` (v2) and, with ``uid``, as owned by that user."""
+        pid = self.job_process(env_job, gpu, nbytes).pid
+        mirror = self.proc / str(pid)
+        mirror.mkdir()
+        (mirror / "cgroup").write_text(f"0::{cgroup}\n")
+        if uid is not None:
+            (mirror / "status").write_text(f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+        for name in ("environ", "stat"):  # stat last: the agent caches a process by it
+            (mirror / name).symlink_to(Path("/proc") / str(pid) / name)
+        return pid
+
+    def wait_more_samples(self, job_id: int, more: int) -> None:
+        target = self.samples(job_id) + more
+        wait_for(lambda: self.samples(job_id) >= target, what=f"{more} more samples of job {job_id}")
+
+
 @pytest.fixture
 def rig(short_dir: Path) -> Iterator[Rig]:
     r = Rig(short_dir)
