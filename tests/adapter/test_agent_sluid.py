@@ -21,7 +21,6 @@ from slurm_plugin import hooks
 from slurm_plugin.agent_client import notify_start
 
 from tests.adapter.test_agent_socket import MirroredRig
-from tests.waiting import wait_for
 
 SLUID = "s0a7kq3m9x2vd"  # opaque to the agent: any single path component
 
