@@ -39,9 +39,10 @@ function M.implicit_gpu_bind(value)
   return string.match(value or "", "^gres[:/]gpu:per_task:%d+$") ~= nil
 end
 
+-- An option's value as a string; "" when it is not given (Slurm reads an unset flag as "unset").
 local function get(options, key)
   local ok, v = pcall(function() return options[key] end)
-  if not ok or v == nil then return "" end
+  if not ok or v == nil or v == "unset" then return "" end
   return tostring(v)
 end
 
@@ -117,7 +118,9 @@ end
 -- would start, and makes no job.
 function M.mark_test_only(options)
   local t = get(options, "type")
-  if (t ~= "sbatch" and t ~= "srun") or get(options, "test-only") == "" then return false end
+  -- Slurm gives a flag option as "set" or "unset" (measured: an sbatch without --test-only had its
+  -- comment marked when any value counted)
+  if (t ~= "sbatch" and t ~= "srun") or get(options, "test-only") ~= "set" then return false end
   local comment = get(options, "comment")
   if string.find(comment, M.TEST_ONLY_MARK, 1, true) then return true end
   return set(options, "comment", comment == "" and M.TEST_ONLY_MARK or (comment .. " " .. M.TEST_ONLY_MARK))

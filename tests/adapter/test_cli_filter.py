@@ -63,6 +63,8 @@ CASES = [
     ({"type": "srun", "gres": "gres/shard:1"}, IN_SHARD_JOB, False, "gres/shard:1", {}),
     ({"type": "srun", "gres": "none"}, IN_SHARD_JOB, False, "none", {}),
     ({"type": "srun", "gpus": "0"}, IN_SHARD_JOB, False, None, {"gpus": "0"}),
+    # Slurm's "unset" is no value
+    ({"type": "srun", "gres": "unset", "gpus": "unset", "gpu-bind": "unset"}, IN_SHARD_JOB, True, "shard:2", {}),
     ({"type": "srun", "gres": "gres/gpu:0"}, IN_SHARD_JOB, False, "gres/gpu:0", {}),
     ({"type": "srun", "gres": "gres/gpu:1"}, IN_GPU_JOB, False, "gres/gpu:1", {}),  # the job holds a gpu
     ({"type": "srun", "gres": "gres/gpu:1"}, {}, False, "gres/gpu:1", {}),  # not inside a job
@@ -98,6 +100,8 @@ def test_steps_that_ask_for_gpus_inside_a_shard_job_ask_for_its_shards(options, 
     ({"type": "srun", "test-only": "set", "comment": "swapaware:mem=2G"}, True, "swapaware:mem=2G swapaware:test-only"),
     ({"type": "sbatch", "test-only": "set", "comment": "x swapaware:test-only"}, True, "x swapaware:test-only"),
     ({"type": "sbatch"}, False, None),
+    ({"type": "sbatch", "test-only": "unset", "comment": "swapaware:mem=2G"}, False, "swapaware:mem=2G"),  # Slurm's unset
+    ({"type": "srun", "test-only": "unset"}, False, None),
     ({"type": "sbatch", "comment": "mine"}, False, "mine"),
     ({"type": "salloc", "test-only": "set"}, False, None),
 ])
