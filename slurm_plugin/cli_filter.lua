@@ -11,8 +11,7 @@ What: when `srun` runs inside a job (SLURM_JOB_ID set) whose allocation on this 
 (SLURM_SHARDS_ON_NODE set) and the step asks for GPUs (--gres=gpu..., --gpus, --gpus-per-node,
 --gpus-per-task, --gpus-per-socket) or for nothing at all (a plain `srun cmd`, which Slurm refuses
 in a job holding typed shards), the step asks instead for all the job's shards on the node: the
-same GPU the job holds; a --gpu-bind goes with it (it would bind GPUs the step does not hold). Other
-GRES in --gres stay. A step asking for more GPUs than the job holds is left for Slurm to refuse,
+same GPU the job holds. Other GRES in --gres stay. A step asking for more GPUs than the job holds is left for Slurm to refuse,
 as without swapaware. Nothing else is touched: salloc, steps of jobs that hold gpus, steps that
 name other GRES only or --gres=none. And `sbatch --test-only` / `srun --test-only` carry
 "swapaware:test-only" in their comment, so that job_submit leaves the will-run query as typed

@@ -58,10 +58,8 @@ end
 -- unchanged). Inside a job that holds shards (SLURM_SHARDS_ON_NODE), measured on 22.05 and 26.05:
 -- a step that asks for a gpu is refused ("Invalid generic resource (gres) specification"); a plain
 -- step of a job holding typed shards (shard:h100:k, as a typed request is rewritten) is refused the
--- same way, while one asking --gres=shard:k runs on the job's GPU; a --gpu-bind binds GPUs the step
--- does not hold and leaves it without CUDA_VISIBLE_DEVICES. So a step that asks for GPUs, a plain
--- step and a step with a --gpu-bind ask for the job's shards on the node instead (its one GPU),
--- and lose the binding (with one GPU every binding gives that GPU). A step asking for more GPUs
+-- same way, while one asking --gres=shard:k runs on the job's GPU. So a step that asks for GPUs
+-- and a plain step ask for the job's shards on the node instead (its one GPU). A step asking for more GPUs
 -- than the job holds (srun -n2 --gpus-per-task=1 in a 1-GPU job) is left as typed: Slurm refuses
 -- it, as it does without swapaware. On 23.11+ a step inherits the job's --gpus-per-task as
 -- --tres-per-task ("gres/gpu=1", from SLURM_TRES_PER_TASK in the batch step's environment): its
@@ -103,8 +101,12 @@ function M.mend_step(options, env)
     if get(options, key) ~= "" then set(options, key, "") end
   end
   if per_task ~= nil then set(options, "tres-per-task", per_task) end
-  if get(options, "gpu-bind") ~= "" then set(options, "gpu-bind", "") end
-  if string.match(get(options, "tres-bind"), "^gres[:/]gpu:") then set(options, "tres-bind", "") end
+  -- The binding Slurm gives --gpus-per-task itself, inherited by the step (26.05:
+  -- SLURM_TRES_BIND=gres/gpu:per_task:1), names GPUs the job does not hold: the step would run
+  -- without CUDA_VISIBLE_DEVICES. A --gpu-bind the user typed cannot be taken away here (srun
+  -- refuses an empty one: "Invalid --gpu-bind argument", measured on 22.05 and 26.05); a job whose
+  -- batch script binds GPUs keeps its GPU request instead (swapaware_facts.script_binds_gpus).
+  if M.implicit_gpu_bind(get(options, "tres-bind")) then set(options, "tres-bind", "") end
   set(options, "gres", gres)
   if slurm and slurm.log_verbose then
     slurm.log_verbose("swapaware: this job holds %s GPU shard(s): the step asks for --gres=%s",

@@ -298,6 +298,17 @@ do
   M.clear_snapshot = assert(loadstring("return function(s) " .. table.concat(clear, "; ") .. "; return s end"))()
 end
 
+-- script_binds_gpus(script): the batch script names a GPU binding for its steps (--gpu-bind,
+-- --tres-bind, or SLURM_GPU_BIND / SLURM_TRES_BIND set in it). A step that holds shards gets no
+-- CUDA_VISIBLE_DEVICES under any GPU binding, and cli_filter cannot take a --gpu-bind away (srun
+-- refuses an empty one): measured on 22.05 and 26.05. Such a job keeps its GPU request. A function
+-- of the script alone, so of its fingerprint (the admission table's key).
+function M.script_binds_gpus(script)
+  if type(script) ~= "string" then return false end
+  return string.find(script, "gpu-bind", 1, true) ~= nil or string.find(script, "tres-bind", 1, true) ~= nil
+    or string.find(script, "GPU_BIND", 1, true) ~= nil or string.find(script, "TRES_BIND", 1, true) ~= nil
+end
+
 -- facts(job_desc, submit_uid, into): the facts of a job_desc (or of its snapshot), into ``into`` (every
 -- field assigned: the plugin keeps one table per Lua state, so a table hit allocates none) or a
 -- new table.
@@ -329,6 +340,7 @@ function M.facts(job_desc, submit_uid, into)
   out.tresBind = text(job_desc.tres_bind, 1024)
   out.tresFreq = text(job_desc.tres_freq, 1024)
   out.exclusive = M.exclusive(job_desc.shared)
+  out.stepGpuBind = M.script_binds_gpus(job_desc.script)
   return out
 end
 

@@ -198,6 +198,7 @@ PER_GPU_OPTIONS = (
     ("ntasks_per_tres", "--ntasks-per-gpu"),
     ("tres_bind", "--gpu-bind"),
     ("tres_freq", "--gpu-freq"),
+    ("step_gpu_bind", "--gpu-bind (a step of the batch script)"),
 )
 NO_VAL16 = 65534  # job_desc's 16-bit numbers read this when unset
 
@@ -220,7 +221,10 @@ def per_gpu_options(values: dict[str, str | int]) -> tuple[str, ...]:
         value = values.get(field)
         if field == "tres_bind" and implicit_gpu_bind(str(value or "")):
             continue
-        if isinstance(value, int):
+        if isinstance(value, bool):
+            if value:
+                out.append(option)
+        elif isinstance(value, int):
             if value not in (0, NO_VAL16):
                 out.append(f"{option}={value}")
         elif value:

@@ -41,12 +41,11 @@ CASES = [
     # job's shards, which gives the same GPU in an untyped one
     ({"type": "srun"}, IN_SHARD_JOB, True, "shard:2", {}),
     ({"type": "srun", "ntasks": "2"}, IN_SHARD_JOB, True, "shard:2", {}),
-    # a --gpu-bind in a shard job binds GPUs the step does not hold (no CUDA_VISIBLE_DEVICES): it goes
-    ({"type": "srun", "gpu-bind": "closest"}, IN_SHARD_JOB, True, "shard:2", {"gpu-bind": ""}),
-    ({"type": "srun", "gpu-bind": "none"}, IN_SHARD_JOB, True, "shard:2", {"gpu-bind": ""}),
-    ({"type": "srun", "gres": "gres/gpu:1", "gpu-bind": "map_gpu:0"}, IN_SHARD_JOB, True, "shard:2", {"gpu-bind": ""}),
+    # a --gpu-bind cannot be taken away (srun refuses an empty one): it stays; a job whose script
+    # binds GPUs keeps its GPU request (swapaware_facts.script_binds_gpus)
+    ({"type": "srun", "gpu-bind": "closest"}, IN_SHARD_JOB, True, "shard:2", {"gpu-bind": "closest"}),
     ({"type": "srun", "gpus": "h100:1", "gpu-bind": "single:1"}, IN_SHARD_JOB, True, "shard:2",
-     {"gpus": "", "gpu-bind": ""}),
+     {"gpus": "", "gpu-bind": "single:1"}),
     ({"type": "srun", "gpu-bind": "closest"}, IN_GPU_JOB, False, None, {"gpu-bind": "closest"}),
     # more GPUs than the job holds: left for Slurm to refuse, as without swapaware
     ({"type": "srun", "ntasks": "2", "gpus-per-task": "1"}, IN_SHARD_JOB, False, None, {"gpus-per-task": "1"}),
@@ -79,7 +78,7 @@ CASES = [
     ({"type": "srun", "tres-per-task": "gres/gpu=1", "tres-bind": "gres/gpu:per_task:1"}, IN_SHARD_JOB, True,
      "shard:2", {"tres-per-task": "", "tres-bind": ""}),
     ({"type": "srun", "gres": "gres/gpu:1", "tres-bind": "gres/gpu:closest"}, IN_SHARD_JOB, True, "shard:2",
-     {"tres-bind": ""}),  # a binding of GPUs the step does not hold, as --gpu-bind
+     {"tres-bind": "gres/gpu:closest"}),  # not Slurm's own: left as the user typed it
 ]
 
 

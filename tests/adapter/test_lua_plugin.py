@@ -140,6 +140,18 @@ def test_a_test_only_query_is_left_as_typed_and_records_nothing(service, client,
     assert real["job"]["tres_per_node"] == "gres:shard:1" and "admin_comment" in real["job"]
 
 
+@pytest.mark.parametrize("line", ["srun --gpu-bind=closest python train.py", "export SLURM_GPU_BIND=none",
+                                  "srun --tres-bind=gres/gpu:closest ./a"])
+def test_a_script_whose_steps_bind_gpus_keeps_its_request(service, client, slurm_jobs, tmp_path, line):
+    """A step holding shards gets no CUDA_VISIBLE_DEVICES under a GPU binding and cli_filter cannot
+    take a --gpu-bind away (srun refuses an empty one; 22.05 and 26.05): such a job keeps its gpu."""
+    script = SCRIPT + line + "\n"
+    teach(service, client, slurm_jobs, script_fingerprint(script.encode()), 3 * GIB)
+    res = run_lua(tmp_path, [gpu_job(script=script), gpu_job()], service.socket_path)["results"]
+    assert res[0]["job"]["tres_per_node"] == "gres:gpu:1", res[0]
+    assert "action=whole_gpu" in res[0]["job"]["admin_comment"] and "per_gpu_option" in res[0]["job"]["admin_comment"]
+
+
 def test_non_gpu_job_never_calls_the_service(service, tmp_path):
     out = run_lua(tmp_path, [gpu_job(tres_per_node="gres:nvme:1")], service.socket_path)
     assert "admin_comment" not in out["results"][0]["job"]

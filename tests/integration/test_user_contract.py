@@ -100,14 +100,14 @@ def test_gpus_per_task_job_is_a_gpu_job(stack):
 def test_every_step_of_a_typed_job_runs_on_its_gpu(stack, hint):
     """A typed job held as typed shards (shared; or, on 22.05, kept whole as all shards of a GPU of
     its type on its first run): Slurm refuses its plain steps ("Invalid generic resource (gres)
-    specification", measured on 22.05 and 26.05) unless cli_filter mends them, and a --gpu-bind step
-    would run without CUDA_VISIBLE_DEVICES. Every step below runs on the job's one GPU."""
+    specification", measured on 22.05 and 26.05) unless cli_filter mends them. Every step below runs
+    on the job's one GPU."""
     script = f"""#!/bin/bash
 set -e
 srun {STEP}
-srun --gpu-bind=closest {STEP}
-srun --gpu-bind=map_gpu:0 {STEP}
+srun -n1 {STEP}
 srun --gres=gpu:h100:1 {STEP}
+srun --gpus=1 {STEP}
 """
     name = _name("typed-steps")
     args = ("--gres=gpu:h100:1", f"--job-name={name}") + ((HINT,) if hint else ())

@@ -24,22 +24,26 @@ pytestmark = pytest.mark.integration
 
 HINT = "--comment=swapaware:mem=2G"
 # What the batch step and every task of one step see (set/unset, not the index: the GPU a job
-# lands on may differ between the two runs), sorted: tasks of one step print in any order. Then
-# steps with a --gpu-bind of each kind (with one GPU each gives that GPU), and one asking for a GPU
-# per task for two tasks, more than the job holds (refused, with and without swapaware).
+# lands on may differ between the two runs), sorted: tasks of one step print in any order. Then a
+# step asking for a GPU per task for two tasks, more than the job holds (refused, with and without
+# swapaware).
 SCRIPT = """#!/bin/bash
 echo "batch gpu=${CUDA_VISIBLE_DEVICES:+set}"
 srun bash -c 'echo "task $SLURM_PROCID gpu=${CUDA_VISIBLE_DEVICES:+set} step_gpus=${SLURM_STEP_GPUS:+set}'\\
 ' ordinal=${GPU_DEVICE_ORDINAL:+set} cpus=$SLURM_CPUS_ON_NODE"' | sort
-for bind in none closest map_gpu:0 single:1; do
-  srun --gpu-bind=$bind bash -c 'echo "bind '$bind' task $SLURM_PROCID gpu=${CUDA_VISIBLE_DEVICES:+set}'\\
-' step_gpus=${SLURM_STEP_GPUS:+set}"' | sort
-done
-srun --gres=gpu:1 --gpu-bind=closest bash -c 'echo "gpu+bind gpu=${CUDA_VISIBLE_DEVICES:+set}"' | sort
+srun --gres=gpu:1 bash -c 'echo "gpu step gpu=${CUDA_VISIBLE_DEVICES:+set}"' | sort
 srun -n2 --gpus-per-task=1 bash -c 'echo "two per task gpu=${CUDA_VISIBLE_DEVICES:+set}"' | sort
 echo "two per task rc=${PIPESTATUS[0]}"
 echo done
 """
+# Steps that bind GPUs (srun --gpu-bind of each kind): a step holding shards gets no
+# CUDA_VISIBLE_DEVICES under any binding, so a job whose script binds GPUs keeps its request.
+BIND_SCRIPT = SCRIPT.replace("echo done\n", """for bind in none closest map_gpu:0 single:1; do
+  srun --gpu-bind=$bind bash -c 'echo "bind '$bind' task $SLURM_PROCID gpu=${CUDA_VISIBLE_DEVICES:+set}"' | sort
+done
+srun --gres=gpu:1 --gpu-bind=closest bash -c 'echo "gpu+bind gpu=${CUDA_VISIBLE_DEVICES:+set}"' | sort
+echo done
+""")
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class Case:
     args: tuple[str, ...]
     reason: str  # the reason the job keeps its request with the plugin on; "" when it shares
     gpu_type: str = ""  # the type of the shards a shared job holds
+    script: str = SCRIPT
 
 
 CASES = (
@@ -69,6 +74,8 @@ CASES = (
     # holding typed shards, and cli_filter mends it)
     Case("typed", ("--gres=gpu:h100:1",), "", "h100"),
     Case("typed_gpus", ("--gpus=a100:1",), "", "a100"),
+    Case("step_gpu_bind", ("--gres=gpu:1",), "per_gpu_option", script=BIND_SCRIPT),
+    Case("typed_step_gpu_bind", ("--gres=gpu:h100:1",), "per_gpu_option", script=BIND_SCRIPT),
 )
 
 
@@ -100,7 +107,7 @@ def _plugin(stack: Stack, mode: str) -> None:
 
 def _submit(stack: Stack, case: Case, tag: str) -> int:
     out = stack.state / "jobs" / f"opt-{case.name}-{tag}"
-    return stack.sbatch(SCRIPT, *case.args, HINT, f"--job-name=opt-{case.name}", f"--output={out}.out",
+    return stack.sbatch(case.script, *case.args, HINT, f"--job-name=opt-{case.name}", f"--output={out}.out",
                         f"--error={out}.err")
 
 
