@@ -75,10 +75,32 @@ local function now()
   return os.time()
 end
 
--- When this Lua state was created: slurmctld's start (or, 23.11+, a reconfigure, which restarts
--- it). The service and the table's gate compare it with their queue snapshot's time: one taken
--- before says nothing of the nodes' registration with this slurmctld (T.gate_state, Admit).
-M.counters.started_at = now()
+-- process_start(): when this process (slurmctld) started, wall clock: /proc/self/stat's start time
+-- (field 22, clock ticks after boot; USER_HZ is 100 on Linux) after /proc/stat's btime (whole
+-- seconds); nil where either cannot be read.
+local function process_start()
+  local f = io.open("/proc/self/stat", "r")
+  local stat = f and f:read("*l")
+  if f then f:close() end
+  local g = io.open("/proc/stat", "r")
+  local all = g and g:read("*a")
+  if g then g:close() end
+  local btime = all and tonumber(string.match(all, "\nbtime (%d+)"))
+  local rest = stat and string.match(stat, "%) (.*)$")
+  if not btime or not rest then return nil end
+  local i = 2
+  for tok in string.gmatch(rest, "%S+") do
+    i = i + 1
+    if i == 22 then return tonumber(tok) and btime + tonumber(tok) / 100 end
+  end
+  return nil
+end
+
+-- When slurmctld started (or, 23.11+, was reconfigured, which restarts it; a job_submit.lua
+-- reloaded in a running slurmctld keeps its start). The service and the table's gate compare it
+-- with their queue snapshot's time: one taken before says nothing of the nodes' registration with
+-- this slurmctld (T.gate_state, Admit). Where /proc cannot tell, when this Lua state was created.
+M.counters.started_at = process_start() or now()
 if have_table then T.started_at = M.counters.started_at end
 
 -- Settings --------------------------------------------------------------------------------

@@ -174,6 +174,16 @@ class Stack:
 
         wait_for(decided, timeout_s, "job_submit.lua to reach the service again", 2.0)
 
+    def wait_sharing(self, timeout_s: float = 60) -> None:
+        """After slurmctld (re)started, the service keeps GPU jobs whole until a queue poll begun
+        after the start read its nodes (QueueMonitor.slurmctld_started): submit held probes of a
+        shareable class (a memory hint) until one shares again (each cancelled)."""
+        def shares() -> bool:
+            probe = self.held("#!/bin/sh\ntrue\n", "--gres=gpu:1", "--comment=swapaware:mem=2G", "--job-name=probe")
+            return decision_of(job_field(probe, "AdminComment")).get("action") == "share"
+
+        wait_for(shares, timeout_s, "a shareable probe job to share after slurmctld started", 1.0)
+
     def held(self, script: str, *sbatch_args: str) -> str:
         """Submit ``script`` held and cancel it; its ``scontrol show job -o`` line (the decision
         is made at submit)."""

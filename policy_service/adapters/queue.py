@@ -124,8 +124,8 @@ class QueueMonitor:
         self._wake.set()
 
     def slurmctld_started(self, instance: str, started_at: float) -> bool:
-        """The job_submit plugin's Lua state ``instance`` was created at ``started_at`` (wall clock):
-        when slurmctld started, or was reconfigured (23.11+ restarts it). A snapshot from a poll
+        """The slurmctld whose job_submit plugin runs Lua state ``instance`` started at ``started_at``
+        (wall clock, from its /proc start time; 23.11+ restarts on a reconfigure). A snapshot from a poll
         begun before then cannot show that its nodes have not registered with it yet (State=UNKNOWN;
         measured on 24.11 and 26.05: typed shard jobs are refused until they register), so the
         shards count as unread until a poll begun after now (controller_changed, which polls at

@@ -160,6 +160,7 @@ def test_typed_jobs_submitted_while_the_controller_restarts_are_never_refused(st
         restart.join()
         for job in accepted:
             stack.run("scancel", str(job), check=False)
+        stack.wait_sharing()
     print(f"\n[{how}] {len(accepted)} typed submissions accepted ({unknown} while a node showed UNKNOWN), "
           f"{len(refused)} refused")
     assert not refused, refused
