@@ -73,6 +73,8 @@ function M.step_gres(options, env)
   if none(gres) then return nil end
   local kept, asks, asked = M.split_gres(gres)
   local ntasks = tonumber(get(options, "ntasks")) or tonumber(env("SLURM_NTASKS") or "") or 1
+  -- the GPUs the step asks for on the node: the most any of its options asks (an option the job's
+  -- environment hands every step, as --gpus-per-task, and one the user typed ask for the same GPUs)
   local zero = false  -- a GPU option given as 0 (--gpus=0): the step asks for no GPU
   for _, key in ipairs(M.GPU_OPTIONS) do
     local v = get(options, key)
@@ -80,11 +82,11 @@ function M.step_gres(options, env)
       zero = true
     elseif v ~= "" then
       asks = true
-      asked = asked + count_of(v) * (key == "gpus-per-task" and ntasks or 1)
+      asked = math.max(asked, count_of(v) * (key == "gpus-per-task" and ntasks or 1))
     end
   end
   local per_task_kept, per_task_gpu, per_task_count = M.split_gres(get(options, "tres-per-task"))
-  if per_task_gpu then asked = asked + per_task_count * ntasks end
+  if per_task_gpu then asked = math.max(asked, per_task_count * ntasks) end
   -- the step names its GRES (other GRES, shards, gpu:0) or --gpus=0 and asks for no GPU: as typed
   if not asks and not per_task_gpu and (gres ~= "" or zero) then return nil end
   if (asks or per_task_gpu) and asked > (tonumber(env("SLURM_GPUS_ON_NODE") or "") or 1) then return nil end

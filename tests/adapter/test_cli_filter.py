@@ -57,6 +57,9 @@ CASES = [
      {"tres-per-task": "gres/gpu=1"}),
     ({"type": "srun", "gpus-per-task": "1"}, {**IN_SHARD_JOB, "SLURM_GPUS_ON_NODE": "1", "SLURM_NTASKS": "1"}, True,
      "shard:2", {"gpus-per-task": ""}),
+    # --gres=gpu:1 in a --gpus-per-task=1 job (22.05 hands the step the job's option too): one GPU
+    ({"type": "srun", "gres": "gres:gpu:1", "gpus-per-task": "1", "ntasks": "1"}, IN_SHARD_JOB, True, "shard:2",
+     {"gpus-per-task": ""}),
     # the step names its own GRES: as typed
     ({"type": "srun", "gres": "gres/nvme:1"}, IN_SHARD_JOB, False, "gres/nvme:1", {}),
     ({"type": "srun", "gres": "gres/shard:1"}, IN_SHARD_JOB, False, "gres/shard:1", {}),
