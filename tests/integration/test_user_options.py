@@ -150,7 +150,13 @@ def test_the_job_gets_and_prints_what_it_would_without_swapaware(side_by_side, c
         assert on.alloc == off.alloc, (on, off)
     else:  # shards of the GPU instead of the GPU; the CPUs and memory the job got are the same
         assert (on.alloc["cpu"], on.alloc["mem"]) == (off.alloc["cpu"], off.alloc["mem"]), (on, off)
-    assert on.stdout == off.stdout, (on.stdout, off.stdout)
+    if case.name == "typed_gpus" and "gpu step" not in off.stdout:
+        # The one difference left, measured on 22.05: without swapaware Slurm refuses
+        # `srun --gres=gpu:1` in a --gpus=a100:1 job (the step also carries the job's --gpus=a100:1
+        # from its environment); cli_filter asks for the job's shards instead and the step runs.
+        assert on.stdout.replace("gpu step gpu=set\n", "") == off.stdout, (on.stdout, off.stdout)
+    else:
+        assert on.stdout == off.stdout, (on.stdout, off.stdout)
     # the batch step and a plain step's tasks see a GPU (a --gpu-bind=none step of a
     # --ntasks-per-gpu job sees none on 22.05, with and without swapaware: compared above)
     plain = [ln for ln in on.stdout.splitlines() if ln.startswith(("batch ", "task "))]
