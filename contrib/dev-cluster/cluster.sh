@@ -456,9 +456,10 @@ usage: $(basename "$0") COMMAND
   nodes           the compute nodes' names
   node-exec NODE COMMAND...
                   COMMAND inside a compute node's namespaces (network, host name, mounts)
-  controllers | ctl-pid CTL | in-control | start-ctl CTL | cut CTL | uncut CTL
+  controllers | ctl-pid CTL | in-control | start-ctl CTL | hand-back | cut CTL | uncut CTL
                   with SWAPAWARE_DEV_CONTROLLERS=2 (controllers.sh): the controllers' names, a
-                  slurmctld's pid, the one in control, start one, cut one off (link and state) and back
+                  slurmctld's pid, the one in control, start one, control back to ctl1 (the
+                  backup stopped first), cut one off (link and state) and back
 SWAPAWARE_DEV_NODES=N with up: N compute nodes, each in namespaces of its own (nodes.sh);
 0 (default) runs slurmd beside slurmctld. Other commands use what the last 'up' chose.
 EOF
@@ -489,6 +490,7 @@ main() {
         ctl-pid) ctl_pid "${1:?ctl-pid ctlN}" ;;
         in-control) for n in $(controller_names); do if ctl_in_control "$n"; then echo "$n"; fi; done ;;
         start-ctl) take_lock; start_ctl "${1:?start-ctl ctlN}" ;;
+        hand-back) take_lock; cmd_hand_back ;;
         cut) cmd_cut "$@" ;;
         uncut) cmd_uncut "$@" ;;
         gpus) echo "gpu_gib=$(gpu_gib) shard_gib=$SHARD_GIB types=$GPU_TYPES shards=${SWAPAWARE_DEV_GPU_SHARDS:-}" ;;

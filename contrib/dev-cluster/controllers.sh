@@ -65,19 +65,81 @@ ctl_in_control() {
 
 ctl_answers() { scontrol ping 2>/dev/null | grep -q "at $1 is UP"; }
 
+# log_since FILE OFFSET: what FILE got past byte OFFSET (its size before).
+log_since() { tail -c "+$(($2 + 1))" "$1" 2>/dev/null; }
+file_size() { stat -c %s "$1" 2>/dev/null || echo 0; }
+ctl_answers_or_fatal() { ctl_answers "$1" || [[ $(log_since "$2" "$3") == *'fatal:'* ]]; }
+ctl_gone() { [[ -z $(ctl_pid "$1") ]]; }
+other_ctl() { if [[ $1 == ctl1 ]]; then echo ctl2; else echo ctl1; fi; }
+# ctl_stood_down NAME OFFSET: NAME's slurmctld gave control back (standing by again since OFFSET)
+# or is not running.
+ctl_stood_down() {
+    ctl_gone "$1" || [[ $(log_since "$(ctl_logfile "$1")" "$2") == *'running in background mode'* ]]
+}
+
+# A primary started while the backup is in control asks it for control (REQUEST_CONTROL). A 26.05
+# backup answers only after 28-29 s ("REQUEST_CONTROL reply but backup not completely done
+# relinquishing control": its shutdown waits for that RPC to end) and saves its state after it
+# answered, while the primary reads that state. Each file it saves is renamed to .old, then .new
+# to the name: missing for an instant, and since 25.05 a missing core state file is fatal ("fatal:
+# No node state file (...) to recover"; 4 of 59 hand-backs, docs/slurm-releases.md). For that fatal
+# only, start_ctl starts slurmctld again, as a unit with Restart=on-failure would, at most
+# CTL_START_TRIES times, once the other controller stands by again (its save done): then it
+# answers REQUEST_CONTROL at once and saves nothing. `hand-back` avoids the race altogether.
+CTL_START_TRIES=3
+STATE_FATAL='fatal: No .* file (.*) to recover'
+
 start_ctl() {
-    local name=$1 logf
+    local name=$1 logf other try from other_from fatal
     logf=$(ctl_logfile "$name")
+    other=$(other_ctl "$name")
     [[ -z $(ctl_pid "$name") ]] || return 0
     mkdir -p "$NODES_DIR/$name/run"
-    log "starting slurmctld on $name ($(ctl_addr "$name"):$CTLD_PORT)"
-    in_node "$name" env LUA_PATH="$ETC/?.lua;;" slurmctld </dev/null >>"$LOG/slurmctld.stdout" 2>&1 9>&- ||
-        die "slurmctld on $name failed; see $logf"
-    wait_for "slurmctld on $name" "$TIMEOUT_S" ctl_answers "$name" || {
-        tail -n 15 "$logf" >&2 2>/dev/null || true
-        die "slurmctld on $name not answering; see $logf"
-    }
+    for ((try = 1; ; try++)); do
+        from=$(file_size "$logf")
+        other_from=$(file_size "$(ctl_logfile "$other")")
+        log "starting slurmctld on $name ($(ctl_addr "$name"):$CTLD_PORT)"
+        in_node "$name" env LUA_PATH="$ETC/?.lua;;" slurmctld </dev/null >>"$LOG/slurmctld.stdout" 2>&1 9>&- ||
+            die "slurmctld on $name failed; see $logf"
+        if ! wait_for "slurmctld on $name" "$TIMEOUT_S" ctl_answers_or_fatal "$name" "$logf" "$from"; then
+            tail -n 15 "$logf" >&2 2>/dev/null || true
+            die "slurmctld on $name not answering; see $logf"
+        fi
+        ctl_answers "$name" && break
+        fatal=$(log_since "$logf" "$from" | grep -e "$STATE_FATAL" | head -n1 || true)
+        if [[ -z $fatal ]] || ((try >= CTL_START_TRIES)); then
+            log_since "$logf" "$from" | tail -n 15 >&2
+            die "slurmctld on $name exited (try $try of $CTL_START_TRIES); see $logf"
+        fi
+        log "slurmctld on $name exited reading state that $other was saving (try $try of $CTL_START_TRIES): ${fatal#*] }"
+        wait_for "slurmctld on $name gone" 30 ctl_gone "$name" || die "slurmctld on $name did not exit"
+        wait_for "$other standing by" "$TIMEOUT_S" ctl_stood_down "$other" "$other_from" ||
+            die "$other neither stands by nor exited; see $(ctl_logfile "$other")"
+        log "$other stands by (its state saved): starting slurmctld on $name again"
+    done
     STARTED+=("slurmctld@$name")
+}
+
+# hand-back: control back to ctl1 without Slurm's own hand-back (a primary started while the
+# backup is in control, above): the backup's slurmctld is stopped first (SIGTERM: it saves all
+# state, then exits), ctl1 started (its REQUEST_CONTROL finds no backup: it reads the saved state
+# at once), then ctl2 again, standing by. No state file is read while another controller writes it.
+cmd_hand_back() {
+    local pid
+    two_ctlds || die "hand-back needs two controllers"
+    if [[ -z $(ctl_pid ctl1) ]]; then
+        pid=$(ctl_pid ctl2)
+        if [[ -n $pid ]]; then
+            log "hand-back: stopping slurmctld on ctl2 (pid $pid); it saves its state and exits"
+            kill -TERM "$pid" 2>/dev/null || true
+            # never SIGKILL a controller that may be writing the shared state
+            wait_for "slurmctld on ctl2 to exit" "$TIMEOUT_S" no_pid_alive "$pid" ||
+                die "slurmctld on ctl2 (pid $pid) still running; see $(ctl_logfile ctl2)"
+        fi
+        start_ctl ctl1
+    fi
+    wait_for "ctl1 in control" "$TIMEOUT_S" ctl_in_control ctl1 || die "ctl1 is not in control; see $(ctl_logfile ctl1)"
+    start_ctl ctl2
 }
 
 stop_ctls() {
