@@ -295,6 +295,50 @@ def test_primary_cut_off_during_a_burst(ha_cluster: Stack) -> None:
     check_failover(res, c, on_at)
 
 
+def sacct_jobs(stack: Stack, jobs: list) -> list[str]:
+    out = stack.run("sacct", "-X", "-n", "-P", "-j", ",".join(map(str, jobs)), "-o", "jobid", check=False).stdout
+    return [j for j in out.split() if j]
+
+
+def test_hand_back_with_the_backup_stopped_first(ha_cluster: Stack) -> None:
+    """`cluster.sh hand-back`, the order docs/ha.md gives sites: the backup in control is stopped
+    (it saves its state and exits), then the primary started, then the backup again. Slurm's own
+    hand-back (the primary started while the backup is in control, `start-ctl ctl1`) made the
+    primary wait 29 s and, on 26.05, read a state file the backup was replacing ("fatal: No node
+    state file ... to recover"; docs/slurm-releases.md). Jobs the backup accepted just before are
+    known to the primary after it."""
+    restore_primary(ha_cluster)
+    ha_cluster.run("scontrol", "takeover")
+    wait_for(lambda: in_control(ha_cluster) == "ctl2" and not ctl_running(ha_cluster, "ctl1"), 30,
+             "ctl2 in control, ctl1 stopped", 0.2)
+    jobs = [s.job_id for s in (submit_one(ha_cluster, f"ha-hb-{uuid.uuid4().hex[:6]}-{i}") for i in range(4))]
+    assert None not in jobs, jobs
+    log = ha_cluster.state / "nodes" / "ctl1" / "run" / "slurmctld.log"
+    offset = log.stat().st_size
+    t0 = time.monotonic()
+    try:
+        cluster_cmd(ha_cluster, "hand-back")
+        took = time.monotonic() - t0
+        assert in_control(ha_cluster) == "ctl1"
+        assert ctl_running(ha_cluster, "ctl2") and role_of(ha_cluster, "ctl2") == "backup"
+        states = {j: job_field(ha_cluster.run("scontrol", "show", "job", "-o", str(j), check=False).stdout, "JobState")
+                  for j in jobs}
+        assert set(states.values()) == {"PENDING"}, states
+        with log.open("rb") as f:
+            f.seek(offset)
+            started = f.read().decode(errors="replace")
+        assert "fatal:" not in started and "Running as primary controller" in started, started
+        wait_for(lambda: "writer lease: ctl1" in ha_status(ha_cluster), 30, lambda: ha_status(ha_cluster), 0.5)
+        # a 26.05 backup in control sends nothing to slurmdbd (docs/slurm-releases.md): its jobs
+        # reach sacct once the primary is back
+        wait_for(lambda: len(sacct_jobs(ha_cluster, jobs)) == len(jobs), 60,
+                 lambda: f"the backup's jobs in sacct: {sacct_jobs(ha_cluster, jobs)}", 0.5)
+        print(f"\n[ha] hand-back with the backup stopped first: ctl1 in control, ctl2 standing by after {took:.1f} s; "
+              f"the backup's {len(jobs)} jobs known to ctl1 and in sacct")
+    finally:
+        ha_cluster.run("scancel", *map(str, jobs), check=False)
+
+
 def test_both_services_told_primary_one_writes(ha_cluster: Stack) -> None:
     restore_primary(ha_cluster)
     before = ha_status(ha_cluster)
