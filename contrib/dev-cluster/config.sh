@@ -140,18 +140,29 @@ render_all() {
     else
         for i in 0 1 2 3; do shards+=($((gibs[i] / SHARD_GIB))); done
     fi
-    declare -A per_type=()
+    # The node's Gres= lists its shards by type, as gres.conf's shard lines do (Type=, the GPU's):
+    # with `shard:<total>` untyped while gres.conf types them (a shard takes its GPU's type through
+    # the same File=), a 24.11 slurmctld taking control (takeover, hand-back) sets every node INVAL
+    # and DRAIN, "gres/shard type (a100) reported but not configured", and with jobs running the
+    # drain stays; typed in Gres= with untyped shard lines, slurmd 24.11 does not start
+    # (docs/slurm-releases.md, "Two controllers").
+    declare -A per_type=() shards_of=()
     for i in 0 1 2 3; do
         lines+="Name=gpu Type=${types[$i]} File=$DEV/nvidia$i"$'\n'
         per_type[${types[$i]}]=$((${per_type[${types[$i]}]:-0} + 1))
+        shards_of[${types[$i]}]=$((${shards_of[${types[$i]}]:-0} + shards[i]))
     done
-    local node_gres="" t
-    for t in $(printf '%s\n' "${!per_type[@]}" | sort); do node_gres+="gpu:$t:${per_type[$t]},"; done
-    export R_NODE_GRES="${node_gres}shard:$((shards[0] + shards[1] + shards[2] + shards[3]))"
+    local node_gres="" shard_gres="" t
+    for t in $(printf '%s\n' "${!per_type[@]}" | sort); do
+        node_gres+="gpu:$t:${per_type[$t]},"
+        if ((shards_of[$t] > 0)); then shard_gres+="shard:$t:${shards_of[$t]},"; fi
+    done
+    node_gres+=$shard_gres
+    export R_NODE_GRES=${node_gres%,}
     R_NODE_LINES=$(node_conf_lines "$R_NODE_HW" "$R_NODE_GRES")
     export R_NODE_LINES
     for i in 0 1 2 3; do
-        lines+="Name=shard Count=${shards[i]} File=$DEV/nvidia$i"$'\n'
+        lines+="Name=shard Type=${types[$i]} Count=${shards[i]} File=$DEV/nvidia$i"$'\n'
     done
     export R_GRES_LINES=${lines%$'\n'}
 
