@@ -15,6 +15,7 @@ class NodeLine:
     expr: str
     gres: Mapping[str, int]
     features: tuple[str, ...] = ()
+    gres_spec: str = ""  # Gres= as written (NodeName=DEFAULT's where the line has none)
 
 
 @dataclass(frozen=True)
@@ -113,14 +114,23 @@ def _count(raw: str) -> int:
 
 def parse_gres_spec(spec: str) -> dict[str, int]:
     """``gpu:a100:4(S:0-1),shard:32`` -> ``{"gpu": 4, "shard": 32}`` (types summed)."""
-    out: dict[str, int] = {}
+    return {name: sum(by_type.values()) for name, by_type in parse_gres_types(spec).items()}
+
+
+def parse_gres_types(spec: str) -> dict[str, dict[str, int]]:
+    """``gpu:a100:2,gpu:h100:2,shard:24`` -> ``{"gpu": {"a100": 2, "h100": 2}, "shard": {"": 24}}``
+    (lower-case names and types; "" untyped)."""
+    out: dict[str, dict[str, int]] = {}
     for item in re.split(r",(?![^(]*\))", spec):
         item = re.sub(r"\(.*\)$", "", item.strip())
         if not item or item.lower() == "(null)":
             continue
-        parts = item.split(":")
-        count = _count(parts[-1]) if len(parts) > 1 and _COUNT.match(parts[-1]) else 1
-        out[parts[0].lower()] = out.get(parts[0].lower(), 0) + count
+        parts = item.lower().split(":")
+        counted = len(parts) > 1 and _COUNT.match(parts[-1])
+        count = _count(parts[-1]) if counted else 1
+        gres_type = parts[1] if len(parts) > (2 if counted else 1) else ""
+        by_type = out.setdefault(parts[0], {})
+        by_type[gres_type] = by_type.get(gres_type, 0) + count
     return out
 
 
@@ -160,9 +170,9 @@ def parse_slurm_conf(text: str) -> SlurmConf:
                 default_gres = attrs.get("gres", default_gres)
                 default_features = _features(attrs) or default_features
                 continue
-            gres = parse_gres_spec(attrs.get("gres", default_gres))
-            nodes.append(NodeLine(tuple(expand_list(first_value)), first_value, gres,
-                                  _features(attrs) or default_features))
+            spec = attrs.get("gres", default_gres)
+            nodes.append(NodeLine(tuple(expand_list(first_value)), first_value, parse_gres_spec(spec),
+                                  _features(attrs) or default_features, spec))
         elif first_key == "partitionname":
             attrs = dict(tokens[1:])
             if first_value.upper() == "DEFAULT":
