@@ -174,6 +174,15 @@ class Stack:
 
         wait_for(decided, timeout_s, "job_submit.lua to reach the service again", 2.0)
 
+    def wait_nodes_up(self, timeout_s: float = 60) -> None:
+        """Every node registered with slurmctld (sinfo shows none UNKNOWN, DOWN or not responding):
+        Slurm itself refuses GPU requests before (seen on 26.05 right after a restart, plugin off)."""
+        def up() -> bool:
+            states = self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split()
+            return bool(states) and not any(s.startswith(("unknown", "down")) or s.endswith("*") for s in states)
+
+        wait_for(up, timeout_s, lambda: "every node registered: " + self.run("sinfo", "-N", check=False).stdout, 0.3)
+
     def wait_sharing(self, timeout_s: float = 60) -> None:
         """After slurmctld (re)started, the service keeps GPU jobs whole until a queue poll begun
         after the start read its nodes (QueueMonitor.slurmctld_started): submit held probes of a

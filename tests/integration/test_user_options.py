@@ -103,6 +103,7 @@ def _plugin(stack: Stack, mode: str) -> None:
     wait_for(lambda: _running(stack) is None, 180, lambda: f"no job running before slurmctld restarts: "
              f"{_running(stack)}\n{stack.queue_and_gres()}", 0.5)
     stack.run("bash", str(CLUSTER), "plugin", mode, timeout=300)
+    stack.wait_nodes_up()
     if mode == "on":  # the first jobs after a restart keep their request until the service read it
         stack.wait_sharing()
 
