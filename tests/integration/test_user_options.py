@@ -118,8 +118,20 @@ def _collect(stack: Stack, case: Case, tag: str, job: int) -> Run:
     info = stack.show_job(job)
     state = stack.wait_done(job, timeout_s=180)
     out = stack.state / "jobs" / f"opt-{case.name}-{tag}"
-    tres = stack.run("sacct", "-X", "-n", "-P", "-j", str(job), "-o", "alloctres").stdout.strip()
-    alloc = dict(kv.split("=", 1) for kv in tres.split(",") if "=" in kv)
+
+    def alloc_of() -> dict[str, str]:
+        tres = stack.run("sacct", "-X", "-n", "-P", "-j", str(job), "-o", "alloctres").stdout.strip()
+        return dict(kv.split("=", 1) for kv in tres.split(",") if "=" in kv)
+
+    # every job here holds a GPU or shards: wait until accounting shows them (in a fresh-clone run
+    # with four clusters on two cores, a finished job's AllocTRES once lacked its gres/gpu)
+    last: list[dict[str, str]] = [{}]
+
+    def with_gres() -> dict[str, str] | None:
+        last[0] = alloc_of()
+        return last[0] if any(k.startswith("gres/") for k in last[0]) else None
+
+    alloc = wait_for(with_gres, 30, lambda: f"job {job}'s GPU TRES in sacct's AllocTRES: {last[0]}", 0.5)
     return Run(job, state, out.with_suffix(".out").read_text(), out.with_suffix(".err").read_text(), alloc,
                job_field(info, "TresPerNode"), job_field(info, "AdminComment"))
 
