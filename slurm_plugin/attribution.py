@@ -10,7 +10,8 @@ last come from the kernel; the environment is whatever the process's user put th
 2. Its cgroup names no job (a login shell, an ssh session, ``proctrack/linuxproc``): its
    ``SLURM_JOB_ID`` counts only when the process's owner (the real and effective uid, which the
    kernel keeps) is the uid the prolog announced the job with (``JobTrack.uid``), and only for its
-   memory on the job's own GPUs (``JobTrack.gpus``). A job announced without a uid gets no such
+   memory on the job's own GPUs (``JobTrack.gpus``), or on a GPU no announced job holds (the
+   prolog's list can be short: see charged_job). A job announced without a uid gets no such
    process; another user's process is never charged to it, whatever its environment says.
 3. Otherwise nobody's: its memory is the device's, not a job's.
 
@@ -32,7 +33,12 @@ def charged_job(facts: ProcFacts, gpu: int, jobs: Mapping[int, JobTrack]) -> int
     if facts.cgroup_job is not None:
         return facts.cgroup_job
     job = jobs.get(facts.env_job) if facts.env_job is not None else None
-    if job is None or job.uid is None or facts.uid != job.uid or gpu not in job.gpus:
+    if job is None or job.uid is None or facts.uid != job.uid:
+        return None
+    # The job's own GPUs, as the prolog announced them; or a GPU no announced job holds: Slurm 24.11
+    # and 26.05 gave the prolog SLURM_JOB_GPUS of one GPU type only for a job holding two (a gpu:4
+    # job on a100,a100,h100,h100 announced [2, 3] and ran on GPU 0; measured). Never another job's.
+    if gpu not in job.gpus and any(gpu in other.gpus for other in jobs.values()):
         return None
     return job.job_id
 

@@ -38,7 +38,11 @@ def env(job_id: int) -> bytes:
     pytest.param(LOGIN, env(500), 0, 0, None, id="root-process-with-a-users-job-id"),
     # the job's own user outside any job cgroup (a login shell, proctrack/linuxproc)
     pytest.param(LOGIN, env(500), VICTIM, 0, 500, id="same-uid-on-the-jobs-gpu"),
-    pytest.param(LOGIN, env(500), VICTIM, 1, None, id="same-uid-on-another-gpu"),
+    pytest.param(LOGIN, env(500), VICTIM, 1, None, id="same-uid-on-another-jobs-gpu"),
+    # a GPU no announced job holds: the prolog's SLURM_JOB_GPUS names one GPU type only for a job
+    # holding two (24.11, 26.05)
+    pytest.param(LOGIN, env(500), VICTIM, 9, 500, id="same-uid-on-a-gpu-no-job-holds"),
+    pytest.param(LOGIN, env(500), ATTACKER, 9, None, id="other-uid-on-a-gpu-no-job-holds"),
     pytest.param(LOGIN, env(500), None, 0, None, id="owner-unknown-or-two-identities"),
     # a job announced without a uid never gets a process by its environment
     pytest.param(LOGIN, env(700), 0, 2, None, id="job-without-uid"),
