@@ -183,6 +183,7 @@ def test_billing_is_what_the_job_holds(side_by_side, case):
     shards' memory as a fraction of the largest GPU. (Slurm 24.11 records no typed gres/shard:<type>
     in AllocTRES, measured: typed shard weights bill nothing.)"""
     on, off = side_by_side["on"][case.name], side_by_side["off"][case.name]
+    assert "gres/gpu" in off.alloc and "cpu" in off.alloc, (case.name, off, on)
     cpus, gpus = int(off.alloc["cpu"]), int(off.alloc["gres/gpu"])  # --exclusive: all of the node's
     assert off.alloc["billing"] == str(cpus + 8 * gpus), off.alloc
     if case.reason:
