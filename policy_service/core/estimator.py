@@ -124,10 +124,18 @@ def estimate(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Estimat
     if req.hint_bytes is not None:
         peak, margin, source, hint_reasons = _apply_hint(req.hint_bytes, peak, margin, source, observed_max, cfg, gpu)
         reasons.extend(hint_reasons)
+    class_samples = class_stats.samples if class_stats else 0
     if source is EstimateSource.UNKNOWN:
-        reasons.append(Reason(ReasonCode.NO_HISTORY, "no history for this job, its user+name, account or partition"))
+        reasons.append(Reason(ReasonCode.NO_HISTORY, no_history_text(class_samples, cfg)))
     return DemandEstimate(peak_bytes=peak, margin_bytes=margin, source=source, samples=samples,
-                          observed_max_bytes=observed_max, reasons=tuple(reasons))
+                          observed_max_bytes=observed_max, reasons=tuple(reasons), class_samples=class_samples)
+
+
+def no_history_text(class_samples: int, cfg: EstimatorConfig) -> str:
+    """Why nothing sizes the job, naming the settings that decide when something will."""
+    return (f"{class_samples} observed run(s) of this class, estimator.min_samples = {cfg.min_samples} needed "
+            f"(its user+name likewise; its account or partition: estimator.wide_key_min_samples = "
+            f"{cfg.wide_key_min_samples})")
 
 
 def _apply_hint(hint: int, peak: int, margin: int, source: EstimateSource, observed_max: int,

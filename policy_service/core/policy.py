@@ -248,7 +248,9 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
                                f"this job class ran out of memory while shared; whole GPU for "
                                f"{penalty.whole_gpu_runs_left} more run(s)")]
     if not est.known:
-        return *whole, [Reason(ReasonCode.NO_HISTORY, "no history: whole GPU until a run is observed")]
+        return *whole, [Reason(ReasonCode.NO_HISTORY,
+                               f"no history: whole GPU until estimator.min_samples = {cfg.estimator.min_samples} "
+                               f"runs of its class are observed ({est.class_samples} so far)")]
     view = req.qos if cfg.policy.queue_per_qos else ""  # "": the whole queue
     short = queue_rules.queue_gate(queue, view, cfg)
     if short is not None:

@@ -302,6 +302,7 @@ class DemandEstimate:
     samples: int
     observed_max_bytes: int
     reasons: tuple[Reason, ...] = ()
+    class_samples: int = 0  # observed runs of the job's exact class (known or not)
 
     @property
     def known(self) -> bool:

@@ -36,6 +36,20 @@ def test_unknown_without_history():
     assert ReasonCode.NO_HISTORY in {r.code for r in e.reasons}
 
 
+def test_too_few_runs_say_how_many_and_which_setting_asks_for_more():
+    """A class with 2 observed runs under the default min_samples (3) is still unknown, and the
+    reason names the runs seen and the settings (what `swapaware explain` prints)."""
+    cfg = EstimatorConfig()
+    s = ClassStats()
+    for p in (GIB, GIB):
+        s = estimator.observe(s, obs(p), cfg)
+    e = estimator.estimate(req(), {KeyLevel.CLASS: s}, cfg, GPU)
+    assert e.source is EstimateSource.UNKNOWN and e.class_samples == 2
+    said = next(r.message for r in e.reasons if r.code is ReasonCode.NO_HISTORY)
+    assert said.startswith("2 observed run(s) of this class, estimator.min_samples = 3 needed"), said
+    assert "estimator.wide_key_min_samples = 5" in said, said
+
+
 def test_one_run_predicts_it_with_the_cold_margin():
     s = fold([10 * GIB])
     e = estimator.estimate(req(), {KeyLevel.CLASS: s}, CFG, GPU)
