@@ -11,6 +11,13 @@ class Check:
     detail: str
     fix: str = ""
     warn: bool = False  # ok, but worth fixing: printed [WARN] with its fix; doctor still exits 0
+    skipped: bool = False  # not checked here (the detail says why and where it can be): printed [SKIP], exit 0
+
+    @property
+    def label(self) -> str:
+        if not self.ok:
+            return "FAIL"
+        return "WARN" if self.warn else "SKIP" if self.skipped else " OK "
 
 
 def _check(name: str, ok: bool, detail: str, fix: str) -> Check:

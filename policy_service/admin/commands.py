@@ -58,7 +58,7 @@ def _read(path: Path) -> str | None:
 
 def _print_checks(checks: Sequence[Check]) -> None:
     for c in checks:
-        click.echo(f"[{('WARN' if c.warn else ' OK ') if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+        click.echo(f"[{c.label}] {c.name}: {c.detail}")
         if (c.warn or not c.ok) and c.fix:
             click.echo(f"       fix: {c.fix}")
 
