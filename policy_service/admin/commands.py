@@ -13,6 +13,7 @@ import click
 from policy_service.admin.checks import (Check, doctor_checks, enforcement_checks, gres_conf_lines, queue_check,
                                         shards_fitting)
 from policy_service.admin.grpc_port import look_at_port
+from policy_service.admin.host import host_checks
 from policy_service.adapters.slurm_files import parse_slurm_conf
 from policy_service.config import Config, ConfigError, load_config
 from policy_service.core.ha import service_addresses
@@ -87,11 +88,15 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
     from policy_service.adapters.slurm import cluster_release
 
     release = cluster_release(cfg.service.slurm_release, cfg.service.slurm_timeout_s)
+    hostname = socket.gethostname().split(".")[0]
+    dialect = release.dialect if release.version is not None else None
     checks = missing + opened + doctor_checks(slurm_text or "", gres_text or "", cfg, telemetry, service,
-                                              agent_reachable=agent, hostname=socket.gethostname().split(".")[0],
-                                              dialect=release.dialect if release.version is not None else None,
+                                              agent_reachable=agent, hostname=hostname, dialect=dialect,
                                               grpc_port=look_at_port(cfg, ask_service=not no_probes))
     checks += enforcement_checks(cfg)  # which GPU memory enforcement this node has, what it enforces
+    # how Slurm reaches swapaware here: Lua files, swapaware_plugin.conf, SlurmUser's access (admin/host.py)
+    if slurm_text is not None:
+        checks += host_checks(slurm_conf, slurm_text, cfg, hostname, probes=not no_probes, dialect=dialect)
     from policy_service.adapters.queue import reads_queue
 
     if not no_probes and reads_queue(cfg):

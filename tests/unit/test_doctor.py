@@ -22,6 +22,8 @@ from policy_service.admin.check import Check
 from policy_service.config import GIB, Config, GpuConfig
 from slurm_plugin.nvml_fake import FakeNvmlTelemetry, create_fake_gpus
 
+from .doctor_layout import CLI_FILES, install_lua, open_dir  # noqa: F401  (open_dir: a fixture)
+
 GOOD_SLURM_CONF = """\
 # slurm.conf for the swapaware dev cluster
 ClusterName=swapaware
@@ -241,20 +243,22 @@ def _write_config(tmp_path: Path, gpus: Path) -> Path:
     return config
 
 
-def test_click_commands(tmp_path: Path) -> None:
+def test_click_commands(tmp_path: Path, open_dir: Path) -> None:
     create_fake_gpus(tmp_path / "gpus", 4, 80 * GIB)
     config = _write_config(tmp_path, tmp_path / "gpus")
-    (tmp_path / "slurm.conf").write_text(GOOD_SLURM_CONF)
-    (tmp_path / "gres.conf").write_text(GOOD_GRES_CONF)
+    etc = open_dir  # slurm.conf where every user may read it, cli_filter.lua beside it (CliFilterPlugins=lua)
+    install_lua(etc, CLI_FILES)
+    (etc / "slurm.conf").write_text(GOOD_SLURM_CONF)
+    (etc / "gres.conf").write_text(GOOD_GRES_CONF)
     runner = CliRunner()
-    env = {"SLURM_CONF": str(tmp_path / "slurm.conf"), "SWAPAWARE_CONFIG": ""}
+    env = {"SLURM_CONF": str(etc / "slurm.conf"), "SWAPAWARE_CONFIG": ""}
     out = runner.invoke(gres_conf_command, ["--config", str(config)], env=env)
     assert out.exit_code == 0, out.output
     assert "Name=shard Count=8 File=/dev/nvidia3" in out.output
     good = runner.invoke(doctor_command, ["--config", str(config), "--no-probes"], env=env)
     assert good.exit_code == 0, good.output
     assert "[FAIL]" not in good.output and "[ OK ] gres_types" in good.output
-    (tmp_path / "slurm.conf").write_text(_sub(GOOD_SLURM_CONF, "GresTypes=gpu,shard", "GresTypes=gpu,shard,mps"))
+    (etc / "slurm.conf").write_text(_sub(GOOD_SLURM_CONF, "GresTypes=gpu,shard", "GresTypes=gpu,shard,mps"))
     bad = runner.invoke(doctor_command, ["--config", str(config), "--no-probes"], env=env)
     assert bad.exit_code == 1 and "[FAIL] gres_types" in bad.output and "fix: set GresTypes=gpu,shard" in bad.output
     missing = runner.invoke(doctor_command, ["--config", str(config), "--no-probes", "--slurm-conf",

@@ -12,6 +12,7 @@ from policy_service.admin.grpc_port import PortSeen, grpc_port_check, listening_
 from policy_service.config import Config, load_config
 from slurm_plugin.nvml_fake import create_fake_gpus
 
+from .doctor_layout import CLI_FILES, install_lua, open_dir  # noqa: F401  (open_dir: a fixture)
 from .test_doctor import CFG, GIB, GOOD_GRES_CONF, GOOD_SLURM_CONF, _write_config
 
 SLURM = 64030  # the service's user (owner of service.socket_path)
@@ -103,14 +104,15 @@ def test_the_default_is_a_privileged_port_the_hooks_also_use():
     ("0.0.0.0:50551", "[WARN] grpc_port: service.grpc_address 0.0.0.0:50551: port 50551 is unprivileged"),
     ("0.0.0.0:455", "[ OK ] grpc_port: service.grpc_address 0.0.0.0:455: port 455 is privileged"),
 ])
-def test_doctor_prints_the_warning_with_its_fix_and_still_exits_0(tmp_path: Path, address, line):
+def test_doctor_prints_the_warning_with_its_fix_and_still_exits_0(tmp_path: Path, open_dir: Path, address, line):
     create_fake_gpus(tmp_path / "gpus", 4, 80 * GIB)
     config = _write_config(tmp_path, tmp_path / "gpus")
     config.write_text(config.read_text() + f'[service]\ngrpc_address = "{address}"\n'
                       f'socket_path = "{tmp_path / "no-service.sock"}"\n')
-    (tmp_path / "slurm.conf").write_text(GOOD_SLURM_CONF)
-    (tmp_path / "gres.conf").write_text(GOOD_GRES_CONF)
-    env = {"SLURM_CONF": str(tmp_path / "slurm.conf"), "SWAPAWARE_CONFIG": ""}
+    install_lua(open_dir, CLI_FILES)  # CliFilterPlugins=lua: cli_filter.lua beside slurm.conf
+    (open_dir / "slurm.conf").write_text(GOOD_SLURM_CONF)
+    (open_dir / "gres.conf").write_text(GOOD_GRES_CONF)
+    env = {"SLURM_CONF": str(open_dir / "slurm.conf"), "SWAPAWARE_CONFIG": ""}
     out = CliRunner().invoke(doctor_command, ["--config", str(config), "--no-probes"], env=env)
     assert out.exit_code == 0, out.output
     assert line in out.output, out.output

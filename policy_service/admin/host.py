@@ -1,0 +1,81 @@
+"""What doctor reads on this host for the wiring checks (wiring.py, access_checks.py): the Lua
+files and swapaware_plugin.conf beside slurm.conf, stat results, SlurmUser's groups."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import slurm_plugin
+from policy_service.admin.access_checks import slurmuser_socket_check, slurmuser_table_check
+from policy_service.admin.check import Check
+from policy_service.admin.perms import ANYONE, Who, me, stat_chain, who
+from policy_service.admin.wiring import (PLUGIN_CONF, LuaFile, cli_filter_entry, controller_hosts, job_submit_entry,
+                                         lua_files_check, lua_plugin_on, on_controller, plugin_conf_checks,
+                                         plugin_settings, table_uids)
+from policy_service.adapters.slurm_files import parse_slurm_conf
+from policy_service.config import Config
+from policy_service.core.dialect import SlurmDialect
+
+SRC_DIR = Path(slurm_plugin.__file__).resolve().parent
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def shipped_lua() -> dict[str, str]:
+    """The package's Lua files (name -> text): what the guide installs beside slurm.conf."""
+    return {p.name: p.read_text() for p in sorted(SRC_DIR.glob("*.lua"))}
+
+
+def lua_beside(conf_dir: Path, names) -> dict[str, LuaFile]:
+    """Those of ``names`` that are in ``conf_dir``: their text (None: unreadable here) and stat chain."""
+    found = {}
+    for name in names:
+        chain, stop = stat_chain(conf_dir / name)
+        if not stop:
+            found[name] = LuaFile(_read(conf_dir / name), chain)
+    return found
+
+
+def host_checks(slurm_conf: Path, slurm_text: str, cfg: Config, hostname: str, probes: bool,
+                dialect: SlurmDialect | None = None) -> list[Check]:
+    """The wiring checks of this host (``probes``: unused so far)."""
+    conf = parse_slurm_conf(slurm_text)
+    conf_dir = Path(os.path.abspath(slurm_conf)).parent
+    shipped = shipped_lua()
+    files = lua_beside(conf_dir, shipped)
+    user_label = conf.get("SlurmUser") or "root"
+    slurm_user, doctor = who(user_label), me()
+    plugin_text = _read(conf_dir / PLUGIN_CONF)
+    settings = plugin_settings(plugin_text)
+    checks = []
+    if lua_plugin_on(conf.get("CliFilterPlugins"), "cli_filter"):
+        checks.append(lua_files_check(cli_filter_entry(str(conf_dir / "slurm.conf")), str(conf_dir), files, shipped,
+                                      str(SRC_DIR)))
+    controller = on_controller(slurm_text, hostname)
+    if not controller:
+        checks.append(Check("job_submit_files", True, f"{hostname} is no controller (SlurmctldHost="
+                            f"{','.join(controller_hosts(slurm_text))}): job_submit.lua, swapaware_plugin.conf and "
+                            "the service's socket are checked by doctor on the controller", skipped=True))
+    else:
+        if lua_plugin_on(conf.get("JobSubmitPlugins"), "job_submit"):
+            reader = slurm_user or Who(user_label, ANYONE.uid, ANYONE.gids)
+            checks.append(lua_files_check(job_submit_entry(str(conf_dir / "slurm.conf"), reader), str(conf_dir), files,
+                                          shipped, str(SRC_DIR), table_set=bool(settings["table"])))
+        if plugin_text is None and (conf_dir / PLUGIN_CONF).exists():
+            checks.append(Check("plugin_socket", True, f"not checked as {doctor.name}: {conf_dir / PLUGIN_CONF} is not "
+                                "readable to this user; run doctor as root or as SlurmUser", skipped=True))
+        else:
+            checks += plugin_conf_checks(plugin_text, str(conf_dir), cfg)
+        sock = settings["socket"] or str(cfg.service.socket_path)
+        checks.append(slurmuser_socket_check(slurm_user, user_label, sock, *stat_chain(Path(sock)), doctor))
+        table = settings["table"] or cfg.admission.table_path
+        if table:
+            tables = [(p, *stat_chain(Path(p))) for p in (table, table + ".gate")]
+            checks.append(slurmuser_table_check(slurm_user, user_label, tables, table_uids(settings), doctor))
+    return checks
+
