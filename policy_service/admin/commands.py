@@ -80,21 +80,17 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
     telemetry, opened = _open_telemetry_checked(cfg)
     service = None if no_probes else any(probe_service(a, cfg.hooks.deadline_s, cfg.tls)  # ha.controllers: any
                                          for a in service_addresses(cfg))
-    agent = None
-    if not no_probes:
-        from slurm_plugin.agent_client import status
-
-        agent = status(cfg.hooks) is not None
     from policy_service.adapters.slurm import cluster_release
 
     release = cluster_release(cfg.service.slurm_release, cfg.service.slurm_timeout_s)
     hostname = socket.gethostname().split(".")[0]
     dialect = release.dialect if release.version is not None else None
     checks = missing + opened + doctor_checks(slurm_text or "", gres_text or "", cfg, telemetry, service,
-                                              agent_reachable=agent, hostname=hostname, dialect=dialect,
+                                              hostname=hostname, dialect=dialect,
                                               grpc_port=look_at_port(cfg, ask_service=not no_probes))
     checks += enforcement_checks(cfg)  # which GPU memory enforcement this node has, what it enforces
-    # how Slurm reaches swapaware here: Lua files, swapaware_plugin.conf, SlurmUser's access (admin/host.py)
+    # how Slurm reaches swapaware here: Lua files, swapaware_plugin.conf, SlurmUser's access, the service's
+    # user, the agent: a line of its own where this user may not ask it (admin/host.py)
     if slurm_text is not None:
         checks += host_checks(slurm_conf, slurm_text, cfg, hostname, probes=not no_probes, dialect=dialect)
     from policy_service.adapters.queue import reads_queue

@@ -1,5 +1,6 @@
-"""What doctor reads on this host for the wiring checks (wiring.py, access_checks.py): the Lua
-files and swapaware_plugin.conf beside slurm.conf, stat results, SlurmUser's groups."""
+"""What doctor reads and asks on this host for the wiring checks (wiring.py, access_checks.py,
+peers.py): the Lua files and swapaware_plugin.conf beside slurm.conf, stat results, SlurmUser's
+groups, the uid behind the service's socket, the node agent."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,8 @@ from pathlib import Path
 import slurm_plugin
 from policy_service.admin.access_checks import slurmuser_socket_check, slurmuser_table_check
 from policy_service.admin.check import Check
-from policy_service.admin.perms import ANYONE, Who, me, stat_chain, who
+from policy_service.admin.peers import agent_check, peer_uid, service_user_check
+from policy_service.admin.perms import ANYONE, WRITE, Who, blocker, me, stat_chain, who
 from policy_service.admin.wiring import (PLUGIN_CONF, LuaFile, cli_filter_entry, controller_hosts, job_submit_entry,
                                          lua_files_check, lua_plugin_on, on_controller, plugin_conf_checks,
                                          plugin_settings, table_uids)
@@ -43,7 +45,8 @@ def lua_beside(conf_dir: Path, names) -> dict[str, LuaFile]:
 
 def host_checks(slurm_conf: Path, slurm_text: str, cfg: Config, hostname: str, probes: bool,
                 dialect: SlurmDialect | None = None) -> list[Check]:
-    """The wiring checks of this host (``probes``: unused so far)."""
+    """The wiring checks of this host (``probes``: also connect to the service's socket and the
+    agent's)."""
     conf = parse_slurm_conf(slurm_text)
     conf_dir = Path(os.path.abspath(slurm_conf)).parent
     shipped = shipped_lua()
@@ -77,5 +80,25 @@ def host_checks(slurm_conf: Path, slurm_text: str, cfg: Config, hostname: str, p
         if table:
             tables = [(p, *stat_chain(Path(p))) for p in (table, table + ".gate")]
             checks.append(slurmuser_table_check(slurm_user, user_label, tables, table_uids(settings), doctor))
+        if probes:
+            path = str(cfg.service.socket_path)
+            uid, error = peer_uid(path)
+            chain, _ = stat_chain(Path(path))
+            checks.append(service_user_check(path, uid, error, chain, slurm_user, doctor))
+    if probes:
+        checks.append(agent_probe(cfg, conf, hostname, doctor))
     return checks
+
+
+def agent_probe(cfg: Config, conf, hostname: str, doctor: Who) -> Check:
+    path = str(cfg.hooks.agent_socket)
+    chain, stop = stat_chain(Path(path))
+    answered = None
+    if not stop and blocker(doctor, chain, WRITE) is None:
+        from slurm_plugin.agent_client import status
+
+        answered = status(cfg.hooks) is not None
+    node = conf.node(hostname.split(".", 1)[0])
+    return agent_check(path, chain, stop, doctor, answered, node is not None and node.gres.get("gpu", 0) > 0,
+                       hostname, str(cfg.agent.socket_path))
 
