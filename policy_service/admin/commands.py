@@ -90,7 +90,7 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
                                               grpc_port=look_at_port(cfg, ask_service=not no_probes))
     checks += enforcement_checks(cfg)  # which GPU memory enforcement this node has, what it enforces
     # how Slurm reaches swapaware here: Lua files, swapaware_plugin.conf, SlurmUser's access, the service's
-    # user, the agent: a line of its own where this user may not ask it (admin/host.py)
+    # user, the agent (a line of its own where this user may not ask it), MUNGE's origin: admin/host.py
     if slurm_text is not None:
         checks += host_checks(slurm_conf, slurm_text, cfg, hostname, probes=not no_probes, dialect=dialect)
     from policy_service.adapters.queue import reads_queue

@@ -1,15 +1,18 @@
 """What doctor reads and asks on this host for the wiring checks (wiring.py, access_checks.py,
 peers.py): the Lua files and swapaware_plugin.conf beside slurm.conf, stat results, SlurmUser's
-groups, the uid behind the service's socket, the node agent."""
+groups, the uid behind the service's socket, the node agent, munged, the cluster's addresses."""
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 from pathlib import Path
 
 import slurm_plugin
 from policy_service.admin.access_checks import slurmuser_socket_check, slurmuser_table_check
 from policy_service.admin.check import Check
-from policy_service.admin.peers import agent_check, peer_uid, service_user_check
+from policy_service.admin.peers import (agent_check, munge_origin_check, peer_uid, service_user_check,
+                                        unmunge_origin)
 from policy_service.admin.perms import ANYONE, WRITE, Who, blocker, me, stat_chain, who
 from policy_service.admin.wiring import (PLUGIN_CONF, LuaFile, cli_filter_entry, controller_hosts, job_submit_entry,
                                          lua_files_check, lua_plugin_on, on_controller, plugin_conf_checks,
@@ -46,7 +49,7 @@ def lua_beside(conf_dir: Path, names) -> dict[str, LuaFile]:
 def host_checks(slurm_conf: Path, slurm_text: str, cfg: Config, hostname: str, probes: bool,
                 dialect: SlurmDialect | None = None) -> list[Check]:
     """The wiring checks of this host (``probes``: also connect to the service's socket and the
-    agent's)."""
+    agent's, and ask munged and Slurm)."""
     conf = parse_slurm_conf(slurm_text)
     conf_dir = Path(os.path.abspath(slurm_conf)).parent
     shipped = shipped_lua()
@@ -87,6 +90,7 @@ def host_checks(slurm_conf: Path, slurm_text: str, cfg: Config, hostname: str, p
             checks.append(service_user_check(path, uid, error, chain, slurm_user, doctor))
     if probes:
         checks.append(agent_probe(cfg, conf, hostname, doctor))
+        checks.append(munge_probe(cfg, hostname, dialect))
     return checks
 
 
@@ -102,3 +106,35 @@ def agent_probe(cfg: Config, conf, hostname: str, doctor: Who) -> Check:
     return agent_check(path, chain, stop, doctor, answered, node is not None and node.gres.get("gpu", 0) > 0,
                        hostname, str(cfg.agent.socket_path))
 
+
+def munge_probe(cfg: Config, hostname: str, dialect: SlurmDialect | None, slurm=None) -> Check:
+    """``slurm``: what lists the cluster's addresses (default: Slurm's commands, as the service)."""
+    from policy_service.client import munge_socket_for
+
+    sock = munge_socket_for(cfg.auth)
+    if sock is None:
+        return Check("munge_origin", True, f"this host's hooks attach no MUNGE credential (auth.munge = "
+                     f"{cfg.auth.munge.value}, munged's socket {cfg.auth.munge_socket}): not checked", skipped=True)
+    if not (shutil.which("munge") and shutil.which("unmunge")):
+        return Check("munge_origin", True, "munge and unmunge are not installed here: the origin of this host's "
+                     "credentials is not checked", skipped=True)
+    origin, error = unmunge_origin(sock)
+    verdict = addrs = None
+    if origin is not None:
+        from policy_service.access import Authorizer
+        from policy_service.adapters.slurm import CliSlurm
+        from policy_service.authz import Caller, Trust, Via, event_verdict
+
+        # the service's own lookup of the cluster's addresses and its own rule for a hook's event
+        trust = Trust(munge=True, token=False, slurm_uid=0, service_uid=os.geteuid())
+        slurm = slurm or CliSlurm(cfg.service.slurm_timeout_s, dialect=dialect)
+        authorizer = Authorizer(trust, cfg.auth, slurm)
+        quiet = logging.getLogger("swapaware.access")  # what it would log, the check's line says
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            addrs = authorizer.addresses(origin)
+        finally:
+            quiet.setLevel(level)
+        verdict = event_verdict("JobFinished", Caller(Via.MUNGE, 0, 0, origin), trust, addrs)
+    return munge_origin_check(origin, error, verdict, addrs, hostname, bool(cfg.hooks.token_file), sock)

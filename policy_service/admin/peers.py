@@ -1,15 +1,20 @@
 """doctor's checks of the processes on the other end: which user the policy service runs as (the
-uid behind its socket), and whether the node agent answers (or cannot be asked as this user).
-The checks are pure over what was seen; ``peer_uid`` is the I/O."""
+uid behind its socket), whether the node agent answers (or cannot be asked as this user), and
+whether this host's MUNGE credentials carry an origin the service accepts. The checks are pure
+over what was seen; ``peer_uid`` and ``unmunge_origin`` are the I/O."""
 from __future__ import annotations
 
+import ipaddress
 import pwd
+import re
 import socket
 import struct
+import subprocess
 from typing import Sequence
 
 from policy_service.admin.check import Check
 from policy_service.admin.perms import WRITE, StatLike, Who, blocker, describe, group_name, user_name
+from policy_service.authz import Addresses, Verdict
 
 Chain = Sequence[tuple[str, StatLike]]
 
@@ -118,3 +123,89 @@ def agent_check(path: str, chain: Chain, stop: str, me: Who, answered: bool | No
         return Check(name, False, f"node agent at {path} does not answer", "systemctl status swapaware-agent; "
                      "journalctl -u swapaware-agent (restart it: systemctl restart swapaware-agent)")
     return Check(name, True, f"node agent at {path} answers")
+
+
+# ----------------------------------------------------------------------------------------- MUNGE
+
+_IPV4 = re.compile(r"\b(\d{1,3}(?:\.\d{1,3}){3})\b")
+
+
+def parse_unmunge(text: str) -> str | None:
+    """The origin address in unmunge's output: its ENCODE_HOST line ('ENCODE_HOST: 10.0.0.5',
+    or 'ENCODE_HOST: gpu01 (10.0.0.5)' without -N); None when there is none."""
+    for line in text.splitlines():
+        if line.strip().upper().startswith("ENCODE_HOST"):
+            for found in reversed(_IPV4.findall(line)):
+                try:
+                    return str(ipaddress.IPv4Address(found))
+                except ValueError:
+                    continue
+            return None
+    return None
+
+
+def unmunge_origin(munge_socket: str, timeout_s: float = 5.0) -> tuple[str | None, str]:
+    """(origin address, "") of a credential made and decoded through munged at ``munge_socket``
+    (``munge -n | unmunge -N``), or (None, why)."""
+    try:
+        cred = subprocess.run(["munge", "-n", "-S", munge_socket], capture_output=True, text=True, timeout=timeout_s)
+        if cred.returncode != 0:
+            return None, f"munge -n: {cred.stderr.strip() or f'exit {cred.returncode}'}"
+        out = subprocess.run(["unmunge", "-N", "-S", munge_socket], input=cred.stdout, capture_output=True, text=True,
+                             timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"munge -n | unmunge: {exc}"
+    if out.returncode != 0:
+        return None, f"unmunge: {out.stderr.strip() or f'exit {out.returncode}'}"
+    origin = parse_unmunge(out.stdout)
+    return (origin, "") if origin else (None, "unmunge printed no ENCODE_HOST address")
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def own_address(addrs: Addresses, hostname: str) -> str:
+    """This host's address as the service knows it (slurm.conf's NodeAddr / NodeHostName,
+    SlurmctldHost resolved), "" when it is not among them."""
+    short = hostname.split(".", 1)[0]
+    for table in (addrs.nodes, addrs.controllers):
+        for addr, host in table.items():
+            if host.split(".", 1)[0] == short:
+                return addr
+    return ""
+
+
+def munge_origin_check(origin: str | None, error: str, verdict: Verdict | None, addrs: Addresses | None,
+                       hostname: str, token: bool, munge_socket: str) -> Check:
+    """Will the service accept this host's hook events by their MUNGE credential? ``verdict``:
+    the service's own rule (authz.event_verdict) for a credential of root from ``origin``;
+    ``token``: the hooks also send the shared token, which the service takes instead."""
+    name = "munge_origin"
+    if origin is None:
+        return Check(name, True, f"munged at {munge_socket} gave no credential ({error}): this host's hooks send "
+                     "none, and their events count only where the hooks' token is set", "start munged (systemctl "
+                     "enable --now munge) with the cluster's key", warn=True)
+    mine = own_address(addrs, hostname) if addrs is not None else ""
+    addr = mine or "<this node's address>"
+    fix = (f"start munged with --origin={addr} (MUNGE >= 0.5.15; Debian 12: OPTIONS=\"--origin={addr}\" in "
+           f"/etc/default/munge), or make {hostname} resolve to that address (/etc/hosts); then systemctl restart munge")
+    unspecified = ipaddress.IPv4Address(origin).is_unspecified
+    if verdict is None and not unspecified:
+        return Check(name, True, f"origin {origin}: not checked against the cluster's addresses (Slurm not read)",
+                     skipped=True)
+    if unspecified or (verdict is not None and not verdict.allowed):
+        if addrs is not None and addrs.error and not unspecified:
+            return Check(name, True, f"origin {origin}: not checked, the cluster's addresses could not be read "
+                         f"({addrs.error})", skipped=True)
+        why = f"'{_one_line(verdict.reason)}'" if verdict is not None else "no host of the cluster has that address"
+        null = (" (the null address: munged found no address for this host, its name or --origin did not resolve; "
+                "munged logs 'Continuing with origin set to null address')" if unspecified else "")
+        detail = f"munged here encodes credentials with origin {origin}{null}; the service refuses this host's hook " \
+                 f"events: {why}"
+        if token:
+            return Check(name, True, detail + "; they are taken on the hooks' token instead", fix, warn=True)
+        return Check(name, False, detail + ": nothing is learned of the jobs that run here", fix)
+    return Check(name, True, f"origin {origin}: {verdict.reason}")
+

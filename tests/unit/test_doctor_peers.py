@@ -1,6 +1,7 @@
 """doctor's checks of the processes behind the sockets (policy_service/admin/peers.py): the
-service's user read with SO_PEERCRED from a real Unix socket server, and the node agent (and the
-line it gives where this user may not ask it)."""
+service's user read with SO_PEERCRED from a real Unix socket server, the node agent (and the line
+it gives where this user may not ask it), and the origin of this host's MUNGE credentials judged
+by the service's own rule (authz.event_verdict)."""
 from __future__ import annotations
 
 import json
@@ -13,9 +14,11 @@ from types import SimpleNamespace
 import pytest
 
 from policy_service.admin.host import agent_probe
-from policy_service.admin.peers import PERMISSION_DENIED, agent_check, peer_uid, service_user_check
+from policy_service.admin.peers import (PERMISSION_DENIED, agent_check, munge_origin_check, parse_unmunge, peer_uid,
+                                        service_user_check)
 from policy_service.admin.perms import Who, me, stat_chain, user_name
 from policy_service.adapters.slurm_files import parse_slurm_conf
+from policy_service.authz import Addresses, Caller, Trust, Via, event_verdict
 from policy_service.config import AgentConfig, Config, HookConfig
 from tests.adapter.as_user import NOBODY, run_as
 
@@ -181,3 +184,49 @@ def test_the_agent_refusing_its_status_fails(open_dir):
 def test_hooks_and_agent_on_different_sockets_fail():
     c = agent_check("/run/a.sock", [], "", me(), None, True, "gpu01", "/run/b.sock")
     assert not c.ok and "the prolog and epilog never reach it" in c.detail
+
+
+# ----------------------------------------------------------------------------------- 7. MUNGE
+# unmunge -N (munge 0.5.15) of a munged without and with its origin resolved, and unmunge without -N
+UNMUNGE_NULL = "STATUS:          0\nENCODE_HOST:     0.0.0.0\nENCODE_TIME:     1796550608\n"
+UNMUNGE_NODE = "STATUS:          0\nENCODE_HOST:     10.0.0.11\nENCODE_TIME:     1796550608\n"
+UNMUNGE_NAMED = "STATUS:          Success (0)\nENCODE_HOST:     ??? (10.9.8.7)\nTTL:             300\n"
+ADDRS = Addresses(nodes={"10.0.0.11": "gpu01", "10.0.0.12": "gpu02"}, controllers={"10.0.0.1": "ctl01"})
+TRUST = Trust(munge=True, token=False, slurm_uid=64030, service_uid=64030)
+
+
+def _origin(origin: str | None, addrs: Addresses = ADDRS, token: bool = False, error: str = ""):
+    verdict = event_verdict("JobFinished", Caller(Via.MUNGE, 0, 0, origin), TRUST, addrs) if origin else None
+    return munge_origin_check(origin, error, verdict, addrs, "gpu01", token, "/run/munge/munge.socket.2")
+
+
+def test_parse_unmunge():
+    assert parse_unmunge(UNMUNGE_NULL) == "0.0.0.0"
+    assert parse_unmunge(UNMUNGE_NODE) == "10.0.0.11"
+    assert parse_unmunge(UNMUNGE_NAMED) == "10.9.8.7"
+    assert parse_unmunge("STATUS: 0\n") is None
+
+
+def test_a_null_origin_fails_with_the_services_words_then_the_nodes_address_passes():
+    c = _origin(parse_unmunge(UNMUNGE_NULL))
+    assert not c.ok and "0.0.0.0 is not a node or controller of this cluster" in c.detail
+    assert "null address" in c.detail and "nothing is learned" in c.detail
+    assert "munged with --origin=10.0.0.11" in c.fix and "/etc/default/munge" in c.fix  # gpu01's address
+    c = _origin(parse_unmunge(UNMUNGE_NODE))
+    assert c.ok and not c.warn and c.detail == "origin 10.0.0.11: MUNGE uid 0 gid 0 from 10.0.0.11 (node gpu01)"
+
+
+def test_an_address_that_is_no_node_fails_and_the_token_softens_it():
+    c = _origin("10.9.8.7")
+    assert not c.ok and "10.9.8.7 is not a node or controller of this cluster" in c.detail
+    c = _origin("10.9.8.7", token=True)
+    assert c.ok and c.warn and "taken on the hooks' token instead" in c.detail
+
+
+def test_unreadable_addresses_or_no_credential_are_not_failures():
+    c = _origin("10.9.8.7", addrs=Addresses(error="reading the nodes from Slurm failed: boom"))
+    assert c.ok and c.skipped and "could not be read" in c.detail
+    c = _origin("0.0.0.0", addrs=Addresses(error="boom"))  # null: refused whatever Slurm says
+    assert not c.ok
+    c = _origin(None, error="unmunge: Failed to access socket")
+    assert c.ok and c.warn and "gave no credential" in c.detail
