@@ -6,6 +6,11 @@ GPUs and memory enforcement, the service and agent, the queue) and ``swapaware g
                   reads slurm.conf with (without importing these tools, which reach the node wing)
   billing.py      the check of how shared jobs are billed
   grpc_port.py    the check that no other process can take (or holds) the service's gRPC port
+  wiring.py       the Lua files beside slurm.conf and swapaware_plugin.conf against the config
+  access_checks.py  whether SlurmUser can open the service's socket and read the admission table
+  perms.py        the access rule those use (mode, owner, group of each path component)
+  peers.py        the service's user (SO_PEERCRED), the node agent, this host's MUNGE origin
+  host.py         what those read and ask on this host
   check.py        one check's result
   commands.py     the click commands
 """
