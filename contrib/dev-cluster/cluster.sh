@@ -119,16 +119,23 @@ pidfile_of() {
     esac
 }
 
-# pid_of NAME: prints the pid when its pid file names a live process whose
-# comm is NAME, returns 1 otherwise.
+# is_daemon PID NAME: PID is a live NAME. Its comm is NAME, or NAME-<role> once the daemon re-ran
+# itself: after `scontrol reconfigure` Slurm 26.05's slurmctld is a new process named
+# "slurmctld-wlm" (measured); taking that for no slurmctld left the old one running and every later
+# restart (cluster.sh plugin off/on) a silent no-op. comm, unlike exe, is readable by non-root too.
+is_daemon() {
+    local comm
+    comm=$(cat "/proc/$1/comm" 2>/dev/null) || return 1
+    [[ $comm == "$2" || $comm == "$2"-* ]]
+}
+
+# pid_of NAME: prints the pid when its pid file names a live NAME (is_daemon), returns 1 otherwise.
 pid_of() {
-    local f pid comm
+    local f pid
     f=$(pidfile_of "$1")
     [[ -r $f ]] || return 1
     pid=$(tr -dc '0-9' <"$f")
-    [[ -n $pid ]] || return 1
-    comm=$(cat "/proc/$pid/comm" 2>/dev/null || true) # works for non-root too
-    [[ $comm == "$1" ]] || return 1
+    [[ -n $pid ]] && is_daemon "$pid" "$1" || return 1
     echo "$pid"
 }
 

@@ -121,6 +121,8 @@ restart_ctld() {
         start_ctls
     else
         stop_daemon slurmctld 20
+        # a slurmctld this script does not know of would keep answering in place of the new one
+        ! ctld_ok || die "a slurmctld still answers on port $CTLD_PORT after it was stopped (pid file: $(pidfile_of slurmctld)): not restarted"
         log "starting slurmctld"
         launch_slurmctld
         wait_daemon slurmctld "$LOG/slurmctld.log" ctld_ok || die "slurmctld not answering; see $LOG/slurmctld.log"

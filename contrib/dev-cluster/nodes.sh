@@ -180,12 +180,13 @@ start_node_munge() {
     fi
 }
 
-# pid_in_node NAME COMM PIDFILE: the pid in PIDFILE when it is a live COMM (prints nothing otherwise).
+# pid_in_node NAME COMM PIDFILE: the pid in PIDFILE when it is a live COMM (is_daemon; prints
+# nothing otherwise).
 pid_in_node() {
     local pid
     [[ -r $3 ]] || return 0
     pid=$(tr -dc '0-9' <"$3")
-    [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == "$2" ]] && echo "$pid"
+    [[ -n $pid ]] && is_daemon "$pid" "$2" && echo "$pid"
     return 0
 }
 
