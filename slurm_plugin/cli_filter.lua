@@ -17,8 +17,9 @@ name other GRES only or --gres=none. And `sbatch --test-only` / `srun --test-onl
 "swapaware:test-only" in their comment, so that job_submit leaves the will-run query as typed
 and records nothing (no job is made of it).
 
-Install: beside slurm.conf on every host where users run srun (login and compute nodes), with
-`CliFilterPlugins=lua` in slurm.conf. A site with its own cli_filter.lua calls
+Install: beside slurm.conf on every host that has slurm.conf (login, controller and compute nodes),
+before `CliFilterPlugins=lua` enters slurm.conf: Slurm refuses every sbatch/salloc/srun on a host
+where the file is missing. A site with its own cli_filter.lua calls
 `swapaware_cli.mend_step(options)` from its slurm_cli_pre_submit (see swapaware_cli.lua).
 ]]
 
@@ -28,15 +29,30 @@ local function script_dir()
 end
 
 package.path = script_dir() .. "/?.lua;" .. package.path
-local swapaware_cli = require("swapaware_cli")
+
+-- Never the reason a host cannot submit: without swapaware_cli.lua (a host that got cli_filter.lua
+-- alone, e.g. from a configless slurmctld, which sends cli_filter.lua but no module beside it) or
+-- with one that fails, every submission goes on untouched, and nothing is printed to the user
+-- (`swapaware doctor` names the missing file; srun -vv shows the error).
+local ok, swapaware_cli = pcall(require, "swapaware_cli")
+if not ok then
+  local err = swapaware_cli
+  swapaware_cli = nil
+  if slurm and slurm.log_debug then slurm.log_debug("swapaware cli_filter: %s", tostring(err)) end
+end
 
 function slurm_cli_setup_defaults(options, early_pass)
   return slurm.SUCCESS
 end
 
 function slurm_cli_pre_submit(options, pack_offset)
-  swapaware_cli.mend_step(options)
-  swapaware_cli.mark_test_only(options)
+  if swapaware_cli then
+    local done, err = pcall(function()
+      swapaware_cli.mend_step(options)
+      swapaware_cli.mark_test_only(options)
+    end)
+    if not done and slurm.log_debug then slurm.log_debug("swapaware cli_filter: %s", tostring(err)) end
+  end
   return slurm.SUCCESS
 end
 

@@ -113,3 +113,41 @@ def test_a_test_only_submission_is_marked_for_job_submit(options, marked, commen
     out = run_cases([{"options": options, "env": {}}])
     res = out["results"][0]
     assert res["marked"] is marked and res["options"].get("comment") == comment
+
+
+CLI_FILTER_ALONE = """
+slurm = {SUCCESS = 0, log_debug = function(fmt, ...) io.stderr:write("debug: ", string.format(fmt, ...), "\\n") end}
+dofile(arg[1])
+local options = {type = "srun", gres = "gres/gpu:1"}
+local rc = slurm_cli_pre_submit(options, 0)
+io.write(rc, " ", options.gres)
+"""
+
+
+def _pre_submit(where: Path) -> subprocess.CompletedProcess:
+    """srun's pre-submit hook of the cli_filter.lua in ``where``, for a GPU step in a shard job."""
+    (where / "driver.lua").write_text(CLI_FILTER_ALONE)
+    return subprocess.run(["lua5.1", "driver.lua", str(where / "cli_filter.lua")], capture_output=True, text=True,
+                          timeout=30, cwd=where, env={"LUA_PATH": ";;", "PATH": os.environ["PATH"], **IN_SHARD_JOB})
+
+
+@pytest.mark.parametrize("module", [None, "error('broken module')",
+                                    "return {mend_step = function() error('mend failed') end}"])
+def test_cli_filter_never_stops_a_submission(tmp_path, module):
+    """cli_filter.lua alone (a configless host gets it without swapaware_cli.lua), or with a module that
+    fails to load or to run: the submission goes on as typed, and nothing reaches the user's streams
+    (Slurm shows the debug line only with srun -vv)."""
+    shutil.copy(ROOT / "slurm_plugin" / "cli_filter.lua", tmp_path / "cli_filter.lua")
+    if module is not None:
+        (tmp_path / "swapaware_cli.lua").write_text(module)
+    r = _pre_submit(tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "0 gres/gpu:1", r.stdout
+    assert r.stderr.startswith("debug: swapaware cli_filter: "), r.stderr
+
+
+def test_cli_filter_mends_with_its_module_beside_it(tmp_path):
+    for name in ("cli_filter.lua", "swapaware_cli.lua"):
+        shutil.copy(ROOT / "slurm_plugin" / name, tmp_path / name)
+    r = _pre_submit(tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "0 shard:2", ""), r
