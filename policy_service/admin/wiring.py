@@ -23,6 +23,8 @@ PLUGIN_CONF = "swapaware_plugin.conf"
 GUARDED_LOSS = {
     "swapaware_facts.lua": "every job passes unchanged (slurmctld logs 'swapaware_facts.lua cannot be loaded')",
     "swapaware_table.lua": "the admission table is never used: every GPU job takes the round trip to the service",
+    "swapaware_cli.lua": "cli_filter.lua goes on without it, so Slurm refuses a GPU step (srun --gres=gpu:1) inside a "
+                         "job rewritten to shards, and --test-only queries are recorded as decisions",
 }
 
 
@@ -135,8 +137,8 @@ def lua_files_check(entry: Entry, conf_dir: str, files: Mapping[str, LuaFile], s
     for file, guarded, by in needed:
         if file in files or script is None:
             continue
-        if guarded and file in GUARDED_LOSS:
-            problems.append(f"{file} is missing: {GUARDED_LOSS[file]}")
+        if guarded:
+            problems.append(f"{file} is missing: {GUARDED_LOSS.get(file, f'{by} goes on without it')}")
             fail = fail or file != "swapaware_table.lua" or table_set
         else:
             problems.append(f"{file} is missing: {by} fails to load (module '{file.removesuffix('.lua')}' not "

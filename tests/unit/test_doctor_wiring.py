@@ -44,7 +44,7 @@ def test_requires_are_read_from_code_not_comments_or_strings():
 
 def test_the_shipped_scripts_load_what_the_guide_installs():
     shipped = shipped_lua()
-    assert [m for m, _ in lua_requires(shipped["cli_filter.lua"])] == ["swapaware_cli"]
+    assert [m for m, _ in lua_requires(shipped["cli_filter.lua"])] == ["swapaware_cli"]  # guarded or not
     assert [m for m, _ in lua_requires(shipped["job_submit.lua"])] == ["swapaware"]
     assert {m for m, guarded in lua_requires(shipped["swapaware.lua"]) if guarded} >= {"swapaware_facts",
                                                                                       "swapaware_table"}
@@ -67,10 +67,16 @@ def test_cli_filter_missing_fails_every_client_then_installed_passes(open_dir):
     assert "Unable to stat" in c.detail and "fatal: failed to initialize cli_filter plugin" in c.detail
     assert "cli_filter.lua" in c.fix and "swapaware_cli.lua" in c.fix
     assert "login, controller and compute nodes" in c.fix
-    install(etc, ["cli_filter.lua"])  # the script alone: its require("swapaware_cli") fails
+    install(etc, ["cli_filter.lua"])  # the script alone (a configless slurmctld sends only it): no steps mended
+    c = _cli(etc)
+    assert not c.ok and "swapaware_cli.lua is missing: cli_filter.lua goes on without it" in c.detail
+    assert "refuses a GPU step" in c.detail
+    # a site's own cli_filter.lua with a bare require: it does not load at all, and every client fails
+    (etc / "cli_filter.lua").write_text('local swapaware_cli = require("swapaware_cli")\n')
     c = _cli(etc)
     assert not c.ok and ("swapaware_cli.lua is missing: cli_filter.lua fails to load (module 'swapaware_cli' not "
                          "found), so Slurm fails every sbatch") in c.detail
+    install(etc, ["cli_filter.lua"])
     install(etc, CLI)
     c = _cli(etc)
     assert c.ok and not c.fix and "readable by any user" in c.detail, c
