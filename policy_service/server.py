@@ -210,7 +210,7 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         handler.metrics.watch(queue_age=queue_age, history=Path(cfg.service.db_path),
                               waiting=handler.decisions.pending)
         svc.metrics_server = handler.metrics.serve(cfg.service.metrics_address)
-    if cfg.admission.table_path:
+    if cfg.table_path:
         svc.admission_archive = open_archive(cfg)  # beside the history: its file, or its MariaDB database
         svc.admission_publisher = AdmissionPublisher(handler, cfg, svc.admission_archive,
                                                      reader_gid=slurmctld_gid(authorizer))
@@ -221,9 +221,9 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         if monitor is not None:  # the gate file follows each queue snapshot, first
             monitor.on_poll = chain(svc.admission_publisher.on_queue_poll, monitor.on_poll)
         log.info("admission table: published at %s (gate %s.gate), rebuilt at most every %.0f s",
-                 cfg.admission.table_path, cfg.admission.table_path, cfg.admission.refresh_s)
+                 cfg.table_path, cfg.table_path, cfg.admission.refresh_s)
     catchup = None
-    if cfg.admission.table_path and slurm is not None:  # the plugin's table-made decisions, learned from Slurm
+    if cfg.table_path and slurm is not None:  # the plugin's table-made decisions, learned from Slurm
         catchup = attach_catchup(handler, slurm, monitor, svc.admission_archive, svc._watch_stop,
                                  poll_s=cfg.policy.queue_poll_s, window_s=cfg.service.reconcile_window_s,
                                  gate=None if role is None else lambda call: only_while_writer(call, role, 0))

@@ -21,8 +21,9 @@ A reload (slurmctld's Lua mutex is held meanwhile) reads the file and indexes it
 string.find alone: key -> where its line's rest starts. A decision's JSON is decoded the first
 time a job uses it, checked as M.validate checks an RPC reply, and kept for the version.
 
-Settings (swapaware_plugin.conf): table=<path> (empty: off)  table_check_ms=1000
-    table_uids=0[,uid...] (who may own the files)  slurm_release=<22.05|24.11|26.05> (absent: any)
+Settings (swapaware_plugin.conf): table=<path> (default "auto": admission.json beside socket=, where
+    the service publishes it with its default [admission] table_path = "auto"; empty: off)  table_check_ms=1000  table_uids=0[,uid...] (who may
+    own the files; default: root and slurmctld's own user)  slurm_release=<22.05|24.11|26.05> (absent: any)
 ]]
 
 local T = {}
@@ -43,11 +44,23 @@ local STRING_SETS = { tres_per_node = true, tres_per_job = true, tres_per_task =
   tres_bind = true, admin_comment = true }
 local MAX_SITE_FACTOR = 2147483645
 
-T.DEFAULTS = { table = "", table_check_ms = 1000, table_uids = { [0] = true }, slurm_release = "" }
-T.counters = { table_hit = 0, table_miss = 0 }
-
 local have_posix, pstat = pcall(require, "posix.sys.stat")
 local have_cjson, cjson = pcall(require, "cjson")
+local have_unistd, punistd = pcall(require, "posix.unistd")
+
+-- The table is on by default ("auto": admission.json beside the service's socket, where the service
+-- publishes it by default, [admission] table_path = "auto"):
+-- files owned by root or by the user slurmctld itself runs as (SlurmUser, the service's user as the
+-- admin guide installs it) are used. Trusting our own uid gives nothing away: slurmctld's user can
+-- change its jobs directly.
+local function default_uids()
+  local uids = { [0] = true }
+  local ok, euid = pcall(function() return punistd.geteuid() end)
+  if have_unistd and ok and tonumber(euid) then uids[tonumber(euid)] = true end
+  return uids
+end
+T.DEFAULTS = { table = "auto", table_check_ms = 1000, table_uids = default_uids(), slurm_release = "" }
+T.counters = { table_hit = 0, table_miss = 0 }
 
 -- Settings --------------------------------------------------------------------------------
 -- setting(out, k, v): takes one swapaware_plugin.conf line of the table path into out; false if
@@ -64,6 +77,17 @@ function T.setting(out, k, v)
     out.table_uids = uids
   else return false end
   return true
+end
+
+-- path(settings): the class table's path, or nil when the table is off ("auto": beside the socket).
+function T.path(settings)
+  local t = settings.table
+  if t == "auto" then
+    local dir = string.match(settings.socket or "", "^(.*)/[^/]*$")
+    return (dir and dir ~= "") and (dir .. "/admission.json") or nil
+  end
+  if t == nil or t == "" then return nil end
+  return t
 end
 
 -- Key -------------------------------------------------------------------------------------
@@ -202,8 +226,8 @@ end
 
 -- current(settings, now_s): the class table that may be used now, or nil (the reason logged).
 function T.current(settings, now_s)
-  local path = settings.table
-  if path == nil or path == "" then return nil end
+  local path = T.path(settings)
+  if path == nil then return nil end
   if not have_posix then return why(path, "posix", "lua-posix (posix.sys.stat) is not installed") end
   if not have_cjson then return why(path, "cjson", "lua-cjson is not installed") end
   if cur.path ~= path then cur = { path = path, checked = -math.huge } end
@@ -299,7 +323,7 @@ end
 -- assumed, e.g. the controller in control refuses shards; or it was written for the slurmctld of
 -- another host: a controller that just took over must not use its predecessor's gate).
 function T.gate_state(settings, view, now_s)
-  local path = settings.table .. ".gate"
+  local path = (T.path(settings) or "") .. ".gate"
   local doc = load_gate(path, settings, now_s)
   if doc == nil or now_s > doc.valid_until then return "unknown" end
   if type(doc.rpc_only) == "string" and doc.rpc_only ~= "" then

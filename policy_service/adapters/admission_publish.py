@@ -83,8 +83,8 @@ class AdmissionPublisher:
         # The files name every published class's user, job name and comment: readable by their
         # owner and slurmctld's group (SlurmUser's) alone, never by every local user (0640).
         self.reader_gid = reader_gid
-        self.table = Path(cfg.admission.table_path)
-        self.gate = Path(f"{cfg.admission.table_path}.gate")
+        self.table = Path(cfg.table_path)
+        self.gate = Path(f"{cfg.table_path}.gate")
         self._facts: dict[str, tuple[float, bytes]] = {}  # key -> (newest decided_at, facts_pb)
         self._last_rowid = 0
         self._numbers: dict[str, int] = {}  # key -> entry number, stable while the process runs

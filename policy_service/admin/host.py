@@ -16,7 +16,7 @@ from policy_service.admin.peers import (agent_check, munge_origin_check, peer_ui
 from policy_service.admin.perms import ANYONE, WRITE, Who, blocker, me, stat_chain, who
 from policy_service.admin.wiring import (PLUGIN_CONF, LuaFile, cli_filter_entry, controller_hosts, job_submit_entry,
                                          lua_files_check, lua_plugin_on, on_controller, plugin_conf_checks,
-                                         plugin_settings, table_uids)
+                                         plugin_settings, plugin_table_path, table_uids)
 from policy_service.adapters.slurm_files import parse_slurm_conf
 from policy_service.config import Config
 from policy_service.core.dialect import SlurmDialect
@@ -71,7 +71,7 @@ def host_checks(slurm_conf: Path, slurm_text: str, cfg: Config, hostname: str, p
         if lua_plugin_on(conf.get("JobSubmitPlugins"), "job_submit"):
             reader = slurm_user or Who(user_label, ANYONE.uid, ANYONE.gids)
             checks.append(lua_files_check(job_submit_entry(str(conf_dir / "slurm.conf"), reader), str(conf_dir), files,
-                                          shipped, str(SRC_DIR), table_set=bool(settings["table"])))
+                                          shipped, str(SRC_DIR), table_set=bool(plugin_table_path(settings))))
         if plugin_text is None and (conf_dir / PLUGIN_CONF).exists():
             checks.append(Check("plugin_socket", True, f"not checked as {doctor.name}: {conf_dir / PLUGIN_CONF} is not "
                                 "readable to this user; run doctor as root or as SlurmUser", skipped=True))
@@ -79,10 +79,11 @@ def host_checks(slurm_conf: Path, slurm_text: str, cfg: Config, hostname: str, p
             checks += plugin_conf_checks(plugin_text, str(conf_dir), cfg)
         sock = settings["socket"] or str(cfg.service.socket_path)
         checks.append(slurmuser_socket_check(slurm_user, user_label, sock, *stat_chain(Path(sock)), doctor))
-        table = settings["table"] or cfg.admission.table_path
+        table = plugin_table_path(settings) or cfg.table_path
         if table:
             tables = [(p, *stat_chain(Path(p))) for p in (table, table + ".gate")]
-            checks.append(slurmuser_table_check(slurm_user, user_label, tables, table_uids(settings), doctor))
+            uids = table_uids(settings, slurm_user.uid if slurm_user else None)
+            checks.append(slurmuser_table_check(slurm_user, user_label, tables, uids, doctor))
         if probes:
             path = str(cfg.service.socket_path)
             uid, error = peer_uid(path)

@@ -15,7 +15,8 @@ from policy_service.config import Config
 
 # swapaware.lua's M.settings and swapaware_table.lua's T.DEFAULTS: what the plugin uses for a key
 # swapaware_plugin.conf does not set (or where the file is absent).
-PLUGIN_DEFAULTS = {"socket": "/run/swapaware/policy.sock", "enabled": "1", "table": "", "table_uids": "0"}
+# As swapaware.lua and swapaware_table.lua default them; table_uids "": root and slurmctld's own user.
+PLUGIN_DEFAULTS = {"socket": "/run/swapaware/policy.sock", "enabled": "1", "table": "auto", "table_uids": ""}
 PLUGIN_CONF = "swapaware_plugin.conf"
 
 # What is lost when a module loaded through pcall(require, ...) is missing (swapaware.lua says the same
@@ -238,7 +239,7 @@ def plugin_conf_checks(text: str | None, conf_dir: str, cfg: Config) -> list[Che
             "" if same else ": job_submit.lua connects where no service listens, and every GPU job passes unchanged "
                             "('job passes unchanged (fail-open): connect ...' in slurmctld's log)"),
         "" if same else f"set socket={service_socket} in {path} (or service.socket_path to match), {reload}"))
-    table, published = s["table"], cfg.admission.table_path
+    table, published = plugin_table_path(s), cfg.table_path
     if table or published:
         ok = bool(table) and bool(published) and os.path.normpath(table) == os.path.normpath(published)
         why = ("" if ok else ": the service publishes no table there, so the plugin never finds one and every GPU "
@@ -253,6 +254,19 @@ def plugin_conf_checks(text: str | None, conf_dir: str, cfg: Config) -> list[Che
     return checks
 
 
-def table_uids(settings: Mapping[str, str]) -> frozenset[int]:
-    """swapaware_table.lua's table_uids: who may own the admission table's files."""
+def plugin_table_path(settings: Mapping[str, str]) -> str:
+    """The class table's path as swapaware_table.lua's T.path resolves table= ("auto": admission.json
+    beside socket=); "": off."""
+    table = settings["table"]
+    if table == "auto":
+        head = settings["socket"].rpartition("/")[0]
+        return f"{head}/admission.json" if head else ""
+    return table
+
+
+def table_uids(settings: Mapping[str, str], slurm_uid: int | None = None) -> frozenset[int]:
+    """swapaware_table.lua's table_uids: who may own the admission table's files (not set: root and
+    the user slurmctld runs as, ``slurm_uid``)."""
+    if not settings["table_uids"].strip():
+        return frozenset({0} | ({slurm_uid} if slurm_uid is not None else set()))
     return frozenset(int(u) for u in re.findall(r"[^,\s]+", settings["table_uids"]) if u.isdigit())

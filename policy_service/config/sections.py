@@ -296,9 +296,11 @@ class AdmissionConfig:
     """The admission table (docs/admission-table.md): the service publishes what it would decide,
     and the job_submit plugin decides from it without asking (adapters/admission_publish.py)."""
 
-    # Where the class table is written (the queue gate beside it, "<table_path>.gate"). Empty: no
-    # table is published and every job takes the Admit round trip.
-    table_path: str = ""
+    # Where the class table is written (the queue gate beside it, "<table_path>.gate"). "auto":
+    # admission.json beside service.socket_path, where the job_submit plugin reads it by default
+    # (swapaware_plugin.conf table=auto, beside its socket=). Empty: no table is published and every
+    # job takes the Admit round trip. Read it as Config.table_path.
+    table_path: str = "auto"
     # The class table is rebuilt at most this often, when anything it depends on changed.
     refresh_s: float = 30.0
     # A class table older than this is never used by the plugin (it is re-published sooner).
@@ -389,6 +391,13 @@ class Config:
     ha: HaConfig = field(default_factory=HaConfig)
     history: HistoryConfig = field(default_factory=HistoryConfig)
     source: str = "defaults"
+
+    @property
+    def table_path(self) -> str:
+        """[admission] table_path with "auto" resolved (beside the socket); "": no table."""
+        if self.admission.table_path == "auto":
+            return str(Path(self.service.socket_path).parent / "admission.json")
+        return self.admission.table_path
 
     def summary(self) -> str:
         """One line per section, for the start-up log."""

@@ -206,6 +206,9 @@ def service_env(tmp_path: Path) -> dict[str, str]:
         "SWAPAWARE_POLICY__SHARE_MIN_QUEUE": "0",
         "SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE": "0",
         "SWAPAWARE_POLICY__REDECIDE_PENDING": "false",
+        # No admission table (on by default, beside the socket) unless a test publishes one: its
+        # publisher and catch-up have their own tests (test_admission_*.py).
+        "SWAPAWARE_ADMISSION__TABLE_PATH": "",
         # A class shares from its second run (the default, 3, has its own test in test_estimator.py).
         "SWAPAWARE_ESTIMATOR__MIN_SAMPLES": "1",
         # The dev stack's release (the tests spell GRES as 22.05 does); never ask this host's scontrol.
