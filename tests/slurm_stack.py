@@ -167,9 +167,12 @@ class Stack:
 
     def wait_for_decisions(self, *sbatch_args: str, timeout_s: float = 120) -> None:
         """After a service outage job_submit.lua's circuit breaker lets GPU jobs pass undecided
-        for 10 s or more: submit held probes until one carries a decision again (each cancelled)."""
-        def decided() -> bool:
-            probe = self.held("#!/bin/sh\ntrue\n", "--gres=gpu:1", "--job-name=probe", *sbatch_args)
+        for 10 s or more: submit held probes until one carries a decision again (each cancelled).
+        Each probe is a class of its own, so that the admission table, which decides the classes it
+        holds through an outage, cannot answer for the service."""
+        def decided() -> bool:  # a class of its own: decided by the service, never from the admission table
+            probe = self.held("#!/bin/sh\ntrue\n", "--gres=gpu:1", f"--job-name=probe-{uuid.uuid4().hex[:8]}",
+                              *sbatch_args)
             return bool(decision_of(job_field(probe, "AdminComment")))
 
         wait_for(decided, timeout_s, "job_submit.lua to reach the service again", 2.0)
@@ -187,8 +190,9 @@ class Stack:
         """After slurmctld (re)started, the service keeps GPU jobs whole until a queue poll begun
         after the start read its nodes (QueueMonitor.slurmctld_started): submit held probes of a
         shareable class (a memory hint) until one shares again (each cancelled)."""
-        def shares() -> bool:
-            probe = self.held("#!/bin/sh\ntrue\n", "--gres=gpu:1", "--comment=swapaware:mem=2G", "--job-name=probe")
+        def shares() -> bool:  # a class of its own, as in wait_for_decisions
+            probe = self.held("#!/bin/sh\ntrue\n", "--gres=gpu:1", "--comment=swapaware:mem=2G",
+                              f"--job-name=probe-{uuid.uuid4().hex[:8]}")
             return decision_of(job_field(probe, "AdminComment")).get("action") == "share"
 
         wait_for(shares, timeout_s, "a shareable probe job to share after slurmctld started", 1.0)
