@@ -240,7 +240,9 @@ class Service:
                "PATH": f"{self.dir / 'bin'}:{os.environ.get('PATH', '')}", "PYTHONDONTWRITEBYTECODE": "1"}
         env = {k: v for k, v in env.items() if not k.startswith("SWAPAWARE_") or k == "SWAPAWARE_CONFIG"}
         self.log = open(workdir / f"{name}.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-c", "from policy_service.cli import main; main()", "serve"],
+        entry = os.environ.get("ADMIT_CPU_ENTRY")  # (experiments: another way to start it)
+        argv = [sys.executable, entry] if entry else [sys.executable, "-c", "from policy_service.cli import main; main()", "serve"]
+        self.proc = subprocess.Popen(argv,
                                      env=env, cwd=src, stdout=self.log, stderr=subprocess.STDOUT)
         sock = self.dir / "swapaware.sock"
         for _ in range(300):
@@ -256,8 +258,17 @@ class Service:
         self.replies: list[bytes] = []
 
     def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14 and 15)
+        return _cpu_s(Path(f"/proc/{self.proc.pid}/stat"))
+
+    def threads(self) -> dict[str, float]:
+        """CPU seconds of each live thread of the service, by tid."""
+        out = {}
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                out[task.name] = _cpu_s(task / "stat")
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+        return out
 
     def admit(self, lines: list[bytes], keep: bool = False) -> None:
         for line in lines:
@@ -282,16 +293,24 @@ class Service:
         self.log.close()
 
 
-def measure(svc: Service, lines: list[bytes]) -> float:
-    """CPU microseconds of the service per Admit over ``lines``, the writer's commits included."""
-    c0 = svc.cpu_s()
+def _cpu_s(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14 and 15)
+
+
+def measure(svc: Service, lines: list[bytes]) -> tuple[float, float]:
+    """CPU microseconds of the service per Admit over ``lines``, the writer's commits included,
+    and the part of it spent by the thread that served the connection (the busiest one)."""
+    t0, c0 = svc.threads(), svc.cpu_s()
     svc.admit(lines)
     for _ in range(200):  # the writer commits what waits every 50 ms, then empties the journal
         if svc.pending() == 0:
             break
         time.sleep(0.02)
     time.sleep(0.1)
-    return (svc.cpu_s() - c0) * 1e6 / len(lines)
+    t1, c1 = svc.threads(), svc.cpu_s()
+    busiest = max((v - t0.get(tid, 0.0) for tid, v in t1.items()), default=0.0)
+    return (c1 - c0) * 1e6 / len(lines), busiest * 1e6 / len(lines)
 
 
 def idle(svc: Service, seconds: float) -> float:
@@ -301,6 +320,51 @@ def idle(svc: Service, seconds: float) -> float:
 
 
 # ----------------------------------------------------------------------------- in-process profile
+SAMPLE_S = 0.0005
+
+
+class Samples:
+    def __init__(self):
+        import collections
+        self.inclusive: collections.Counter = collections.Counter()
+        self.own: collections.Counter = collections.Counter()
+        self.total = 0
+
+
+def sample(work) -> Samples:
+    """Run ``work`` in this (the main) thread under a CPU-time sampler: SIGPROF every SAMPLE_S of
+    the process's CPU, its handler counting the stack it interrupts (a C call counts in the Python
+    function that made it). No tracing: the functions run at their own speed."""
+    import signal
+
+    out = Samples()
+
+    def where(code) -> str:
+        return f"{Path(code.co_filename).name}:{code.co_name}"
+
+    def on_prof(_signum, frame) -> None:
+        if frame is None:
+            return
+        out.total += 1
+        out.own[where(frame.f_code)] += 1
+        seen = set()
+        while frame is not None:
+            name = where(frame.f_code)
+            if name not in seen:
+                seen.add(name)
+                out.inclusive[name] += 1
+            frame = frame.f_back
+
+    old = signal.signal(signal.SIGPROF, on_prof)
+    signal.setitimer(signal.ITIMER_PROF, SAMPLE_S, SAMPLE_S)
+    try:
+        work()
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        signal.signal(signal.SIGPROF, old)
+    return out
+
+
 def profile(workdir: Path, history: Path, lines: list[bytes], table: bool, top: int) -> None:
     from policy_service.adapters.local_socket import handle_line
     from policy_service.config import load_config
@@ -325,6 +389,15 @@ def profile(workdir: Path, history: Path, lines: list[bytes], table: bool, top: 
         h.flush()
         print(f"\n== handle_line in process, no profiler: {1e6 * plain / len(warm):.0f} us CPU per Admit "
               f"(the decision writer's part aside) ==")
+        sampled = sample(lambda: [handle_line(h, line, 0, 0) for line in run])
+        h.flush()
+        print(f"\n== handle_line in process, sampled every {SAMPLE_S * 1e3:.1f} ms of CPU (SIGPROF, no tracing): "
+              f"{sampled.total} samples; inclusive share of the top {top} functions ==")
+        for name, n in sampled.inclusive.most_common(top):
+            print(f"  {100 * n / sampled.total:5.1f}%  {name}")
+        print(f"== the same, own share (the Python function on top of the stack: its C calls included) ==")
+        for name, n in sampled.own.most_common(top):
+            print(f"  {100 * n / sampled.total:5.1f}%  {name}")
         prof = cProfile.Profile()
         t0 = time.process_time()
         prof.enable()
@@ -396,11 +469,15 @@ def main() -> None:
         time.sleep(1.0)
         idle_rate = {svc.name: idle(svc, 2.0) for svc in services}
         cpu: dict[str, list[float]] = {svc.name: [] for svc in services}
+        conn: dict[str, list[float]] = {svc.name: [] for svc in services}
         for r, lines in enumerate(rounds):
             order = services if r % 2 == 0 else services[::-1]  # interleaved, each first in turn
             for svc in order:
-                cpu[svc.name].append(measure(svc, lines))
-            print(f"round {r + 1}: " + "  ".join(f"{n} {v[-1]:6.0f}" for n, v in cpu.items()), flush=True)
+                total, busiest = measure(svc, lines)
+                cpu[svc.name].append(total)
+                conn[svc.name].append(busiest)
+            print(f"round {r + 1}: " + "  ".join(f"{n} {v[-1]:6.0f} ({conn[n][-1]:4.0f} in the connection's thread)"
+                                              for n, v in cpu.items()), flush=True)
         if args.check:
             for svc in services:
                 svc.admit([line for lines in rounds[:1] for line in lines], keep=True)
@@ -409,12 +486,13 @@ def main() -> None:
         for svc in services:
             v = cpu[svc.name]
             print(f"  {svc.name:24s} median {statistics.median(v):6.0f}  min {min(v):6.0f}  max {max(v):6.0f}  "
-                  f"(idle: {idle_rate[svc.name]:.0f} us/s)")
-        if args.check and len(services) > 1:
-            check(services)
+                  f"(the connection's thread: median {statistics.median(conn[svc.name]):4.0f}; "
+                  f"idle: {idle_rate[svc.name]:.0f} us/s)")
     finally:
         for svc in services:
             svc.stop()
+    if args.check and len(services) > 1:
+        check(services)
     if args.profile:
         gen = Classes(3, args.pool, args.new)
         profile(workdir, history, [admit_line(gen.next()) for _ in range(300 + args.calls)], args.table, args.top)
@@ -433,6 +511,32 @@ def check(services: list[Service]) -> None:
         other = [plain(r) for r in svc.replies]
         diff = sum(a != b for a, b in zip(first, other)) + abs(len(first) - len(other))
         print(f"  replies of {svc.name} against {services[0].name}: {len(other)} compared, {diff} differ")
+    first = history_rows(services[0].dir / "history.sqlite3")
+    for svc in services[1:]:
+        other = history_rows(svc.dir / "history.sqlite3")
+        diff = sum(a != b for a, b in zip(first, other)) + abs(len(first) - len(other))
+        print(f"  history rows of {svc.name} against {services[0].name}: {len(other)} compared, {diff} differ")
+
+
+def history_rows(db: Path) -> list[tuple]:
+    """Every decision row and class statistics row, in the order recorded, ids and times aside
+    (the decision's own message included: its id, time and the AdminComment's id blanked)."""
+    import re
+    import sqlite3
+
+    from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    out = []
+    for row in con.execute("SELECT job_class, user, account, partition, job_name, action, shards, model_version, "
+                           "keys_json, facts_pb, decision_pb FROM decisions ORDER BY rowid"):
+        d = pb.Decision.FromString(row[-1])
+        d.decision_id, d.decided_at = "", 0.0
+        d.rewrite.admin_comment = re.sub(r"id=[0-9a-f]{16}", "id=-", d.rewrite.admin_comment)
+        out.append(row[:-1] + (d.SerializeToString(deterministic=True),))
+    out += con.execute("SELECT level, key, stats_json FROM class_stats ORDER BY level, key").fetchall()
+    con.close()
+    return out
 
 
 if __name__ == "__main__":
