@@ -57,6 +57,7 @@ def _new_id() -> str:
 
 
 MONITOR = object()  # PolicyHandler._decide: decide with the queue monitor's newest snapshot
+REQUEST_MEMO_MAX = 16384  # PolicyHandler._request: the facts remembered (cleared when full)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,8 @@ class PolicyHandler:
             self.events.on_shared_oom = OomRequeuer(self, slurm)
         # What each node's GPU memory enforcement is (reported with job starts): gates oversubscription.
         self.node_enforcement = NodeEnforcementRegistry()
+        # serialized JobFacts -> (partitions view, live shards, what _request made of them)
+        self._requests: dict[bytes, tuple] = {}
         # Decisions are journaled before Admit answers and put into SQLite by a writer thread
         # (adapters/decision_log.py): slurmctld waits for Admit holding its locks, and never for
         # SQLite. Readers of decisions call flush() first.
@@ -198,8 +201,27 @@ class PolicyHandler:
         Admit, re-decisions and the admission table (adapters/admission_publish.py) all decide here."""
         if queue is MONITOR:
             queue = self.queue.snapshot() if self.queue is not None else None
-        fields = gres_fields(job)
+        jr, access, fields, keys = self._request(job, queue)
+        stats = (stats_of or self.store.stats)(keys)
+        d = policy.decide(jr, stats, self.cfg, decision_id=decision_id or self.new_id(), now=self.clock(),
+                          job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
+                          queue=queue, replaces=replaces,
+                          dialect=self.dialect, whole_because=whole_because,
+                          enforcement=self.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s))
+        return d, jr, keys
+
+    def _request(self, job: pb.JobFacts, queue: QueueState | None) -> tuple[JobRequest, object, dict, dict]:
+        """(request, access class hint, GRES fields, history keys) of ``job``: a pure function of its
+        facts, the partitions' view and the live shard counts, remembered per facts (a class's
+        jobs repeat: building them was a fifth of an Admit's CPU). Raises HandlerError."""
         parts = self.partitions() if self.partitions else None
+        live = self._live_shards(queue) if parts else None
+        facts = job.SerializeToString()
+        hit = self._requests.get(facts)
+        if hit is not None and hit[0] is parts and hit[1] is live:
+            jr, access, fields, keys = hit[2]
+            return jr, access, dict(fields), dict(keys)  # (copies: a caller may keep or change its dicts)
+        fields = gres_fields(job)
         try:
             jr, access = job_request(
                 user=job.user, account=job.account, partition=job.partition, job_name=job.job_name,
@@ -212,18 +234,16 @@ class PolicyHandler:
         except RequestError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         if parts:  # the GPUs its partitions hold, of the type it asks for, where the controller takes shard jobs
-            counts, refused = parts.live_shard_counts(job.partition, jr.gpu.gpu_type, self._live_shards(queue))
+            counts, refused = parts.live_shard_counts(job.partition, jr.gpu.gpu_type, live)
             unbilled, whole_unbilled = parts.unbilled(job.partition, jr.gpu.gpu_type)  # its TRESBillingWeights
             jr = dataclasses.replace(jr, gpu_shard_counts=counts, shards_refused=refused, shards_unbilled=unbilled,
                                      whole_shards_unbilled=whole_unbilled)
         keys = history_keys(jr)
-        stats = (stats_of or self.store.stats)(keys)
-        d = policy.decide(jr, stats, self.cfg, decision_id=decision_id or self.new_id(), now=self.clock(),
-                          job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
-                          queue=queue, replaces=replaces,
-                          dialect=self.dialect, whole_because=whole_because,
-                          enforcement=self.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s))
-        return d, jr, keys
+        if len(self._requests) >= REQUEST_MEMO_MAX:
+            self._requests.clear()
+        # the views are held (not their ids): a view is never taken for another one made later
+        self._requests[facts] = (parts, live, (jr, access, dict(fields), dict(keys)))
+        return jr, access, fields, keys
 
     def _live_shards(self, queue: QueueState | None | object) -> LiveShards | None:
         """The shards the controller in control reports, from the snapshot decided with; while this
