@@ -488,6 +488,12 @@ def main() -> None:
             print(f"  {svc.name:24s} median {statistics.median(v):6.0f}  min {min(v):6.0f}  max {max(v):6.0f}  "
                   f"(the connection's thread: median {statistics.median(conn[svc.name]):4.0f}; "
                   f"idle: {idle_rate[svc.name]:.0f} us/s)")
+        first = services[0].name
+        for svc in services[1:]:  # per round, against the first tree: load that comes and goes cancels
+            ratios = [b / a for a, b in zip(cpu[first], cpu[svc.name]) if a > 0]
+            if ratios:
+                print(f"  {svc.name} / {first}, per round: median {statistics.median(ratios):.2f}  "
+                      f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
     finally:
         for svc in services:
             svc.stop()

@@ -9,6 +9,7 @@ import collections
 import dataclasses
 import enum
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from policy_service.adapters.requeue import OomRequeuer
 from policy_service.adapters.slurm import SlurmAccess
 from policy_service.authz import Owner
 from policy_service.config import Config, PolicyMode
-from policy_service.core import policy
+from policy_service.core import policy, queue_rules
 from policy_service.core.dialect import SLURM_22_05, SlurmDialect
 from policy_service.core.enforcement import NodeEnforcementRegistry, NodeReport
 from policy_service.core.mode import apply_mode
@@ -58,6 +59,31 @@ def _new_id() -> str:
 
 MONITOR = object()  # PolicyHandler._decide: decide with the queue monitor's newest snapshot
 REQUEST_MEMO_MAX = 16384  # PolicyHandler._request: the facts remembered (cleared when full)
+
+
+_PLACEHOLDER_ID = "0" * 16  # a decision id's length: the AdminComment is cut at the same place
+_ID_TOKEN = f"id={_PLACEHOLDER_ID}"
+
+
+def _as_decided(queue: QueueState | None, cfg: Config) -> QueueState | None:
+    """The queue as policy.decide reads it: its figures and whether it is fresh (an age of 0, or
+    infinite), without the live shards (the request carries what they say). Deciding with this
+    instead of the snapshot decides the same, and makes the decision a function of what it holds."""
+    if queue is None:
+        return None
+    return QueueState(pending_gpus=queue.pending_gpus, total_gpus=queue.total_gpus,
+                      age_s=0.0 if queue_rules.fresh(queue, cfg) else math.inf, ahead_by_qos=queue.ahead_by_qos)
+
+
+def _with_id(template: Decision, d_id: str, now: float) -> Decision | None:
+    """``template`` (made with _PLACEHOLDER_ID at time 0) as made with ``d_id`` at ``now``; None
+    when the id cannot be put in its place (another length; the AdminComment cut inside it)."""
+    rw = template.rewrite
+    if rw.admin_comment is not None:
+        if len(d_id) != len(_PLACEHOLDER_ID) or _ID_TOKEN not in rw.admin_comment:
+            return None
+        rw = dataclasses.replace(rw, admin_comment=rw.admin_comment.replace(_ID_TOKEN, f"id={d_id}", 1))
+    return dataclasses.replace(template, decision_id=d_id, decided_at=now, rewrite=rw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +123,8 @@ class PolicyHandler:
             self.events.on_shared_oom = OomRequeuer(self, slurm)
         # What each node's GPU memory enforcement is (reported with job starts): gates oversubscription.
         self.node_enforcement = NodeEnforcementRegistry()
-        # serialized JobFacts -> (partitions view, live shards, what _request made of them)
+        # serialized JobFacts -> (partitions view, the live shard counts taken, what _request made of
+        # them, the decision last made for them)
         self._requests: dict[bytes, tuple] = {}
         # Decisions are journaled before Admit answers and put into SQLite by a writer thread
         # (adapters/decision_log.py): slurmctld waits for Admit holding its locks, and never for
@@ -201,26 +228,49 @@ class PolicyHandler:
         Admit, re-decisions and the admission table (adapters/admission_publish.py) all decide here."""
         if queue is MONITOR:
             queue = self.queue.snapshot() if self.queue is not None else None
-        jr, access, fields, keys = self._request(job, queue)
+        jr, access, fields, keys, last = self._request(job, queue)
         stats = (stats_of or self.store.stats)(keys)
-        d = policy.decide(jr, stats, self.cfg, decision_id=decision_id or self.new_id(), now=self.clock(),
-                          job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
-                          queue=queue, replaces=replaces,
-                          dialect=self.dialect, whole_because=whole_because,
-                          enforcement=self.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s))
+        d_id, now = decision_id or self.new_id(), self.clock()
+        enforcement = self.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s)
+        queue = _as_decided(queue, self.cfg)
+        # policy.decide is pure: with the same request (this facts entry), the same statistics
+        # objects (HistoryStore._checked hands out one per stored text), queue figures, enforcement,
+        # config and dialect it decides the same, but for the id and the time. The decision is made
+        # once with the placeholder id and time 0, and handed out with the id put in its place.
+        context = (self.cfg, self.dialect, queue, enforcement, replaces, whole_because)
+        made = last[0]
+        if (made is not None and made[1] == context and len(made[0]) == len(stats)
+                and all(stats.get(level) is s for level, s in made[0])):
+            d = _with_id(made[2], d_id, now)
+            if d is not None:
+                return d, jr, keys
+        template = policy.decide(jr, stats, self.cfg, decision_id=_PLACEHOLDER_ID, now=0.0,
+                                 job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
+                                 queue=queue, replaces=replaces, dialect=self.dialect,
+                                 whole_because=whole_because, enforcement=enforcement)
+        d = _with_id(template, d_id, now)
+        if d is None:  # an id the template cannot take (another length, a comment cut inside it)
+            return policy.decide(jr, stats, self.cfg, decision_id=d_id, now=now, job_class=keys[KeyLevel.CLASS],
+                                 gres_fields=fields, access=access, queue=queue, replaces=replaces,
+                                 dialect=self.dialect, whole_because=whole_because,
+                                 enforcement=enforcement), jr, keys
+        last[0] = (tuple(stats.items()), context, template)
         return d, jr, keys
 
-    def _request(self, job: pb.JobFacts, queue: QueueState | None) -> tuple[JobRequest, object, dict, dict]:
-        """(request, access class hint, GRES fields, history keys) of ``job``: a pure function of its
-        facts, the partitions' view and the live shard counts, remembered per facts (a class's
-        jobs repeat: building them was a fifth of an Admit's CPU). Raises HandlerError."""
+    def _request(self, job: pb.JobFacts, queue: QueueState | None) -> tuple[JobRequest, object, dict, dict, list]:
+        """(request, access class hint, GRES fields, history keys, the slot of the decision last made
+        for them) of ``job``: a pure function of its facts, the partitions' view and the live shard
+        counts of its partitions and GPU type, remembered per facts (a class's jobs repeat:
+        building them was a fifth of an Admit's CPU). Raises HandlerError."""
         parts = self.partitions() if self.partitions else None
         live = self._live_shards(queue) if parts else None
         facts = job.SerializeToString()
         hit = self._requests.get(facts)
-        if hit is not None and hit[0] is parts and hit[1] is live:
+        if hit is not None and hit[0] is parts:
             jr, access, fields, keys = hit[2]
-            return jr, access, dict(fields), dict(keys)  # (copies: a caller may keep or change its dicts)
+            # each queue poll reads the live shards anew: what the request took from them is compared
+            if not parts or parts.live_shard_counts(job.partition, jr.gpu.gpu_type, live) == hit[1]:
+                return jr, access, dict(fields), dict(keys), hit[3]  # (copies: a caller may keep or change its dicts)
         fields = gres_fields(job)
         try:
             jr, access = job_request(
@@ -233,17 +283,19 @@ class PolicyHandler:
                 partition_gpu_defaults=parts.for_job(job.partition) if parts else ())
         except RequestError as exc:
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        counted = None
         if parts:  # the GPUs its partitions hold, of the type it asks for, where the controller takes shard jobs
-            counts, refused = parts.live_shard_counts(job.partition, jr.gpu.gpu_type, live)
+            counted = counts, refused = parts.live_shard_counts(job.partition, jr.gpu.gpu_type, live)
             unbilled, whole_unbilled = parts.unbilled(job.partition, jr.gpu.gpu_type)  # its TRESBillingWeights
             jr = dataclasses.replace(jr, gpu_shard_counts=counts, shards_refused=refused, shards_unbilled=unbilled,
                                      whole_shards_unbilled=whole_unbilled)
         keys = history_keys(jr)
+        last: list = [None]  # the decision last made for these facts (_decide)
         if len(self._requests) >= REQUEST_MEMO_MAX:
             self._requests.clear()
-        # the views are held (not their ids): a view is never taken for another one made later
-        self._requests[facts] = (parts, live, (jr, access, dict(fields), dict(keys)))
-        return jr, access, fields, keys
+        # the view is held (not its id): a view is never taken for another one made later
+        self._requests[facts] = (parts, counted, (jr, access, dict(fields), dict(keys)), last)
+        return jr, access, fields, keys, last
 
     def _live_shards(self, queue: QueueState | None | object) -> LiveShards | None:
         """The shards the controller in control reports, from the snapshot decided with; while this
