@@ -3,10 +3,19 @@ time of one table hit (swapaware.submit() of a GPU job whose class the table hol
 lookup, gate state, id, apply) and the time to stat, read, index and check a table of N entries
 (what slurmctld spends under its Lua mutex each time the table changed).
 
-    .venv/bin/python bench/lua_table.py [--hits 10000] [--entries 10000,100000]
+    .venv/bin/python bench/lua_table.py [--hits 10000] [--entries 10000,100000] [--rounds 5]
+        [--baseline DIR] [--queue 200]
 
 The tables are written in the format the tree's publisher writes (core/admission_format.py; a tree
-from before it: the JSON table), so the same bench measures a tree before and after.
+from before it: the JSON table), so the same bench measures a tree before and after. --baseline
+runs the plugin of another tree beside this one's, round by round in alternating order, on the same
+tables (DIR: its slurm_plugin/ or a directory holding it, e.g. `git archive REV slurm_plugin | tar -x
+-C DIR`), and prints the median of the rounds for each.
+
+"as inside slurmctld": the job_desc as slurmctld gives it (every read and write a call, environment a
+new table behind a lookup function at each read; the calls counted per hit), slurm.jobs made again
+with --queue entries before each job as slurmctld does at each submission (its garbage paces Lua's
+collector as there), each job timed alone and split into bench/lua_phases.py's phases.
 
 Runs the same Lua state driver as tests/unit/test_lua_table.py (tests/unit/lua_table_driver.lua).
 """
@@ -15,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -25,7 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 from tests.unit.test_lua_table import Plugin, decision, gpu_job, write_atomic  # noqa: E402
 
+PLUGIN = ROOT / "slurm_plugin"
 SHORT_SCRIPT = "#!/bin/bash\n#SBATCH --gres=gpu:1\nsource env/bin/activate\npython train.py --epochs 3\n"
+# what sbatch sends of a login shell's environment (slurmctld looks SWAPAWARE_GPU_MEM up in it)
+ENVIRONMENT = {**{f"VAR_{k}": f"value {k}" for k in range(24)}, "PATH": "/usr/local/bin:/usr/bin:/bin",
+               "HOME": "/home/alice", "SHELL": "/bin/bash", "USER": "alice", "LANG": "C.UTF-8"}
 LONG_SCRIPT = SHORT_SCRIPT + "# padding\n" * 1000   # over the fingerprint's 4096-byte read limit
 
 
@@ -75,19 +89,47 @@ def entries(n: int, distinct: bool = False) -> dict:
     return out
 
 
-def plugin(d: Path, path: Path, dialect: str = "24.11") -> Plugin:
+def plugin(d: Path, path: Path, dialect: str = "24.11", plugin_dir: Path = PLUGIN) -> Plugin:
     conf = d / f"etc-{time.monotonic_ns()}"
     conf.mkdir()
     (conf / "swapaware_plugin.conf").write_text(f"socket={d}/none.sock\ntable={path}\ntable_check_ms=1000\n"
                                                 f"table_uids={os.getuid()}\nslurm_release={dialect}\n")
-    return Plugin(conf)
+    return Plugin(conf, plugin_dir=plugin_dir)
 
 
-def bench_hits(d: Path, hits: int) -> None:
-    path = d / "admission.json"
+def plugin_dir(where: str) -> Path:
+    """A tree's plugin directory: ``where`` itself when it holds swapaware.lua, else its slurm_plugin/."""
+    d = Path(where)
+    return d if (d / "swapaware.lua").is_file() else d / "slurm_plugin"
+
+
+def trees(baseline: Path | None, r: int) -> list[tuple[str, Path]]:
+    """The plugins to run in round ``r``, in alternating order."""
+    out = [("tree", PLUGIN)] + ([("baseline", baseline)] if baseline else [])
+    return out if r % 2 == 0 else out[::-1]
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def publish(d: Path, path: Path, jobs: list[dict]) -> None:
+    """A 10,000-entry table holding ``jobs`` too (their keys as this tree's plugin makes them), a gate
+    saying "normal"."""
     gate = {"format": "swapaware-gate/1", "generated_at": time.time(), "valid_until": time.time() + 3600,
             "views": {"": "normal"}, "other": "normal"}
     write_atomic(path.with_name(path.name + ".gate"), json.dumps(gate))
+    p = plugin(d, path)
+    es = entries(10_000)
+    for n, job in enumerate(jobs):
+        es[p.key(job)] = {"i": 10_000 + n, "short": decision(10_000 + n, "s", shards=8),
+                          "normal": decision(10_000 + n, "n")}
+    p.close()
+    write_atomic(path, table(es))
+
+
+def bench_hits(d: Path, hits: int, rounds: int, baseline: Path | None) -> None:
+    path = d / "admission.json"
     cases = (("one 86 B script", [SHORT_SCRIPT], False),
              ("one 86 B script, job_desc behind __index as slurmctld gives it", [SHORT_SCRIPT], True),
              ("one 10 KB script (fingerprint read once)", [LONG_SCRIPT], False),
@@ -95,20 +137,53 @@ def bench_hits(d: Path, hits: int) -> None:
              ("40 10 KB scripts in turn (more than the plugin remembers: a 4 KB fingerprint each time)",
               [LONG_SCRIPT + "#" * k for k in range(40)], False))
     for label, scripts, proxy in cases:
-        p = plugin(d, path)
         jobs = [gpu_job(script=script) for script in scripts]
-        es = entries(10_000)
-        for n, job in enumerate(jobs):
-            es[p.key(job)] = {"i": 10_000 + n, "short": decision(10_000 + n, "s", shards=8),
-                              "normal": decision(10_000 + n, "n")}
-        write_atomic(path, table(es))
-        out = p.req("bench_hit", jobs=jobs, n=hits, proxy=proxy)
-        assert out["counters"]["table_hit"] == hits + min(hits, 1000) and out["rpc_calls"] == 0, out["counters"]
-        assert out["job"]["tres_per_node"] == "gres:shard:2"
-        print(f"table hit, {label}: {out['seconds'] / hits * 1e6:.1f} us/hit over {hits} hits "
-              f"(of which M.facts {out['facts_seconds'] / hits * 1e6:.1f} us, T.key "
-              f"{out['key_seconds'] / hits * 1e6:.2f} us; {out['alloc_bytes']:.0f} bytes allocated per hit)")
-        p.close()
+        publish(d, path, jobs)
+        got: dict[str, list[dict]] = {}
+        for r in range(rounds):
+            for name, where in trees(baseline, r):
+                p = plugin(d, path, plugin_dir=where)
+                out = p.req("bench_hit", jobs=jobs, n=hits, proxy=proxy)
+                p.close()
+                assert out["counters"]["table_hit"] == hits + min(hits, 1000) and out["rpc_calls"] == 0, out["counters"]
+                assert out["job"]["tres_per_node"] == "gres:shard:2"
+                got.setdefault(name, []).append(out)
+        for name, outs in got.items():
+            print(f"table hit, {label}{'' if baseline is None else f' [{name}]'}: "
+                  f"{med([o['seconds'] for o in outs]) / hits * 1e6:.1f} us/hit over {hits} hits, median of {rounds} "
+                  f"(M.facts of the job alone {med([o['facts_seconds'] for o in outs]) / hits * 1e6:.1f} us, T.key "
+                  f"alone {med([o['key_seconds'] for o in outs]) / hits * 1e6:.2f} us; "
+                  f"{med([o['alloc_bytes'] for o in outs]):.0f} bytes allocated per hit)", flush=True)
+
+
+PHASES = ("gres", "key", "facts", "table")
+
+
+def bench_slurm(d: Path, hits: int, rounds: int, baseline: Path | None, queue: int) -> None:
+    """Table hits as inside slurmctld (the driver's bench_slurm): us per hit, per phase, and the
+    job_desc accessor calls per hit; the 20 job names bench/lua_phases.py submits in turn, and one."""
+    path = d / "admission.json"
+    burst = [gpu_job(name=f"burst-{k}", script=SHORT_SCRIPT, environment=ENVIRONMENT) for k in range(20)]
+    publish(d, path, burst)
+    for label, jobs in (("20 job names in turn", burst), ("one job name", burst[:1])):
+        got: dict[str, list[dict]] = {}
+        for r in range(rounds):
+            for name, where in trees(baseline, r):
+                p = plugin(d, path, plugin_dir=where)
+                out = p.req("bench_slurm", jobs=jobs, n=hits, queue=queue)
+                p.close()
+                assert out["hits"] == hits and out["rpc_calls"] == 0, out
+                assert out["job"]["tres_per_node"] == "gres:shard:2" and " tbl=" in out["job"]["admin_comment"]
+                got.setdefault(name, []).append(out)
+        for name, outs in got.items():
+            calls = outs[0]["calls"]
+            phases = {ph: med([o["phases"][ph] for o in outs]) / hits * 1e6 for ph in PHASES}
+            total = med([o["seconds"] for o in outs]) / hits * 1e6
+            print(f"table hit as inside slurmctld, {label} (slurm.jobs of {queue})"
+                  f"{'' if baseline is None else f' [{name}]'}: {total:.1f} us/hit, median of {rounds} x {hits} ("
+                  + ", ".join(f"{ph} {v:.1f}" for ph, v in phases.items()) + f", rest {total - sum(phases.values()):.1f});"
+                  f" job_desc calls per hit: {calls['read'] / hits:.0f} reads + {calls['env'] / hits:.0f} environment "
+                  f"lookup + {calls['write'] / hits:.0f} writes", flush=True)
 
 
 def bench_load(d: Path, sizes: list[int], rounds: int = 3) -> None:
@@ -126,11 +201,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hits", type=int, default=10_000)
     ap.add_argument("--entries", default="10000,100000")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds per case (the median is printed)")
+    ap.add_argument("--baseline", help="another tree's plugin, run beside this one's (see above)")
+    ap.add_argument("--queue", type=int, default=200, help="slurm.jobs entries made again before each job")
+    ap.add_argument("--only", choices=("hits", "slurm", "load"), help="one part of the bench")
     args = ap.parse_args()
+    baseline = plugin_dir(args.baseline) if args.baseline else None
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        bench_hits(d, args.hits)
-        bench_load(d, [int(x) for x in args.entries.split(",")])
+        if args.only in (None, "slurm"):
+            bench_slurm(d, args.hits, args.rounds, baseline, args.queue)
+        if args.only in (None, "hits"):
+            bench_hits(d, args.hits, args.rounds, baseline)
+        if args.only in (None, "load"):
+            bench_load(d, [int(x) for x in args.entries.split(",")])
 
 
 if __name__ == "__main__":

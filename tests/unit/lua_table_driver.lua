@@ -37,11 +37,17 @@ for line in io.lines() do
     local rc = M.submit(req.job, {}, req.uid or 1000)
     answer({ rc = rc, job = req.job })
   elseif req.op == "submit_counted" then  -- the job_desc behind __index/__newindex, as slurmctld gives
-    local fields, reads = req.job, {}     -- it (each read a call into slurmctld): reads counted per field
-    local jd = setmetatable({}, { __index = function(_, k) reads[k] = (reads[k] or 0) + 1; return fields[k] end,
-                                  __newindex = function(_, k, v) fields[k] = v end })
+    local fields, reads, writes = req.job, {}, {}   -- it (each read a call into slurmctld): reads and
+    local env, env_lookups = fields.environment, 0  -- writes counted per field, and the lookups in
+    local jd = setmetatable({}, {                   -- environment (a new table at each read, as there)
+      __index = function(_, k)
+        reads[k] = (reads[k] or 0) + 1
+        if k ~= "environment" or type(env) ~= "table" then return fields[k] end
+        return setmetatable({}, { __index = function(_, name) env_lookups = env_lookups + 1; return env[name] end })
+      end,
+      __newindex = function(_, k, v) writes[k] = (writes[k] or 0) + 1; fields[k] = v end })
     local rc = M.submit(jd, {}, req.uid or 1000)
-    answer({ rc = rc, job = fields, reads = reads })
+    answer({ rc = rc, job = fields, reads = reads, writes = writes, env_lookups = env_lookups })
   elseif req.op == "key" then
     local facts = M.facts(req.job, req.uid or 1000)
     answer({ key = T.key(facts), facts = facts })
@@ -104,6 +110,64 @@ for line in io.lines() do
     local facts_s = socket.gettime() - t2
     answer({ seconds = total, key_seconds = key_s, facts_seconds = facts_s, job = plain[req.n],
              alloc_bytes = alloc_bytes })
+  elseif req.op == "bench_slurm" then   -- table hits as inside slurmctld, each job timed alone
+    -- The job_desc as slurmctld gives it: every read a call (__index), environment a new table behind
+    -- a lookup function of its own at each read (_push_job_env), every write a call (__newindex); the
+    -- calls counted. Before each job slurm.jobs is made again with req.queue entries, as slurmctld's
+    -- _update_jobs_global does at each submission: its garbage paces the collector as there. The
+    -- phases as bench/lua_phases.py splits them (two clock reads each).
+    local calls = { read = 0, env = 0, write = 0 }
+    local function job_desc(fields)
+      local env = fields.environment
+      return setmetatable({}, {
+        __index = function(_, k)
+          calls.read = calls.read + 1
+          if k ~= "environment" then return fields[k] end
+          return setmetatable({}, { __index = function(_, name)
+            calls.env = calls.env + 1
+            return type(env) == "table" and env[name] or nil
+          end, __newindex = function() end })
+        end,
+        __newindex = function(_, k, v) calls.write = calls.write + 1; fields[k] = v end })
+    end
+    local function queue(n)
+      local jobs = {}
+      for j = 1, n do jobs[tostring(j)] = setmetatable({}, { __index = function() end, _job_rec_ptr = j }) end
+      slurm.jobs = jobs
+    end
+    local F, clock = require("swapaware_facts"), socket.gettime
+    local sums, saved = { gres = 0, key = 0, facts = 0, table = 0 }, {}
+    local function timed(mod, name, phase, when)
+      local inner = mod[name]
+      saved[#saved + 1] = { mod, name, inner }
+      mod[name] = function(...)
+        if when and not when(...) then return inner(...) end
+        local t0 = clock()
+        local r1, r2, r3 = inner(...)
+        sums[phase] = sums[phase] + (clock() - t0)
+        return r1, r2, r3
+      end
+    end
+    timed(F, "read_fields", "gres")
+    timed(F, "snapshot", "key", function(_, _, part) return part == "key" end)
+    timed(F, F.key_facts and "key_facts" or "facts", "facts")
+    timed(T, "decide", "table")
+    local hits0, total, fields = T.counters.table_hit, 0, nil
+    collectgarbage("collect")
+    for i = 1, req.n do       -- each job made just before its submission (what slurmctld holds live)
+      fields = {}
+      for k, v in pairs(req.jobs[(i - 1) % #req.jobs + 1]) do fields[k] = v end
+      local jd = job_desc(fields)
+      queue(req.queue or 0)
+      S.user = {}
+      local t0 = clock()
+      M.submit(jd, {}, 1000)
+      total = total + (clock() - t0)
+    end
+    local last = fields
+    for i = #saved, 1, -1 do saved[i][1][saved[i][2]] = saved[i][3] end
+    slurm.jobs = nil
+    answer({ seconds = total, phases = sums, calls = calls, hits = T.counters.table_hit - hits0, job = last })
   elseif req.op == "bench_load" then    -- seconds to stat, read, decode and check the table
     local best = math.huge
     for _ = 1, req.n do

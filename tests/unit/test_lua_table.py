@@ -34,8 +34,8 @@ if _posix.returncode != 0:
 class Plugin:
     """One Lua state (as slurmctld keeps one), fed one request per line."""
 
-    def __init__(self, settings_dir: Path, hide: str | None = None):
-        args = ["lua5.1", str(DRIVER), str(ROOT / "slurm_plugin"), str(settings_dir)] + ([hide] if hide else [])
+    def __init__(self, settings_dir: Path, hide: str | None = None, plugin_dir: Path = ROOT / "slurm_plugin"):
+        args = ["lua5.1", str(DRIVER), str(plugin_dir), str(settings_dir)] + ([hide] if hide else [])
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
 
