@@ -8,11 +8,13 @@ tables, so the code timed is the code that runs.
   gres   swapaware_facts.read_fields of the 4 GRES fields (is it a GPU job at all?)
   key    swapaware_facts.snapshot(..., "key"): the other fields of the class key, each read once
          from slurmctld's job_desc (every read calls into slurmctld)
-  facts  swapaware_facts.facts: the facts of the snapshot (script fingerprint, text caps)
-  table  swapaware_table.decide: the table's freshness check, the key, the lookup, the gate state,
-         the decision id and the assignments to job_desc
-  rest   the whole swapaware.submit less those four (the limit check, the snapshot's clearing,
-         the pcall)
+  facts  swapaware_facts.key_facts (a tree from before it: swapaware_facts.facts): the class key's
+         facts of the snapshot (script fingerprint, text caps) and the key, made again only for a
+         job unlike those seen lately
+  table  swapaware_table.decide: the table's freshness check, the lookup, the gate state, the
+         decision id and the assignments to job_desc (the key too, in a tree before key_facts)
+  rest   the whole swapaware.submit less those four (the limit check, the pcalls; in a tree
+         before key_facts, the snapshot's clearing)
 The sums are logged every 16 calls to slurmctld.log. Blocks of --jobs sbatch from 1 and from 8
 submitters (--submitters), interleaved over --rounds: whether the Lua time grows with concurrent
 submissions (contention on slurmctld's locks) or not. The same job classes as submit_burst.py,
@@ -21,7 +23,8 @@ put in the table first by one round trip each.
     SWAPAWARE_DEV_TABLE=1 bash contrib/dev-stack.sh up
     .venv/bin/python bench/lua_phases.py [--jobs 400 --rounds 3 --submitters 1,8]
 
-Compare with the same phases in lua5.1 alone: bench/lua_table.py (M.facts and T.key per hit).
+Compare with the same phases in lua5.1 alone: bench/lua_table.py (its "as inside slurmctld" line:
+a fake job_desc whose reads and writes are calls, split into these phases).
 """
 from __future__ import annotations
 
@@ -57,21 +60,21 @@ local n, hits, total = 0, 0, 0
 
 local function timed(mod, name, phase, when)
   local inner = mod[name]
-  mod[name] = function(a, b, c, d)
-    if when and not when(a, b, c, d) then return inner(a, b, c, d) end
+  mod[name] = function(...)
+    if when and not when(...) then return inner(...) end
     local t0 = clock()
-    local r1, r2, r3 = inner(a, b, c, d)
+    local r1, r2, r3 = inner(...)
     sums[phase] = sums[phase] + (clock() - t0)
     return r1, r2, r3
   end
 end
 timed(F, "read_fields", "gres")
 timed(F, "snapshot", "key", function(_, _, part) return part == "key" end)
-timed(F, "facts", "facts")
+timed(F, F.key_facts and "key_facts" or "facts", "facts")
 local decide = T.decide
-T.decide = function(M, job_desc, facts, now_s)
+T.decide = function(...)
   local t0 = clock()
-  local hit = decide(M, job_desc, facts, now_s)
+  local hit = decide(...)
   sums.table = sums.table + (clock() - t0)
   if hit then hits = hits + 1 end
   return hit

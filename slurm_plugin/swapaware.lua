@@ -168,8 +168,18 @@ function M.validate(reply)
   return { set = set, decision_id = str(d.decisionId), message = rw.userMessage }
 end
 
+-- apply(job_desc, plan): every assignment of plan.set (in the order of plan.fields where it lists
+-- them: a table decision's, named once per table version, no pairs() per job).
 function M.apply(job_desc, plan)
-  for field, value in pairs(plan.set) do
+  local set, fields = plan.set, plan.fields
+  if fields then
+    for i = 1, #fields do
+      local field = fields[i]
+      job_desc[field] = set[field]
+    end
+    return
+  end
+  for field, value in pairs(set) do
     job_desc[field] = value
   end
 end
@@ -254,10 +264,17 @@ local function breaker_fail(why)
   log_error("job passes unchanged (fail-open): %s; not asking the service for %d s", why, wait)
 end
 
--- by_table(job_desc, facts): true when the published admission table decided the job
--- (swapaware_table.lua) from its facts; false: the job takes the RPC path. Never raises.
+-- table_decide(job_desc, jd, submit_uid): T.decide of the job's class key facts and key
+-- (F.key_facts: made again only for a job unlike those seen lately).
+local function table_decide(job_desc, jd, submit_uid)
+  local facts, key = F.key_facts(jd, submit_uid, T.key)
+  return T.decide(M, job_desc, facts, now(), key)
+end
+
+-- by_table(job_desc, jd, submit_uid): true when the published admission table decided the job
+-- (swapaware_table.lua) from its snapshot jd; false: the job takes the RPC path. Never raises.
 M.table_error = nil
-local function by_table(job_desc, facts)
+local function by_table(job_desc, jd, submit_uid)
   if not have_table then
     if M.table_error ~= "module" then
       M.table_error = "module"
@@ -266,7 +283,7 @@ local function by_table(job_desc, facts)
     end
     return false
   end
-  local ok, hit = pcall(T.decide, M, job_desc, facts, now())
+  local ok, hit = pcall(table_decide, job_desc, jd, submit_uid)
   if ok then return hit end
   if M.table_error ~= tostring(hit) then
     M.table_error = tostring(hit)
@@ -296,7 +313,10 @@ end
 
 -- One snapshot and one facts table per Lua state, filled again for each job (slurmctld calls
 -- job_submit under its Lua mutex, one job at a time; neither is kept past the call): a table hit
--- then allocates about 0.7 KB (5.2 KB with both made per job; bench/lua_table.py).
+-- then allocates its AdminComment alone, about 0.2 KB (5.2 KB with both made per job, 0.7 KB with
+-- a plan per job; bench/lua_table.py). Each read of the snapshot assigns every field it reads, nil
+-- ones too, and a field is used only once this job's part holding it was read: nothing stays from
+-- the job before, and the snapshot is not cleared.
 local snap, facts_buf = nil, {}
 M.facts_error_logged = false
 local function decide(job_desc, submit_uid)
@@ -309,7 +329,7 @@ local function decide(job_desc, submit_uid)
     end
     return
   end
-  snap = F.clear_snapshot(snap or F.new_snapshot())
+  snap = snap or F.new_snapshot()
   local jd = F.read_fields(job_desc, F.GRES_FIELDS, snap)
   if not F.wants_gpu(jd) then return end
   -- from here on the job's fields are read from jd, written to job_desc
@@ -318,13 +338,14 @@ local function decide(job_desc, submit_uid)
   F.snapshot(job_desc, jd, part)
   if over_limits(jd, part) then return end
   -- a --test-only query, marked by cli_filter (swapaware_cli.lua): answered for the request as typed
-  if jd.comment and string.find(jd.comment, TEST_ONLY_MARK, 1, true) then return end
+  local comment = jd.comment
+  if comment and comment ~= "" and string.find(comment, TEST_ONLY_MARK, 1, true) then return end
   if not have_cjson then
     log_error("lua-cjson is not installed; job passes unchanged")
     return
   end
   if by_tbl then
-    if by_table(job_desc, F.facts(jd, submit_uid, facts_buf)) then return end
+    if by_table(job_desc, jd, submit_uid) then return end
     F.snapshot(job_desc, jd, "rest")
     if over_limits(jd, "rest") then return end
   end

@@ -144,12 +144,29 @@ function M.str(v)
 end
 local str = M.str
 
+-- The strings lately seen to be plain ASCII of at most CLEAN_BYTES (text() gives them back as
+-- they are up to its cap; all are under Slurm's limits), looked up by the interned string: no scan
+-- of a value the plugin has seen. At most CLEAN_N; past it the memo starts over (emptied in place:
+-- the limit check holds it too).
+local CLEAN_N, CLEAN_BYTES = 256, 1024
+local clean, clean_n = {}, 0
+local find = string.find
+
 -- text(v, n): a user-typed field as the service takes it: at most n bytes, valid UTF-8.
 local function text(v, n)
   if v == nil then return "" end
+  if clean[v] and #v <= n then return v end
   if type(v) ~= "string" then v = tostring(v) end
-  if #v > n then v = M.cap(v, n) end
-  return M.utf8_clean(v)
+  if #v > n then return M.utf8_clean(M.cap(v, n)) end
+  if find(v, "[\128-\255]") then return M.utf8_clean(v) end
+  if #v <= CLEAN_BYTES then
+    if clean_n >= CLEAN_N then
+      for k in pairs(clean) do clean[k] = nil end
+      clean_n = 0
+    end
+    clean[v], clean_n = true, clean_n + 1
+  end
+  return v
 end
 
 -- cap(s, n): at most n bytes of s, never ending inside a UTF-8 character. The service refuses
@@ -167,15 +184,18 @@ function M.cap(s, n)
   return s
 end
 
+local floor = math.floor
 local function num(v)
   v = tonumber(v)
   if v == nil or v < 0 or v >= M.NO_VAL then return 0 end
-  return math.floor(v)
+  return floor(v)
 end
 
 local function env_value(env, name)
   if type(env) ~= "table" then return "" end
-  if env[name] ~= nil then return str(env[name]) end
+  local v = env[name]      -- (one lookup: in slurmctld each is a call that scans the job's environment)
+  if v ~= nil then return str(v) end
+  if next(env) == nil then return "" end   -- slurmctld's: an empty table behind that lookup
   for _, entry in pairs(env) do
     if type(entry) == "string" then
       local k, v = string.match(entry, "^([^=]+)=(.*)$")
@@ -208,9 +228,9 @@ function M.het_component(offset)
 end
 
 function M.wants_gpu(job_desc)
-  for _, f in ipairs(GRES_FIELDS) do
-    local v = job_desc[f]
-    if v ~= nil and string.find(tostring(v), "gpu", 1, true) then return true end
+  for i = 1, #GRES_FIELDS do
+    local v = job_desc[GRES_FIELDS[i]]
+    if v ~= nil and find(tostring(v), "gpu", 1, true) then return true end
   end
   return false
 end
@@ -235,14 +255,15 @@ local function read_plain(job_desc, fields, into)
   return into
 end
 
--- read_fields(job_desc, fields, into): into[f] = job_desc[f] for each f of the list. No read
--- raises in slurmctld (its job_desc gives nil for a field it does not know): one pcall for all;
--- should one raise, each is read under a pcall of its own and one that raises is left nil.
+-- read_fields(job_desc, fields, into): into[f] = job_desc[f] for each f of the list (nil ones too:
+-- what a job did not set never stays from the job before). No read raises in slurmctld (its
+-- job_desc gives nil for a field it does not know): one pcall for all; should one raise, each is
+-- read under a pcall of its own and one that raises is nil.
 function M.read_fields(job_desc, fields, into)
   if pcall(read_plain, job_desc, fields, into) then return into end
   for i = 1, #fields do
     local ok, v = pcall(index, job_desc, fields[i])
-    if ok then into[fields[i]] = v end
+    if ok then into[fields[i]] = v else into[fields[i]] = nil end
   end
   return into
 end
@@ -309,14 +330,37 @@ function M.script_binds_gpus(script)
     or string.find(script, "GPU_BIND", 1, true) ~= nil or string.find(script, "TRES_BIND", 1, true) ~= nil
 end
 
--- facts(job_desc, submit_uid, into): the facts of a job_desc (or of its snapshot), into ``into`` (every
--- field assigned: the plugin keeps one table per Lua state, so a table hit allocates none) or a
--- new table.
-function M.facts(job_desc, submit_uid, into)
-  local env_ok, env = pcall(index, job_desc, "environment")
+-- env_hint(job_desc): SWAPAWARE_GPU_MEM of the job's environment as it is there, "" without one.
+-- Looked up once per environment table (slurmctld makes one at each read of the field, and the
+-- snapshot reads it once per job): the table path and then the RPC path of one job look it up once.
+local hint_env, hint_value = nil, nil
+local function hint_of(env)
+  if env ~= hint_env or env == nil then
+    hint_env, hint_value = env, env_value(env, "SWAPAWARE_GPU_MEM")
+  end
+  return hint_value
+end
+function M.env_hint(job_desc)
+  local ok, env = pcall(index, job_desc, "environment")
+  return ok and hint_of(env) or ""
+end
+
+-- facts(job_desc, submit_uid, into, key_only, hint): the facts of a job_desc (or of its snapshot),
+-- into ``into`` (every field assigned: the plugin keeps one table per Lua state, so a table hit
+-- allocates none) or a new table. ``key_only``: those of the class key (swapaware_table.lua
+-- T.KEY_FIELDS) alone, what the table path reads; uid, workDir and stepGpuBind (a function of the
+-- script, so of its fingerprint: four searches of the whole script) are left nil. ``hint``:
+-- M.env_hint(job_desc) where the caller has it (the environment looked up once).
+function M.facts(job_desc, submit_uid, into, key_only, hint)
   local out = into or {}
+  if key_only then
+    out.uid, out.workDir, out.stepGpuBind = nil, nil, nil
+  else
+    out.uid = num(submit_uid or job_desc.user_id)
+    out.workDir = text(job_desc.work_dir, 4096)
+    out.stepGpuBind = M.script_binds_gpus(job_desc.script)
+  end
   out.user = text(job_desc.user_name, 1024)
-  out.uid = num(submit_uid or job_desc.user_id)
   out.account = text(job_desc.account, 1024)
   out.partition = text(job_desc.partition, 1024)
   out.jobName = text(job_desc.name, 1024)
@@ -326,9 +370,8 @@ function M.facts(job_desc, submit_uid, into)
   out.tresPerSocket = text(job_desc.tres_per_socket, 1024)
   out.timeLimitMin = num(job_desc.time_limit)
   out.scriptFingerprint = M.fingerprint(job_desc.script)
-  out.workDir = text(job_desc.work_dir, 4096)
   out.comment = text(job_desc.comment, 4096)
-  out.envMemHint = env_ok and text(env_value(env, "SWAPAWARE_GPU_MEM"), 64) or ""
+  out.envMemHint = text(hint or M.env_hint(job_desc), 64)
   out.minNodes = num(job_desc.min_nodes)
   out.numTasks = num(job_desc.num_tasks)
   out.isBatch = job_desc.script ~= nil
@@ -340,8 +383,59 @@ function M.facts(job_desc, submit_uid, into)
   out.tresBind = text(job_desc.tres_bind, 1024)
   out.tresFreq = text(job_desc.tres_freq, 1024)
   out.exclusive = M.exclusive(job_desc.shared)
-  out.stepGpuBind = M.script_binds_gpus(job_desc.script)
   return out
+end
+
+-- Key facts remembered by what they are made of -------------------------------------------
+-- The table path decides bursts of a few classes (arrays, sweeps, users' runs in turn): a job whose
+-- key part of the snapshot (GRES_FIELDS and KEY_READS; of environment, SWAPAWARE_GPU_MEM) is that
+-- of a job seen lately gets that job's facts and key, made again by nothing. Remembered by job
+-- name, in a ring of KEY_MEMO_N entries filled again in place (no garbage once full); a script over
+-- KEY_MEMO_SCRIPT bytes is never held (the fingerprint's memo bounds what it holds).
+M.KEY_MEMO_N, M.KEY_MEMO_SCRIPT = 32, 65536
+local NONAME = {}
+local ring, ring_at, by_name, unkept = {}, 0, {}, {}
+local same_key, copy_key
+do
+  local eq, set = {}, {}
+  for _, list in ipairs({ GRES_FIELDS, KEY_READS }) do
+    for _, f in ipairs(list) do
+      if f ~= "environment" then
+        eq[#eq + 1] = string.format("s[%q] == r[%q]", f, f)
+        set[#set + 1] = string.format("r[%q] = s[%q]", f, f)
+      end
+    end
+  end
+  same_key = assert(loadstring("return function(s, r) return " .. table.concat(eq, " and ") .. " end"))()
+  copy_key = assert(loadstring("return function(s, r) " .. table.concat(set, "; ") .. " end"))()
+end
+
+-- key_facts(s, submit_uid, key_of): the class key's facts of snapshot s (M.facts(..., true)) and
+-- key_of(facts), remembered as above. The facts are the memo's own: read them, never change them.
+function M.key_facts(s, submit_uid, key_of)
+  local name = s.name
+  if name == nil then name = NONAME end
+  local hint, e = hint_of(s.environment), by_name[name]     -- (s: a snapshot, a plain table)
+  if e and e.key ~= nil and e.key_of == key_of and e.hint == hint and same_key(s, e.raw) then
+    return e.facts, e.key
+  end
+  local script = s.script
+  if type(script) == "string" and #script > M.KEY_MEMO_SCRIPT then
+    local facts = M.facts(s, submit_uid, unkept, true, hint)
+    return facts, key_of(facts)
+  end
+  if e == nil then
+    ring_at = ring_at % M.KEY_MEMO_N + 1
+    e = ring[ring_at]
+    if e then by_name[e.name] = nil else e = { raw = {}, facts = {} }; ring[ring_at] = e end
+    e.name, by_name[name] = name, e
+  end
+  e.key = nil       -- (should key_of raise, the entry matches no job)
+  copy_key(s, e.raw)
+  e.hint, e.key_of = hint, key_of
+  M.facts(s, submit_uid, e.facts, true, hint)
+  e.key = key_of(e.facts)
+  return e.facts, e.key
 end
 
 -- The fields of Slurm's limit check, sorted, per part of the snapshot (M.snapshot's ``part``): a
@@ -365,14 +459,22 @@ M.LIMITED = LIMITED
 -- over_slurm_limit(fields, part): the first field (by name) slurmctld will refuse the job for, its
 -- size and limit, of the job's fields as M.snapshot read them; ``part``: "key" or "rest" checks
 -- only the fields of that part, nil all of them.
-function M.over_slurm_limit(fields, part)
-  local list, limits = LIMITED[part or "all"], M.SLURM_FIELD_LIMITS
-  for i = 1, #list do
-    local field = list[i]
-    local v = fields[field]
-    if type(v) == "string" and #v > limits[field] then return field, #v, limits[field] end
+-- (one generated function per part: a statement per field, a type check only for a field set and
+-- not one text() has seen clean: those are strings of at most CLEAN_BYTES, under every limit)
+local over = {}
+for part, list in pairs(LIMITED) do
+  local body = {}
+  for i, f in ipairs(list) do
+    local limit = M.SLURM_FIELD_LIMITS[f]
+    assert(limit >= CLEAN_BYTES)
+    body[i] = string.format("v = s[%q]; if v ~= nil and not clean[v] and type(v) == 'string' and #v > %d then " ..
+                            "return %q, #v, %d end", f, limit, f, limit)
   end
-  return nil
+  over[part] = assert(loadstring("local clean = ...; return function(s) local v; " .. table.concat(body, "; ") ..
+                                 " end"))(clean)
+end
+function M.over_slurm_limit(fields, part)
+  return over[part or "all"](fields)
 end
 
 return M

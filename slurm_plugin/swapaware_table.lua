@@ -90,6 +90,19 @@ function T.path(settings)
   return t
 end
 
+-- paths(settings): T.path(settings) and the gate's path, worked out again only when table= or
+-- socket= changed (not per job).
+local paths_of, main_path, gate_path = {}, nil, nil
+local function paths(settings)
+  local t, sock = settings.table, settings.socket
+  if paths_of.table ~= t or paths_of.socket ~= sock or paths_of.settings == nil then
+    paths_of = { table = t, socket = sock, settings = true }
+    main_path = T.path(settings)
+    gate_path = (main_path or "") .. ".gate"
+  end
+  return main_path, gate_path
+end
+
 -- Key -------------------------------------------------------------------------------------
 local SEP = "\31"
 local function render(v)
@@ -98,13 +111,28 @@ local function render(v)
   return v
 end
 
--- T.key(facts): the rendered KEY_FIELDS joined by SEP, made by one concatenation (generated from
--- KEY_FIELDS: no table of parts, no intermediate strings).
+-- The facts that are not text (M.facts makes every other one a string, used in the key as it is),
+-- rendered through a table whose misses call render(): each number is formatted once (at most
+-- 1024 remembered) and a flag never.
+local NUMBER_FACTS = { timeLimitMin = true, minNodes = true, numTasks = true, ntasksPerTres = true }
+local FLAG_FACTS = { isBatch = true, hetJob = true }
+local digits_n = 0
+local DIGITS = setmetatable({}, { __index = function(t, v)
+  local s = render(v)
+  if type(v) == "number" and v == v and digits_n < 1024 then rawset(t, v, s); digits_n = digits_n + 1 end
+  return s
+end })
+local FLAGS = setmetatable({ [true] = "1", [false] = "0" }, { __index = function(_, v) return render(v) end })
+
+-- T.key(facts): the rendered KEY_FIELDS of facts as M.facts makes them, joined by SEP, made by one
+-- concatenation (generated from KEY_FIELDS: no table of parts, no call per field).
 do
   local parts = {}
-  for i, f in ipairs(T.KEY_FIELDS) do parts[i] = string.format("render(f[%q])", f) end
-  T.key = assert(loadstring("local render, SEP = ...\nreturn function(f) return " ..
-                            table.concat(parts, " .. SEP .. ") .. " end"))(render, SEP)
+  for i, f in ipairs(T.KEY_FIELDS) do
+    parts[i] = string.format(NUMBER_FACTS[f] and "DIGITS[f[%q]]" or FLAG_FACTS[f] and "FLAGS[f[%q]]" or "f[%q]", f)
+  end
+  T.key = assert(loadstring("local DIGITS, FLAGS, SEP = ...\nreturn function(f) return " ..
+                            table.concat(parts, " .. SEP .. ") .. " end"))(DIGITS, FLAGS, SEP)
 end
 
 -- Logging: once per distinct reason --------------------------------------------------------
@@ -161,7 +189,7 @@ end
 local cur = { path = nil, checked = -math.huge, sig = nil, tbl = nil }
 local gate = { path = nil, checked = -math.huge, sig = nil, doc = nil }
 
-local find, sub, match = string.find, string.sub, string.match
+local find, sub, match, format = string.find, string.sub, string.match, string.format
 
 local function read_all(path)
   local f = io.open(path, "rb")
@@ -226,7 +254,12 @@ end
 
 -- current(settings, now_s): the class table that may be used now, or nil (the reason logged).
 function T.current(settings, now_s)
-  local path = T.path(settings)
+  -- the table last found usable, while the same settings neither stat it (table_check_ms has not
+  -- passed since) nor see it expire: what the checks below would find
+  local c = cur
+  if c.settings == settings and now_s < c.fresh_until then return c.tbl end
+  c.settings = nil
+  local path = paths(settings)
   if path == nil then return nil end
   if not have_posix then return why(path, "posix", "lua-posix (posix.sys.stat) is not installed") end
   if not have_cjson then return why(path, "cjson", "lua-cjson is not installed") end
@@ -258,7 +291,9 @@ function T.current(settings, now_s)
   if now_s > tbl.valid_until then
     return why(path, "expired", "version %s expired %.0f s ago", tbl.version, now_s - tbl.valid_until)
   end
-  logged[path] = nil
+  if logged[path] ~= nil then logged[path] = nil end
+  cur.settings = settings
+  cur.fresh_until = math.min(cur.checked + (settings.table_check_ms or 1000) / 1000, tbl.valid_until)
   return tbl
 end
 
@@ -288,7 +323,7 @@ local function load_gate(path, settings, now_s)
     if doc and (doc.format ~= T.GATE_FORMAT or type(doc.valid_until) ~= "number") then
       doc = why(path, "format", "format %s unknown", tostring(doc.format))
     end
-    gate.sig, gate.doc = sig, doc
+    gate.sig, gate.doc, gate.prep = sig, doc, nil
     if doc then logged[path] = nil end
   end
   return gate.doc
@@ -316,6 +351,22 @@ local function declined(path, fmt, ...)
   return nil
 end
 
+-- prepare(doc): what a loaded gate says of every job, worked out once per load (and again should
+-- T.started_at change): why it sends every job to the RPC path (nil: it does not), its views.
+local function prepare(doc)
+  local why
+  if type(doc.rpc_only) == "string" and doc.rpc_only ~= "" then
+    why = doc.rpc_only
+  elseif type(doc.controller) == "string" and doc.controller ~= "" and doc.controller ~= T.hostname() then
+    why = string.format("written for the slurmctld on %s, this host is %s", doc.controller, T.hostname())
+  -- a snapshot taken before this slurmctld started (1 s of slack: os.time() counts whole seconds)
+  -- says nothing of its nodes' registration: typed shard jobs are refused until they register
+  elseif T.started_at and type(doc.taken_at) == "number" and doc.taken_at < T.started_at + 1 then
+    why = "queue snapshot taken before this slurmctld started"
+  end
+  return { started_at = T.started_at, why = why, views = type(doc.views) == "table" and doc.views or {} }
+end
+
 -- gate_state(settings, view, now_s): "short" | "normal" | "long" | "unknown" for the view (the
 -- job's qos where the table is per qos, else ""): "unknown" when the gate file is missing, may not
 -- be used or is past its valid_until (as decide() treats a stale queue snapshot). nil: the gate
@@ -323,23 +374,17 @@ end
 -- assumed, e.g. the controller in control refuses shards; or it was written for the slurmctld of
 -- another host: a controller that just took over must not use its predecessor's gate).
 function T.gate_state(settings, view, now_s)
-  local path = (T.path(settings) or "") .. ".gate"
+  local _, path = paths(settings)
   local doc = load_gate(path, settings, now_s)
   if doc == nil or now_s > doc.valid_until then return "unknown" end
-  if type(doc.rpc_only) == "string" and doc.rpc_only ~= "" then
-    return declined(path, "%s", doc.rpc_only)
+  local prep = gate.prep
+  if prep == nil or prep.started_at ~= T.started_at then
+    prep = prepare(doc)
+    gate.prep = prep
   end
-  if type(doc.controller) == "string" and doc.controller ~= "" and doc.controller ~= T.hostname() then
-    return declined(path, "written for the slurmctld on %s, this host is %s", doc.controller, T.hostname())
-  end
-  -- a snapshot taken before this slurmctld started (1 s of slack: os.time() counts whole seconds)
-  -- says nothing of its nodes' registration: typed shard jobs are refused until they register
-  if T.started_at and type(doc.taken_at) == "number" and doc.taken_at < T.started_at + 1 then
-    return declined(path, "%s", "queue snapshot taken before this slurmctld started")
-  end
+  if prep.why then return declined(path, "%s", prep.why) end
   declined_logged = nil
-  local views = type(doc.views) == "table" and doc.views or {}
-  local state = views[view]
+  local state = prep.views[view]
   if state == nil then state = doc.other end
   if not T.STATES[state] then return "unknown" end
   return state
@@ -484,50 +529,56 @@ local function locate(tbl, key)
   return m
 end
 
--- choose(tbl, m, state): (plan, entry number, letter) of the located entry's decision in the
--- state, or nil.
+-- choose(tbl, m, state): the located entry's decision in the state as the job gets it, or false:
+-- {plan = {set, fields, message} for M.apply (set: the decision's, its admin_comment written per job),
+-- comment: its AdminComment as a format of the id's two halves (string.format copies the text
+-- around them byte for byte, NULs too: only a %s argument is cut at a NUL), the table token in it}.
 local function choose(tbl, m, state)
   local r = m[state]
   if r == nil then
     local p, number, letter = pick(tbl, m.pos, state)
-    r = p and { p, number, letter } or false
+    r = false
+    if p then
+      local set, fields, ac = {}, {}, p.set.admin_comment
+      for k, v in pairs(p.set) do set[k], fields[#fields + 1] = v, k end
+      local tail = " tbl=" .. tbl.version .. ":" .. number .. letter .. sub(ac, p.b + 31)
+      r = { plan = { set = set, fields = fields, message = p.message },
+            comment = string.gsub(sub(ac, 1, p.a + 2), "%%", "%%%%") .. "%s%08x" .. string.gsub(tail, "%%", "%%%%") }
+    end
     m[state] = r
   end
-  if not r then return nil end
-  return r[1], r[2], r[3]
+  return r
 end
 
--- decide(M, job_desc, facts, now_s): true when the table decided the job of these facts
--- (M.facts; its assignments applied to job_desc), false when it takes the RPC path. May raise:
--- the caller runs it under pcall.
-function T.decide(M, job_desc, facts, now_s)
+-- decide(M, job_desc, facts, now_s, key): true when the table decided the job of these facts
+-- (M.facts; its assignments applied to job_desc), false when it takes the RPC path. ``key``:
+-- T.key(facts) where the caller has it. May raise: the caller runs it under pcall.
+function T.decide(M, job_desc, facts, now_s, key)
   local settings = M.settings
   local tbl = T.current(settings, now_s)
   if tbl == nil then return false end
-  local m = locate(tbl, T.key(facts))
+  local m = locate(tbl, key or T.key(facts))
   if not m.pos then
     T.counters.table_miss = T.counters.table_miss + 1
     return false
   end
   local state = T.gate_state(settings, tbl.per_qos and facts.qos or "", now_s)
-  if state == nil then
+  local r = state ~= nil and choose(tbl, m, state)
+  if not r then
     T.counters.table_miss = T.counters.table_miss + 1
     return false
   end
-  local p, number, letter = choose(tbl, m, state)
-  if not p then
-    T.counters.table_miss = T.counters.table_miss + 1
-    return false
-  end
-  local set = {}
-  for k, v in pairs(p.set) do set[k] = v end
-  local ac = p.set.admin_comment
-  set.admin_comment = sub(ac, 1, p.a + 2) .. T.new_id() .. " tbl=" .. tbl.version .. ":" .. number .. letter ..
-    sub(ac, p.b + 31)
-  M.apply(job_desc, { set = set, message = p.message })
+  -- the id as T.new_id() draws it, formatted straight into the AdminComment: the one string a hit
+  -- makes (every string is garbage slurmctld's Lua collects later, in whatever code allocates next)
+  if id_prefix == nil or id_count > 4294967295 then id_prefix, id_count = draw_prefix(), 0 end
+  local plan = r.plan
+  plan.set.admin_comment = format(r.comment, id_prefix, id_count)
+  id_count = id_count + 1
+  M.apply(job_desc, plan)
   T.counters.table_hit = T.counters.table_hit + 1
-  if p.message and p.message ~= "" and slurm and slurm.log_user then
-    slurm.log_user("%s", p.message)
+  local msg = plan.message
+  if msg and msg ~= "" and slurm and slurm.log_user then
+    slurm.log_user("%s", msg)
   end
   return true
 end
