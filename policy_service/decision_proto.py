@@ -57,10 +57,25 @@ def rewrite_to_proto(rewrite: Rewrite) -> pb.JobRewrite:
     return pb.JobRewrite(**{name: v for name in _REWRITE_FIELDS if (v := getattr(rewrite, name)) is not None})
 
 
-def decision_record(d: Decision, jr: JobRequest, keys, job: pb.JobFacts) -> DecisionRecord:
-    """A decision as the history records it."""
+def decision_record(d: Decision, jr: JobRequest, keys, job: pb.JobFacts,
+                    decision_pb: bytes | None = None) -> DecisionRecord:
+    """A decision as the history records it. ``decision_pb``: its message's bytes, already made
+    (``with_id_bytes``)."""
     return DecisionRecord(
         decision_id=d.decision_id, decided_at=d.decided_at, job_class=d.job_class, user=jr.user,
         account=jr.account, partition=jr.partition, job_name=jr.job_name, action=d.action.value,
         shards=d.shards, model_version=d.model_version, keys={k.value: v for k, v in keys.items()},
-        facts_pb=job.SerializeToString(), decision_pb=decision_to_proto(d).SerializeToString())
+        facts_pb=job.SerializeToString(),
+        decision_pb=decision_to_proto(d).SerializeToString() if decision_pb is None else decision_pb)
+
+
+def with_id_bytes(template_pb: bytes, d: Decision) -> bytes:
+    """``decision_to_proto(d).SerializeToString()`` for a decision that differs from the one
+    ``template_pb`` holds only in its id, time and AdminComment (PolicyHandler._decide's template
+    with the id put in): the message is read back and those three set, not built field by field."""
+    msg = pb.Decision.FromString(template_pb)
+    msg.decision_id = d.decision_id
+    msg.decided_at = d.decided_at
+    if d.rewrite.admin_comment is not None:
+        msg.rewrite.admin_comment = d.rewrite.admin_comment
+    return msg.SerializeToString()

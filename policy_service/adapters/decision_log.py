@@ -67,7 +67,7 @@ class DecisionRecord:
         d = {name: getattr(self, name) for name in _RECORD_FIELDS}  # shallow: asdict deep-copies
         d["facts_pb"] = base64.b64encode(self.facts_pb).decode()
         d["decision_pb"] = base64.b64encode(self.decision_pb).decode()
-        body = json.dumps(d, separators=(",", ":"), sort_keys=True).encode()
+        body = _ENCODE(d).encode()
         return _HEADER.pack(len(body), zlib.crc32(body)) + body
 
     @classmethod
@@ -79,6 +79,8 @@ class DecisionRecord:
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(DecisionRecord))
+# json.dumps(d, separators=(",", ":"), sort_keys=True), without a new encoder per record
+_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
 
 def read_journal(data: bytes) -> tuple[list[DecisionRecord], int]:

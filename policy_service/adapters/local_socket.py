@@ -92,7 +92,10 @@ def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None, gid
     except Exception:
         log.exception("local socket request failed")
         body = {"error": {"code": "INTERNAL", "message": "request failed inside the service; see its log"}}
-    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+    return _ENCODE(body).encode() + b"\n"
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps's, made once
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

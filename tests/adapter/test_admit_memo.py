@@ -1,0 +1,159 @@
+"""What Admit remembers between calls (issue 33, item 6) decides exactly as deciding afresh does.
+
+PolicyHandler remembers per job facts the request it builds and the decision it last made (with a
+placeholder id, handed out with the real id put in), HistoryStore the checked statistics per stored
+text, and the decision's record reuses the template's message. Each is compared here with what
+the code without them gives: ``policy.decide`` called directly with the snapshot itself, the
+record's message built field by field, ``checked_stats`` of the text."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.adapters.history import HistoryStore
+from policy_service.adapters.history_schema import checked_stats
+from policy_service.config import load_config
+from policy_service.core import policy
+from policy_service.core.types import ClassStats, KeyLevel, LiveShards, QueueState, UserFigure
+from policy_service.decision_proto import decision_to_proto, with_id_bytes
+from policy_service.handler import PolicyHandler
+
+GIB = 1024 ** 3
+SHAPES = ({"tres_per_node": "gres:gpu:1"}, {"tres_per_node": "gres:gpu:a100:1"}, {"tres_per_job": "gres:gpu:1"},
+          {"tres_per_node": "gres:gpu:2"}, {"tres_per_node": "gres:shard:2"}, {"tres_per_node": ""},
+          {"tres_per_task": "gres:gpu:1", "num_tasks": 1}, {"tres_per_node": "gres:gpu:1", "exclusive": "node"})
+
+
+def facts(i: int) -> pb.JobFacts:
+    job = pb.JobFacts(user=f"u{i % 3}", uid=1000 + i % 3, account="proj", partition="gpu", job_name=f"j{i % 4}",
+                      script_fingerprint=f"{i % 5:016x}", time_limit_min=60, qos=("", "normal", "high")[i % 3],
+                      comment="swapaware:mem=3G" if i % 7 == 0 else "", is_batch=i % 11 != 0, **SHAPES[i % len(SHAPES)])
+    return job
+
+
+def stats_for(rng: random.Random) -> dict[KeyLevel, ClassStats]:
+    out = {}
+    for level in KeyLevel:
+        if rng.random() < 0.3:
+            continue
+        n = rng.randrange(0, 6)
+        peaks = tuple(int(rng.uniform(1, 30) * GIB) for _ in range(n))
+        out[level] = ClassStats(samples=n, runs=n, ewma_peak_bytes=float(sum(peaks) / n) if n else 0.0,
+                                ewma_absdev_bytes=float(GIB / 4), max_peak_bytes=max(peaks, default=0),
+                                last_peak_bytes=peaks[-1] if peaks else 0, oom_count=rng.randrange(2),
+                                whole_gpu_runs_left=rng.choice((0, 0, 0, 2)), recent_ratios=(1.0, 1.1)[:n],
+                                recent_peaks=peaks[-2:], util_runs=rng.randrange(3), ewma_solo_util=rng.random(),
+                                users=(UserFigure("u0", n, max(peaks, default=0)),) if level in
+                                (KeyLevel.ACCOUNT, KeyLevel.PARTITION) else ())
+    return out
+
+
+QUEUES = (None, QueueState(0.0, 8), QueueState(3.0, 8, age_s=1.0), QueueState(3.0, 8, age_s=100.0),
+          QueueState(1.0, 8, ahead_by_qos=(("high", 0.0), ("normal", 1.0))),
+          QueueState(9.0, 8, live_shards=LiveShards({"n1": {"a100": 0}})))
+
+
+@pytest.fixture
+def handler():
+    cfg = load_config(env={"SWAPAWARE_POLICY__SHARE_MIN_QUEUE": "0.25", "SWAPAWARE_POLICY__COMPUTE_AWARE": "true",
+                           "SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE": "0.75",
+                           "SWAPAWARE_ESTIMATOR__MIN_SAMPLES": "1"})
+    ids = (f"{n:016x}" for n in itertools.count(1))
+    h = PolicyHandler(cfg, HistoryStore(":memory:"), None, new_id=lambda: next(ids), clock=lambda: 1700000000.5)
+    yield h
+    h.close()
+
+
+def direct(h: PolicyHandler, job: pb.JobFacts, stats, queue, d_id: str, replaces: str = ""):
+    """What _decide gave before it remembered anything."""
+    jr, access, fields, keys, _ = h._request(job, queue)
+    return policy.decide(jr, stats, h.cfg, decision_id=d_id, now=h.clock(), job_class=keys[KeyLevel.CLASS],
+                         gres_fields=fields, access=access, queue=queue, replaces=replaces, dialect=h.dialect,
+                         enforcement=h.node_enforcement.view(h.clock(), h.cfg.policy.enforcement_max_age_s))
+
+
+def test_a_remembered_decision_is_the_one_decided_afresh(handler):
+    rng = random.Random(33)
+    stats_pool = [stats_for(rng) for _ in range(6)]
+    hits = 0
+    for n in range(600):
+        job, stats, queue = facts(rng.randrange(40)), rng.choice(stats_pool), rng.choice(QUEUES)
+        replaces = rng.choice(("", "", "00000000000000ab"))
+        slot = handler._request(job, queue)[4]
+        hits += slot[0] is not None
+        d, jr, keys, made = handler._decide_made(job, replaces, queue=queue, stats_of=lambda _k, s=stats: s)
+        assert d == direct(handler, job, stats, queue, d.decision_id, replaces), n
+        if made is not None:  # the record's message: the template's, id, time and comment put in
+            assert with_id_bytes(decision_to_proto(made[2]).SerializeToString(), d) == \
+                decision_to_proto(d).SerializeToString()
+    assert hits > 300  # most of them were remembered
+
+
+def test_an_id_the_template_cannot_take_is_decided_afresh(handler):
+    job = facts(1)
+    for d_id in ("short", "x" * 40, "0" * 16, "IDIDIDIDIDIDIDID"):
+        d, *_ = handler._decide(job, decision_id=d_id, queue=None, stats_of=lambda _k: {})
+        assert d == direct(handler, job, {}, None, d_id)
+        assert d.decision_id == d_id
+
+
+def test_a_comment_cut_inside_the_id_is_decided_afresh():
+    cfg = load_config(env={})  # (a config refuses fewer than 80 characters: made here as one that did not)
+    cfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, admin_comment_max_chars=20))
+    h = PolicyHandler(cfg, HistoryStore(":memory:"), None, clock=lambda: 5.0)
+    try:
+        for _ in range(3):
+            d, *_ = h._decide(facts(1), queue=None, stats_of=lambda _k: {})
+            assert d.rewrite.admin_comment == f"swapaware:v1 id={d.decision_id}"[:20]
+            assert d == direct(h, facts(1), {}, None, d.decision_id)
+    finally:
+        h.close()
+
+
+def test_new_statistics_objects_are_decided_afresh(handler):
+    job = facts(2)
+    calls = []
+    decide = policy.decide
+
+    def counted(*a, **k):
+        calls.append(1)
+        return decide(*a, **k)
+
+    policy.decide = counted
+    try:
+        one = {KeyLevel.CLASS: ClassStats(samples=3, runs=3, ewma_peak_bytes=2.0 * GIB, max_peak_bytes=2 * GIB)}
+        handler._decide(job, queue=None, stats_of=lambda _k: one)
+        handler._decide(job, queue=None, stats_of=lambda _k: one)
+        assert len(calls) == 1
+        equal = {KeyLevel.CLASS: ClassStats(samples=3, runs=3, ewma_peak_bytes=2.0 * GIB, max_peak_bytes=2 * GIB)}
+        handler._decide(job, queue=None, stats_of=lambda _k: equal)  # another object: not taken for the same
+        assert len(calls) == 2
+        handler._decide(job, queue=QueueState(0.0, 8), stats_of=lambda _k: equal)
+        assert len(calls) == 3
+        handler._decide(job, queue=QueueState(0.0, 8, age_s=2.0), stats_of=lambda _k: equal)  # same figures, fresh
+        assert len(calls) == 3
+    finally:
+        policy.decide = decide
+
+
+def test_checked_statistics_are_remembered_per_text(tmp_path):
+    store = HistoryStore(tmp_path / "h.sqlite3", accept_empty=True)
+    try:
+        good = '{"samples": 3, "runs": 3, "ewma_peak_bytes": 1000.0, "max_peak_bytes": 1000}'
+        bad = '{"samples": -4, "ewma_peak_bytes": "x", "recent_peaks": [1, "y", 2]}'
+        with store._lock:
+            store._conn.execute("INSERT INTO class_stats VALUES ('class','a',?,0),('class','b',?,0)", (good, bad))
+        for _ in range(2):
+            a = store.stats({KeyLevel.CLASS: "a"})[KeyLevel.CLASS]
+            assert a == checked_stats(good)[0]
+            assert store.stats({KeyLevel.CLASS: "b"})[KeyLevel.CLASS] == checked_stats(bad)[0]
+        assert store.stats({KeyLevel.CLASS: "a"})[KeyLevel.CLASS] is a  # one object per text
+        with store._lock:
+            store._conn.execute("UPDATE class_stats SET stats_json=? WHERE key='a'", ('{"samples": 5}',))
+        assert store.stats({KeyLevel.CLASS: "a"})[KeyLevel.CLASS] == checked_stats('{"samples": 5}')[0]
+    finally:
+        store.close()
