@@ -18,7 +18,7 @@ from typing import Callable
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.decision_log import DecisionLog, JournalError
+from policy_service.adapters.decision_log import DecisionLog, JournalError, RecordText
 from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.queue import QueueMonitor
 from policy_service.adapters.requeue import OomRequeuer
@@ -84,6 +84,14 @@ def _with_id(template: Decision, d_id: str, now: float) -> Decision | None:
             return None
         rw = _copied(rw, admin_comment=rw.admin_comment.replace(_ID_TOKEN, f"id={d_id}", 1))
     return _copied(template, decision_id=d_id, decided_at=now, rewrite=rw)
+
+
+def _note(d: Decision, jr: JobRequest) -> dict:
+    """What the writer logs of a decision once it is in the history (``decision {json}``)."""
+    return {"decision_id": d.decision_id, "model_version": d.model_version, "user": jr.user, "job_name": jr.job_name,
+            "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards, "mode": d.mode.value,
+            "site_factor": d.site_factor, "peak_bytes": d.estimate.peak_bytes,
+            "reasons": [r.code.value for r in d.reasons]}
 
 
 def _copied(value, **changes):
@@ -156,18 +164,22 @@ class PolicyHandler:
         """Durable before it returns (HandlerError UNAVAILABLE when it cannot be). ``made``: the memo
         entry ``d`` was made from as it is (_decide_made), whose template's message it records with
         the id, the time and the AdminComment put in."""
-        decision_pb = None
-        if made is not None:
-            slot = made[3]
-            if slot[0] is None:
-                slot[0] = decision_to_proto(made[2]).SerializeToString()
-            decision_pb = with_id_bytes(slot[0], d)
         try:
-            self.decisions.record(decision_record(d, jr, keys, job, decision_pb), note={
-                "decision_id": d.decision_id, "model_version": d.model_version, "user": jr.user,
-                "job_name": jr.job_name, "request": jr.gpu.raw, "action": d.action.value, "shards": d.shards,
-                "mode": d.mode.value, "site_factor": d.site_factor, "peak_bytes": d.estimate.peak_bytes,
-                "reasons": [r.code.value for r in d.reasons]})
+            if made is not None:
+                # the template's record, message, journal text and log note, made once: each Admit
+                # puts its id and time in (the same record, bytes and note as made afresh)
+                slot = made[3]
+                if slot[0] is None:
+                    template = made[2]
+                    rec = decision_record(template, jr, keys, job)
+                    slot[:] = [rec, RecordText(rec), _note(template, jr)]
+                rec, text, note = slot
+                decision_pb = with_id_bytes(rec.decision_pb, d)
+                rec = _copied(rec, decision_id=d.decision_id, decided_at=d.decided_at, decision_pb=decision_pb)
+                self.decisions.record(rec, note={**note, "decision_id": d.decision_id},
+                                      data=text.encode(d.decision_id, d.decided_at, decision_pb) if text.usable else None)
+            else:
+                self.decisions.record(decision_record(d, jr, keys, job), note=_note(d, jr))
         except JournalError as exc:
             log.error("decision %s not made: %s", d.decision_id, exc)
             raise HandlerError(grpc.StatusCode.UNAVAILABLE, f"the decision cannot be recorded: {exc}") from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import os
 import queue
 import struct
@@ -79,6 +80,38 @@ class DecisionRecord:
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(DecisionRecord))
+
+
+class RecordText:
+    """``encode()`` of records that differ from ``rec`` only in their decision id, time and decision
+    message (Admit's memo: one decision template, each Admit its own id): ``rec`` is encoded once
+    with a marker in each of those three places, and each record is that text with its own values
+    put in, as ``encode`` writes them. ``usable``: False where a marker was not found once."""
+
+    _ID, _AT, _PB = "swapaware-record-id-marker", 1.2345678901234567e-300, b"swapaware-record-pb-marker"
+
+    def __init__(self, rec: DecisionRecord):
+        probe = DecisionRecord(**{**{name: getattr(rec, name) for name in _RECORD_FIELDS},
+                                  "decision_id": self._ID, "decided_at": self._AT, "decision_pb": self._PB})
+        text = probe.encode()[_HEADER.size:].decode("ascii")
+        markers = (_FLOAT(self._AT), _STRING(self._ID), _STRING(base64.b64encode(self._PB).decode()))
+        self.usable = all(text.count(m) == 1 for m in markers)
+        self._pieces: list[str] = []
+        for m in markers:
+            head, _, text = text.partition(m)
+            self._pieces.append(head)
+        self._pieces.append(text)
+
+    def encode(self, decision_id: str, decided_at: float, decision_pb: bytes) -> bytes:
+        """``encode()`` of the record with these three values."""
+        at = _FLOAT(decided_at) if type(decided_at) is float and math.isfinite(decided_at) else _ENCODE(decided_at)
+        a, b, c, d = self._pieces
+        body = f"{a}{at}{b}{_STRING(decision_id)}{c}\"{base64.b64encode(decision_pb).decode()}\"{d}".encode()
+        return _HEADER.pack(len(body), zlib.crc32(body)) + body
+
+
+_FLOAT = float.__repr__  # how json writes a finite float
+_STRING = json.encoder.encode_basestring_ascii  # and a string (ensure_ascii, the default)
 # json.dumps(d, separators=(",", ":"), sort_keys=True), without a new encoder per record
 _ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
@@ -153,11 +186,13 @@ class DecisionLog:
         os.truncate(self.path, 0)
 
     # ------------------------------------------------------------------ Admit's path
-    def record(self, rec: DecisionRecord, note: dict | None = None) -> None:
+    def record(self, rec: DecisionRecord, note: dict | None = None, data: bytes | None = None) -> None:
         """Durable (journaled) before this returns; in the history soon after. Raises JournalError.
         ``note``: logged as ``decision {json}`` by the writer once the record is in the history
-        (formatting and writing a log line cost Admit ~40 us; the writer runs between Admits)."""
-        data = rec.encode()
+        (formatting and writing a log line cost Admit ~40 us; the writer runs between Admits).
+        ``data``: ``rec.encode()``, already made (RecordText)."""
+        if data is None:
+            data = rec.encode()
         with self._lock:
             if self._fd is not None:
                 start = None

@@ -19,7 +19,8 @@ from policy_service.adapters.history_schema import checked_stats
 from policy_service.config import load_config
 from policy_service.core import policy
 from policy_service.core.types import ClassStats, KeyLevel, LiveShards, QueueState, UserFigure
-from policy_service.decision_proto import decision_to_proto, with_id_bytes
+from policy_service.adapters.decision_log import RecordText
+from policy_service.decision_proto import decision_record, decision_to_proto, with_id_bytes
 from policy_service.handler import PolicyHandler
 
 GIB = 1024 ** 3
@@ -88,9 +89,40 @@ def test_a_remembered_decision_is_the_one_decided_afresh(handler):
         d, jr, keys, made = handler._decide_made(job, replaces, queue=queue, stats_of=lambda _k, s=stats: s)
         assert d == direct(handler, job, stats, queue, d.decision_id, replaces), n
         if made is not None:  # the record's message: the template's, id, time and comment put in
-            assert with_id_bytes(decision_to_proto(made[2]).SerializeToString(), d) == \
-                decision_to_proto(d).SerializeToString()
+            pb_bytes = with_id_bytes(decision_to_proto(made[2]).SerializeToString(), d)
+            assert pb_bytes == decision_to_proto(d).SerializeToString()
+            text = RecordText(decision_record(made[2], jr, keys, job))  # and the journal's record
+            assert text.usable
+            assert text.encode(d.decision_id, d.decided_at, pb_bytes) == decision_record(d, jr, keys, job).encode()
     assert hits > 300  # most of them were remembered
+
+
+def test_the_journal_holds_what_it_held_before(tmp_path):
+    """Admits through the remembered path: every journal record is what encode() makes of the
+    record, and the history holds each decision's own message."""
+    cfg = load_config(env={"SWAPAWARE_SERVICE__DB_PATH": str(tmp_path / "h.sqlite3")})
+    store = HistoryStore(tmp_path / "h.sqlite3", accept_empty=True)
+    try:
+        for clock in (lambda: 1700000000.25, lambda: 1700000000):  # a float, and an int from a test's clock
+            h = PolicyHandler(cfg, store, None, clock=clock)
+            seen = []
+            record = h.decisions.record
+            h.decisions.record = lambda rec, note=None, data=None: (seen.append((rec, note, data)),
+                                                                    record(rec, note, data))
+            try:
+                replies = [h.admit(pb.AdmitRequest(job=facts(n % 3), brief=True)).decision for n in range(12)]
+            finally:
+                h.close()
+            assert sum(data is not None for _, _, data in seen) >= 9  # the remembered path, mostly
+            for (rec, note, data), reply in zip(seen, replies):
+                assert data is None or data == rec.encode()
+                assert note["decision_id"] == rec.decision_id == reply.decision_id
+                row = store.decision(rec.decision_id)
+                assert row.decision.decision_id == rec.decision_id and row.decision.decided_at == clock()
+                assert row.decision.rewrite.admin_comment == reply.rewrite.admin_comment
+                assert f"id={rec.decision_id}" in reply.rewrite.admin_comment
+    finally:
+        store.close()
 
 
 def test_an_id_the_template_cannot_take_is_decided_afresh(handler):
