@@ -233,7 +233,7 @@ def tree_of(rev: str, workdir: Path) -> Path:
 class Service:
     def __init__(self, name: str, src: Path, workdir: Path, history: Path, table: bool):
         self.name, self.src = name, src
-        self.dir = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))  # a socket path is at most 107 bytes
+        self.dir = Path(tempfile.mkdtemp(prefix="svc-", dir=workdir))  # (a socket path: at most 107 bytes)
         write_files(self.dir, table)
         shutil.copy(history, self.dir / "history.sqlite3")
         env = {**os.environ, "SWAPAWARE_CONFIG": str(self.dir / "swapaware.toml"), "PYTHONPATH": str(src),
