@@ -323,7 +323,6 @@ def serve_forever(cfg: Config, reload: Callable[[], Config] | None = None, use_s
     # (the queue poll parsing squeue, the writer committing decisions): 5 ms by default, while
     # slurmctld waits holding its job lock. bench/gil_switch.py measures it.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    svc = start_service(cfg, use_slurm=use_slurm, accept_empty_history=accept_empty_history)
     wake, stop, hup = threading.Event(), threading.Event(), threading.Event()
 
     def _stop(signum, _frame):
@@ -335,10 +334,15 @@ def serve_forever(cfg: Config, reload: Callable[[], Config] | None = None, use_s
         hup.set()
         wake.set()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    # SIGHUP's handler comes first: the socket is there (and `systemctl reload` may come) before
+    # the rest has started (the publisher, the monitor), and SIGHUP's default action would kill the
+    # service; one that arrives meanwhile is applied once it has started. (SIGTERM meanwhile still
+    # ends it at once: nothing it has answered is lost, the journal holds it.)
     if reload is not None:
         signal.signal(signal.SIGHUP, _hup)
+    svc = start_service(cfg, use_slurm=use_slurm, accept_empty_history=accept_empty_history)
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     running = cfg
     while not stop.is_set():
         wake.wait()

@@ -126,3 +126,42 @@ def test_a_shadow_decisions_run_is_learned_as_a_whole_gpu_run(short_dir):
     finally:
         h.close()
         store.close()
+
+
+# serve_forever with a reload that arrives while the service starts: its socket is up (start_service
+# made it) and the rest is still starting, as `systemctl reload` right after `start` can find it
+SERVE_HUP_DURING_START = ("import os, signal, sys\n"
+                          "from pathlib import Path\n"
+                          "from policy_service import server\n"
+                          "from policy_service.config import load_config\n"
+                          "started = server.start_service\n"
+                          "def starting(*a, **kw):\n"
+                          "    svc = started(*a, **kw)\n"
+                          "    Path(sys.argv[1]).write_text(sys.argv[2])\n"
+                          "    os.kill(os.getpid(), signal.SIGHUP)\n"
+                          "    return svc\n"
+                          "server.start_service = starting\n"
+                          "path = Path(sys.argv[1])\n"
+                          "server.serve_forever(load_config(path, env={}), reload=lambda: load_config(path, env={}),"
+                          " use_slurm=False)\n")
+
+
+def test_a_reload_while_the_service_starts_is_applied_not_fatal(short_dir):
+    """SIGHUP while the service starts (its socket up, the admission table's publisher and the rest
+    starting): applied once it has started, and the service lives. SIGHUP's handler used to be
+    installed after the start, and a reload in that window killed the service (SIGHUP's default
+    action; seen under load once the table was on by default)."""
+    d = short_dir
+    conf = d / "swapaware.toml"
+    conf.write_text(config(d, "shadow"))
+    with (d / "service.log").open("w") as log:
+        p = subprocess.Popen([sys.executable, "-c", SERVE_HUP_DURING_START, str(conf), config(d, "enforce")],
+                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: "policy.mode: shadow -> enforce" in (d / "service.log").read_text() or
+                     p.poll() is not None, 30, lambda: "the service to apply the new mode")
+            assert p.poll() is None, (p.returncode, (d / "service.log").read_text())
+            assert "mode=shadow" not in admit(d, "train")["rewrite"]["adminComment"]
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait(15)
