@@ -162,7 +162,8 @@ def report(what: str, res: BurstResult, c: Counts, on_at: float) -> None:
 
 
 def restore_primary(stack: Stack) -> None:
-    """ctl1 running and in control again (22.05's `scontrol takeover` stops the primary)."""
+    """ctl1 running and in control again (22.05's `scontrol takeover` stops the primary), and every
+    node registered with it and answering (wait_nodes_back)."""
     if not ctl_running(stack, "ctl1"):
         cluster_cmd(stack, "start-ctl", "ctl1")
     wait_for(lambda: in_control(stack) == "ctl1", 60, lambda: f"ctl1 in control (now: {in_control(stack)!r})", 0.5)
@@ -184,18 +185,23 @@ def restore_primary(stack: Stack) -> None:
         cluster_cmd(stack, "start-ctl", "ctl2")
         wait_for(lambda: role_of(stack, "ctl2") == "backup", 30, "ctl2 standing by", 0.5)
     wait_for(lambda: "writer lease: ctl1" in ha_status(stack), 30, lambda: f"ctl1 the writer: {ha_status(stack)}", 0.5)
+    wait_nodes_back(stack)
 
 
 def wait_nodes_back(stack: Stack) -> None:
-    """Every node answering the controller in control again. A primary cut off the network set the
-    nodes DOWN (not responding) and takes them back at its next ping of them: 61 s after the uncut
-    on 24.11 (measured; the next test's own 60 s wait for its nodes once ran out there). Within
-    three SlurmdTimeouts."""
+    """Every node registered with the controller in control (SlurmdStartTime, None until then: a
+    restarted 22.05 slurmctld knows a node's shards only from its registration) and answering it.
+    A primary cut off the network set the nodes DOWN (not responding) and takes them back at its
+    next ping of them: 61 s after the uncut on 24.11 (measured; the next test's own 60 s wait for
+    its nodes once ran out there). Within three SlurmdTimeouts."""
     def back() -> bool:
         states = stack.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split()
-        return bool(states) and not any(st.endswith("*") or st.startswith(("down", "unk")) for st in states)
+        nodes = stack.run("scontrol", "show", "node", "-o", check=False).stdout.splitlines()
+        return (bool(states) and not any(st.endswith("*") or st.startswith(("down", "unk")) for st in states)
+                and bool(nodes) and not any("SlurmdStartTime=None" in n for n in nodes))
 
-    wait_for(back, 180, lambda: "every node responding again: " + stack.run("sinfo", "-N", check=False).stdout, 1.0)
+    wait_for(back, 180, lambda: "every node registered and responding: " + stack.run("sinfo", "-N", check=False).stdout
+             + stack.run("scontrol", "show", "node", "-o", check=False).stdout[-1500:], 1.0)
 
 
 def ctl_running(stack: Stack, ctl: str) -> bool:
@@ -303,8 +309,7 @@ def test_primary_cut_off_during_a_burst(ha_cluster: Stack) -> None:
         on_at = backup_on_at(ha_cluster)
     finally:
         cluster_cmd(ha_cluster, "uncut", "ctl1")
-    restore_primary(ha_cluster)
-    wait_nodes_back(ha_cluster)
+    restore_primary(ha_cluster)  # (and the nodes back: wait_nodes_back)
     c = settle_and_count(ha_cluster, res)
     report("primary cut off", res, c, on_at)
     check_failover(res, c, on_at)
