@@ -4,6 +4,9 @@ compute nodes; the history on the cluster's MariaDB (bridge side). Started once 
 an empty state, on ports, subnet and bridge of its own."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from tests.slurm_stack import Stack, start_stack, state_dir
@@ -14,10 +17,22 @@ PORTS = {"SWAPAWARE_CTLD_PORT": "27817", "SWAPAWARE_SLURMD_PORT": "27818", "SWAP
 CTLD_TIMEOUT_S = 5
 
 
+def _tails(state: Path, lines: int = 60) -> str:
+    """The last lines of each controller's and node's Slurm log (the state is purged after the suite:
+    a failure in CI keeps these, printed to the suite's output)."""
+    out = []
+    for log in sorted(state.glob("nodes/*/run/slurmctld.log")) + sorted(state.glob("nodes/*/slurmd.log")):
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+        out.append(f"==== {log.relative_to(state)} (last {len(text)} lines)\n" + "\n".join(text))
+    return "\n".join(out) + "\n"
+
+
 @pytest.fixture(scope="session")
-def ha_cluster() -> Stack:
+def ha_cluster(request) -> Stack:
     s = start_stack(state_dir("ha"), PORTS, "--nodes", "2", SWAPAWARE_DEV_CONTROLLERS="2",
                     SWAPAWARE_DEV_SUBNET=SUBNET, SWAPAWARE_DEV_BRIDGE="swabr6",
                     SWAPAWARE_DEV_CTLD_TIMEOUT=str(CTLD_TIMEOUT_S), SWAPAWARE_SLURMD_TIMEOUT="20")
     yield s
+    if request.session.testsfailed:  # past pytest's capture: the suite's output is all CI keeps
+        os.write(2, _tails(s.state).encode())
     s.stack("down", "--purge")
