@@ -65,6 +65,9 @@ class EventApplier:
         # (job id, decision row, OOM evidence, seconds since it ended) -> outcome: called once per
         # applied finish of a shared run that ran out of GPU memory (adapters/requeue.py); None: none.
         self.on_shared_oom: Callable[[int, object, str, float], str] | None = None
+        # Called with the history keys an applied observation was folded into, before its event's
+        # answer goes back (the admission table drops the classes it decided from them); None: none.
+        self.on_learned: Callable[[tuple[str, ...]], None] | None = None
         # The partitions' GPUs as gres.conf declares them (adapters/partitions.py); each GPU's shards
         # are checked against the memory the node's NVML reports for it, warned once. None: not checked.
         self.fleet: Callable[[], object] | None = None
@@ -186,6 +189,8 @@ class EventApplier:
             obs, keys, lambda level, s: estimator.observe_key(level, s, core_obs, self.cfg.estimator, user))
         if applied and keys:
             self.learned.update(keys.values())  # pending jobs of these keys may share now
+            if self.on_learned is not None:
+                self.on_learned(tuple(keys.values()))
         if applied and self.metrics is not None:
             self._count(row, obs, shared)
         requeued = ""

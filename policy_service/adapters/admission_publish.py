@@ -10,6 +10,11 @@ A background thread, never on Admit's path:
   * rebuilt at most every refresh_s, when something it depends on changed (observations learned,
     new decisions, mode, nodes' enforcement, partitions), at once when the mode changed, and
     re-published at least every valid_s / 2 (the same version when nothing it holds changed);
+  * an observation folded into a history key drops, before its event is answered, every entry
+    of the written file whose decisions read that key (``drop_learned``, the file rewritten
+    without them): from then on those classes take the Admit round trip until the next build
+    decides them again, so the table never answers a decision made before something its class
+    learned was acknowledged; every write also leaves out entries learned since they were decided;
   * the gate file is rewritten after each queue poll (QueueMonitor.on_poll, ``on_queue_poll``),
     and checked by the thread's ticks (queue_poll_s / 4, at most 1 s);
   * each version's templates go to the TableArchive (catch-up records table-made decisions from it);
@@ -102,6 +107,10 @@ class AdmissionPublisher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.RLock()  # one build at a time (the thread, a test)
+        # the class table file: held while it is written, by a build or by drop_learned (which
+        # never waits for a build to decide its keys, only for a write under way)
+        self._file_lock = threading.Lock()
+        self._written: tuple | None = None  # (doc, [(key, _Known)]) of the file as last written
         # the gate file: written after each queue poll by the monitor's thread, which never waits
         # for a build
         self._gate_lock = threading.Lock()
@@ -343,7 +352,10 @@ class AdmissionPublisher:
             # job can name it
         doc = admission.table_file(version, now, now + self.cfg.admission.valid_s, self.handler.dialect.name,
                                    mode.value, self.cfg.policy.queue_per_qos, None)
-        size = write_atomically(self.table, _pieces(doc, built), TABLE_MODE, self.reader_gid)
+        with self._file_lock:
+            built = self._unlearned(built)  # an observation may have come while the keys were decided
+            size = write_atomically(self.table, _pieces(doc, built), TABLE_MODE, self.reader_gid)
+            self._written = (doc, built)
         self._prune(now)
         pub = Publication(version, len(built), sum(len(k.templates[0]) for _, k in built), size,
                           time.monotonic() - started, bool(reused))
@@ -352,6 +364,44 @@ class AdmissionPublisher:
         log.info("admission table %s %s (%s): %d entries, %d bytes, %.2f s", version,
                  "re-published" if reused else "published", why, pub.entries, pub.bytes, pub.built_s)
         return pub
+
+    def _unlearned(self, built: list) -> list:
+        """``built`` less the entries whose history keys learned something since they were decided."""
+        return [(key, known) for key, known in built if known.learned == self._learned(known.deps)]
+
+    def drop_learned(self, keys: tuple[str, ...]) -> int:
+        """EventApplier.on_learned: an observation was folded into ``keys``. The written table loses,
+        now, every entry whose decisions read one of them (rewritten, same version: the others'
+        templates stand); those classes take the round trip until the next build. Returns the
+        entries dropped. Costs one file write per class per build at most: a dropped entry is not
+        in the file for the next observation to drop."""
+        keys = set(keys)
+        with self._file_lock:
+            if self._written is None:
+                return 0
+            doc, built = self._written
+            kept = [(key, known) for key, known in built if keys.isdisjoint(known.deps)]
+            if len(kept) == len(built):
+                return 0
+            try:
+                write_atomically(self.table, _pieces(doc, kept), TABLE_MODE, self.reader_gid)
+            except OSError as exc:  # the file keeps the entries: remove it rather than answer stale
+                log.error("admission table: entries learned from could not be dropped (%s): the table is removed "
+                          "until the next build", exc)
+                self._unlink_table()
+                return len(built)
+            self._written = (doc, kept)
+        log.info("admission table: %d entr%s dropped until the next build (an observation of their class)",
+                 len(built) - len(kept), "y" if len(built) - len(kept) == 1 else "ies")
+        return len(built) - len(kept)
+
+    def _unlink_table(self) -> None:
+        """Under _file_lock."""
+        try:
+            self.table.unlink()
+        except FileNotFoundError:
+            pass
+        self._written = None
 
     def _fragment(self, i: int, decisions: dict, jr, keys: dict, facts: pb.JobFacts) -> tuple[str, tuple]:
         """(the entry's decisions as ``_Known.text``, its templates in stored form) under the
@@ -389,12 +439,13 @@ class AdmissionPublisher:
 
     def _remove(self, why: str, gate: bool = True) -> None:
         with self._gate_lock:
-            for path in (self.table, self.gate) if gate else (self.table,):
+            with self._file_lock:
+                self._unlink_table()
+            if gate:
                 try:
-                    path.unlink()
+                    self.gate.unlink()
                 except FileNotFoundError:
                     pass
-            if gate:
                 self._gate_written = None
         log.warning("admission table %s removed (%s): every job takes the Admit round trip", self.table, why)
         self._published, self._inputs = None, None

@@ -279,7 +279,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
     by_option, by_qos, sources = collections.Counter(), collections.Counter(), collections.Counter()
     mismatches: list = []
     mode = None
-    relearned = 0
+    relearned = dropped = window_jobs = window_hits = 0
     t_lua = t_admit = 0.0
     for n, (phase_mode, queue) in enumerate(phases):
         if queue in QUEUES:
@@ -306,77 +306,87 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
             gate_doc = json.loads(publisher.gate.read_text())
             if queue == "stopped":  # the Lua's "unknown" comes from valid_until alone
                 assert gate_doc == last and "unknown" not in set(gate_doc["views"].values()) | {gate_doc["other"]}
+        learns = phase_mode == mode and n == learn_at
         if phase_mode != mode:
             mode = phase_mode
             h.set_mode(PolicyMode(mode))
             publisher.publish(f"differential test: mode {mode}")
-        elif n == learn_at:  # classes learned since: the publisher decides their keys again
-            before = unversioned(publisher.table)
+        windows = ("published",)
+        if learns:  # classes learn: the window before the next build, then the
+            before = unversioned(publisher.table)  # build that decides their keys again
             train(s, slurm_jobs, base_facts, round_=1)
-            publisher.publish("differential test: classes learned")
-            relearned = sum(1 for k, v in unversioned(publisher.table).items() if k in before and v != before[k])
-            assert relearned > 0  # what was learned changed some keys' decisions
-        table = read_table(publisher.table.read_bytes())
-        assert (table["mode"], table["per_qos"], table["dialect"]) == (mode, per_qos, release)
-        entries = table["entries"]
-        if n == 0:  # every recorded key Admit did not refuse is published
-            missing = {k for k in recorded if k not in entries} - refused
-            assert not missing, f"{len(missing)} recorded keys are not in the table"
-        idx = order[n * jobs_per_phase:(n + 1) * jobs_per_phase]
-        started = time.monotonic()
-        outs, counters = run_lua(tmp_path, conf, [pool[i].job for i in idx])
-        t_lua += time.monotonic() - started
-        now = time.time()
-        after = json.loads(publisher.gate.read_text())  # the gate did not move while the batch ran
-        assert (now > after["valid_until"]) == (queue not in QUEUES)
-        if queue in QUEUES:
-            assert (after["views"], after["other"]) == (gate_doc["views"], gate_doc["other"])
-        started = time.monotonic()
-        for i, out in zip(idx, outs):
-            sp, key = pool[i], pool_keys[i]
-            assert out["key"] == key
-            st = stats[sp.shape]
-            st["jobs"] += 1
-            assert out["wants_gpu"] == (sp.shape not in ("no_gpu", "shards")), sp
-            if not out["wants_gpu"]:
-                # no GPU asked (no GPU, or shards already): the plugin lets it through, asking nobody
-                assert not out["rpc"] and out.get("set") is None
-                continue
-            state = gate_state(after, sp.qos, per_qos, now)
-            entry = entries.get(key)
-            decision = None if entry is None else entry.get(state, entry.get(admission.ALL_STATES))
-            st["held"] += decision is not None
-            if out["rpc"]:
-                st["rpc"] += 1
-                assert decision is None, (sp, state, "the table holds it but the plugin took the RPC path")
-                continue
-            assert decision is not None, (sp, state, "decided by the table without an entry")
-            st["hit"] += 1
-            by_state[state] += 1
-            by_class[sp.class_state]["hit"] += 1
-            by_option[sp.variant] += 1
-            by_qos[sp.qos] += 1
-            assert "set" in out, (sp, state, out)
-            m = _TOKEN.match(out["set"]["admin_comment"])
-            assert m and m.group(2) == table["version"] and int(m.group(3)) == entry["i"], out["set"]["admin_comment"]
-            assert m.group(4) in (admission.STATE_LETTER[state], "a"), (state, m.group(4))
-            d = h.admit(pb.AdmitRequest(job=to_facts(out["facts"]), dry_run=True)).decision
-            got, want_set = lua_set(out["set"]), rpc_set(d)
-            if got != want_set or out["user"] != ([d.rewrite.user_message] if d.rewrite.user_message else []):
-                mismatches.append((mode, queue, state, sp.shape, sp.class_state, sp.qos, sp.variant, got, want_set,
-                                   out["user"], d.rewrite.user_message))
-            actions[(mode, got["admin_comment"].get("action"))] += 1
-            sources[(sp.class_state, got["admin_comment"].get("src"))] += 1
-        t_admit += time.monotonic() - started
-        assert counters["table_hit"] == sum(1 for o in outs if not o["rpc"] and o.get("set") is not None)
-        if queue not in QUEUES:  # still past valid_until after Admit decided: the same state
-            assert time.time() > json.loads(publisher.gate.read_text())["valid_until"]
-        else:
-            assert queue_state_of(h) == (gate_doc["views"], gate_doc["other"])
+            dropped = len(before) - len(unversioned(publisher.table))
+            assert dropped > 0  # each acknowledged observation dropped its class's entries at once
+            windows = ("learned, not rebuilt", "rebuilt")
+        for window in windows:
+            if window == "rebuilt":
+                publisher.publish("differential test: classes learned")
+                relearned = sum(1 for k, v in unversioned(publisher.table).items() if k in before and v != before[k])
+                assert relearned > 0  # what was learned changed some keys' decisions
+            table = read_table(publisher.table.read_bytes())
+            assert (table["mode"], table["per_qos"], table["dialect"]) == (mode, per_qos, release)
+            entries = table["entries"]
+            if n == 0:  # every recorded key Admit did not refuse is published
+                missing = {k for k in recorded if k not in entries} - refused
+                assert not missing, f"{len(missing)} recorded keys are not in the table"
+            idx = order[n * jobs_per_phase:(n + 1) * jobs_per_phase]
+            started = time.monotonic()
+            outs, counters = run_lua(tmp_path, conf, [pool[i].job for i in idx])
+            t_lua += time.monotonic() - started
+            now = time.time()
+            after = json.loads(publisher.gate.read_text())  # the gate did not move while the batch ran
+            assert (now > after["valid_until"]) == (queue not in QUEUES)
+            if queue in QUEUES:
+                assert (after["views"], after["other"]) == (gate_doc["views"], gate_doc["other"])
+            started = time.monotonic()
+            for i, out in zip(idx, outs):
+                sp, key = pool[i], pool_keys[i]
+                assert out["key"] == key
+                st = stats[sp.shape]
+                st["jobs"] += 1
+                assert out["wants_gpu"] == (sp.shape not in ("no_gpu", "shards")), sp
+                if not out["wants_gpu"]:
+                    # no GPU asked (no GPU, or shards already): the plugin lets it through, asking nobody
+                    assert not out["rpc"] and out.get("set") is None
+                    continue
+                state = gate_state(after, sp.qos, per_qos, now)
+                window_jobs += window == "learned, not rebuilt"
+                entry = entries.get(key)
+                decision = None if entry is None else entry.get(state, entry.get(admission.ALL_STATES))
+                st["held"] += decision is not None
+                if out["rpc"]:
+                    st["rpc"] += 1
+                    assert decision is None, (sp, state, "the table holds it but the plugin took the RPC path")
+                    continue
+                assert decision is not None, (sp, state, "decided by the table without an entry")
+                st["hit"] += 1
+                window_hits += window == "learned, not rebuilt"
+                by_state[state] += 1
+                by_class[sp.class_state]["hit"] += 1
+                by_option[sp.variant] += 1
+                by_qos[sp.qos] += 1
+                assert "set" in out, (sp, state, out)
+                m = _TOKEN.match(out["set"]["admin_comment"])
+                assert m and m.group(2) == table["version"] and int(m.group(3)) == entry["i"], out["set"]["admin_comment"]
+                assert m.group(4) in (admission.STATE_LETTER[state], "a"), (state, m.group(4))
+                d = h.admit(pb.AdmitRequest(job=to_facts(out["facts"]), dry_run=True)).decision
+                got, want_set = lua_set(out["set"]), rpc_set(d)
+                if got != want_set or out["user"] != ([d.rewrite.user_message] if d.rewrite.user_message else []):
+                    mismatches.append((mode, queue, state, sp.shape, sp.class_state, sp.qos, sp.variant, got, want_set,
+                                       out["user"], d.rewrite.user_message))
+                actions[(mode, got["admin_comment"].get("action"))] += 1
+                sources[(sp.class_state, got["admin_comment"].get("src"))] += 1
+            t_admit += time.monotonic() - started
+            assert counters["table_hit"] == sum(1 for o in outs if not o["rpc"] and o.get("set") is not None)
+            if queue not in QUEUES:  # still past valid_until after Admit decided: the same state
+                assert time.time() > json.loads(publisher.gate.read_text())["valid_until"]
+            else:
+                assert queue_state_of(h) == (gate_doc["views"], gate_doc["other"])
 
     print(f"\nadmission differential, Slurm {release}: {len(order)} jobs of {len(pool)} keys, {len(phases)} phases "
           f"(setup {t_setup:.1f} s, lua {t_lua:.1f} s, admit {t_admit:.1f} s)")
-    print(f"entries decided again after learning: {relearned}")
+    print(f"entries dropped by observations before the next build: {dropped}; decided again by it: {relearned}; "
+          f"jobs in the window between: {window_jobs} ({window_hits} from the table)")
     print(f"{'shape':18} {'jobs':>6} {'held':>6} {'hit':>6} {'rpc':>6} {'hit%':>6}")
     for shape in gen.SHAPES:
         st = stats[shape]
@@ -388,6 +398,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
     print("actions:", dict(actions))
     print("estimate sources by class state:", dict(sorted(sources.items())))
     assert not mismatches, f"{len(mismatches)} jobs decided differently, first: {mismatches[:3]}"
+    assert window_hits > 0 and window_hits < window_jobs  # the window was tried, with entries kept and dropped
     # the table covered a meaningful share: every common shape and class state hit in every gate state
     gpu = sum(stats[sh]["jobs"] for sh in gen.SHAPES if sh not in ("no_gpu", "shards"))
     hits = sum(stats[sh]["hit"] for sh in gen.SHAPES)

@@ -266,6 +266,51 @@ def test_a_key_is_decided_again_once_its_class_learned_and_others_are_kept(svc, 
     assert p._known[admission.table_key(same_account)] is not neighbour
 
 
+def test_an_acknowledged_observation_drops_its_class_from_the_table_at_once(svc, slurm_jobs):
+    """Between an observation and the next build (refresh_s, 1000 s here) the table answers nothing
+    for the classes that learned: the moment JobFinished has answered, their entries are gone from
+    the file and their jobs take the round trip; entries that read nothing it taught stay, under
+    the same version."""
+    s, client = svc
+    job, other = facts(name="fresh"), pb.JobFacts(user="bob", account="bobs", partition="gpu2", job_name="bystander",
+                                                   tres_per_node="gres:gpu:1", script_fingerprint="00000001deadbeef")
+    client.admit(job)
+    client.admit(other)
+    p = s.admission_publisher
+    version = p.publish("test").version
+    key, other_key = admission.table_key(job), admission.table_key(other)
+    assert {key, other_key} <= set(table(s)["entries"])
+    _, finished = run_job(client, slurm_jobs, 7, job, peak=2 * GIB)  # answered: the drop is done
+    assert finished.applied
+    after = table(s)
+    assert key not in after["entries"] and other_key in after["entries"] and after["version"] == version
+    assert p.drop_learned(()) == 0  # nothing named: nothing rewritten
+    p.publish("test")  # the next build decides the class again, from what it learned
+    assert key in table(s)["entries"]
+
+
+def test_a_build_leaves_out_what_was_learned_while_it_decided(svc, slurm_jobs, monkeypatch):
+    """An observation acknowledged while a build is deciding its keys (after it decided the class,
+    before it writes) does not reach the file through that build."""
+    s, client = svc
+    job = facts(name="racing")
+    client.admit(job)
+    p = s.admission_publisher
+    p.publish("test")
+    key = admission.table_key(job)
+    decide = p._decisions
+    learned_during = []
+
+    def decide_then_learn(k, *args):
+        known = decide(k, *args)
+        if k == key and not learned_during:
+            learned_during.append(run_job(client, slurm_jobs, 8, job, peak=2 * GIB)[1].applied)
+        return known
+    monkeypatch.setattr(p, "_decisions", decide_then_learn)
+    p.publish("test: a run of the class ends meanwhile")
+    assert learned_during == [True] and key not in table(s)["entries"]
+
+
 def test_the_gate_file_follows_each_queue_poll_at_once(env, slurm_jobs, tmp_path):
     (tmp_path / "run").mkdir()
     # the monitor's own polls 300 s apart: only the test's poll moves the snapshot
