@@ -89,10 +89,10 @@ def entries(n: int, distinct: bool = False) -> dict:
     return out
 
 
-def plugin(d: Path, path: Path, dialect: str = "24.11", plugin_dir: Path = PLUGIN) -> Plugin:
+def plugin(d: Path, path: Path, dialect: str = "24.11", plugin_dir: Path = PLUGIN, check_ms: int = 1000) -> Plugin:
     conf = d / f"etc-{time.monotonic_ns()}"
     conf.mkdir()
-    (conf / "swapaware_plugin.conf").write_text(f"socket={d}/none.sock\ntable={path}\ntable_check_ms=1000\n"
+    (conf / "swapaware_plugin.conf").write_text(f"socket={d}/none.sock\ntable={path}\ntable_check_ms={check_ms}\n"
                                                 f"table_uids={os.getuid()}\nslurm_release={dialect}\n")
     return Plugin(conf, plugin_dir=plugin_dir)
 
@@ -159,17 +159,21 @@ def bench_hits(d: Path, hits: int, rounds: int, baseline: Path | None) -> None:
 PHASES = ("gres", "key", "facts", "table")
 
 
-def bench_slurm(d: Path, hits: int, rounds: int, baseline: Path | None, queue: int) -> None:
+def bench_slurm(d: Path, hits: int, rounds: int, baseline: Path | None, queue: int,
+                checks: tuple[int, ...] = (1000,)) -> None:
     """Table hits as inside slurmctld (the driver's bench_slurm): us per hit, per phase, and the
-    job_desc accessor calls per hit; the 20 job names bench/lua_phases.py submits in turn, and one."""
+    job_desc accessor calls per hit; the 20 job names bench/lua_phases.py submits in turn, and one;
+    each table_check_ms of ``checks`` in turn within each round (0: both files stat'ed at every job)."""
     path = d / "admission.json"
     burst = [gpu_job(name=f"burst-{k}", script=SHORT_SCRIPT, environment=ENVIRONMENT) for k in range(20)]
     publish(d, path, burst)
     for label, jobs in (("20 job names in turn", burst), ("one job name", burst[:1])):
         got: dict[str, list[dict]] = {}
         for r in range(rounds):
-            for name, where in trees(baseline, r):
-                p = plugin(d, path, plugin_dir=where)
+            for (name, where), check_ms in ((t, c) for t in trees(baseline, r) for c in checks[::(-1) ** r]):
+                if len(checks) > 1:
+                    name = f"{name}, table_check_ms={check_ms}"
+                p = plugin(d, path, plugin_dir=where, check_ms=check_ms)
                 out = p.req("bench_slurm", jobs=jobs, n=hits, queue=queue)
                 p.close()
                 assert out["hits"] == hits and out["rpc_calls"] == 0, out
@@ -180,7 +184,7 @@ def bench_slurm(d: Path, hits: int, rounds: int, baseline: Path | None, queue: i
             phases = {ph: med([o["phases"][ph] for o in outs]) / hits * 1e6 for ph in PHASES}
             total = med([o["seconds"] for o in outs]) / hits * 1e6
             print(f"table hit as inside slurmctld, {label} (slurm.jobs of {queue})"
-                  f"{'' if baseline is None else f' [{name}]'}: {total:.1f} us/hit, median of {rounds} x {hits} ("
+                  f"{'' if baseline is None and len(checks) == 1 else f' [{name}]'}: {total:.1f} us/hit, median of {rounds} x {hits} ("
                   + ", ".join(f"{ph} {v:.1f}" for ph, v in phases.items()) + f", rest {total - sum(phases.values()):.1f});"
                   f" job_desc calls per hit: {calls['read'] / hits:.0f} reads + {calls['env'] / hits:.0f} environment "
                   f"lookup + {calls['write'] / hits:.0f} writes", flush=True)
@@ -205,12 +209,15 @@ def main() -> None:
     ap.add_argument("--baseline", help="another tree's plugin, run beside this one's (see above)")
     ap.add_argument("--queue", type=int, default=200, help="slurm.jobs entries made again before each job")
     ap.add_argument("--only", choices=("hits", "slurm", "load"), help="one part of the bench")
+    ap.add_argument("--check-ms", default="1000",
+                    help="table_check_ms values run in turn by the slurmctld-like part, e.g. 1000,0")
     args = ap.parse_args()
     baseline = plugin_dir(args.baseline) if args.baseline else None
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         if args.only in (None, "slurm"):
-            bench_slurm(d, args.hits, args.rounds, baseline, args.queue)
+            bench_slurm(d, args.hits, args.rounds, baseline, args.queue,
+                        tuple(int(x) for x in args.check_ms.split(",")))
         if args.only in (None, "hits"):
             bench_hits(d, args.hits, args.rounds, baseline)
         if args.only in (None, "load"):

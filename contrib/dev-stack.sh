@@ -12,8 +12,8 @@
 # (default <repo>/.venv), SWAPAWARE_GRPC_PORT (default 50551) and the port variables of
 # contrib/dev-cluster/cluster.sh. SWAPAWARE_DEV_TLS=0 turns TLS off (plaintext gRPC; default 1: a
 # private CA and the service's certificate in $STATE/tls, made with the openssl CLI).
-# SWAPAWARE_DEV_TABLE=1 turns the admission table on (default 0: every job takes the Admit round
-# trip): the service publishes it at $STATE/run/admission.json ([admission] table_path; with
+# The admission table is on, as with the product's defaults (SWAPAWARE_DEV_TABLE=0 turns it off:
+# every job takes the Admit round trip): the service publishes it at $STATE/run/admission.json ([admission] table_path; with
 # SWAPAWARE_DEV_CONTROLLERS=2 at $STATE/spool/admission.json, which both controllers see) and the
 # plugin's swapaware_plugin.conf names it (cluster.sh, SWAPAWARE_TABLE). Runs as root on Debian 12 or 13 (or in a release's root, contrib/matrix/). Running `up` twice is harmless.
 set -euo pipefail
@@ -29,7 +29,7 @@ CONF=$STATE/etc/swapaware.toml
 DEV_TLS=${SWAPAWARE_DEV_TLS:-1}
 [[ $DEV_TLS == [01] ]] || { printf '[dev-stack] ERROR: SWAPAWARE_DEV_TLS must be 0 or 1, got %s\n' "$DEV_TLS" >&2; exit 1; }
 TLSDIR=$STATE/tls
-DEV_TABLE=${SWAPAWARE_DEV_TABLE:-0}
+DEV_TABLE=${SWAPAWARE_DEV_TABLE:-1}
 [[ $DEV_TABLE == [01] ]] || { printf '[dev-stack] ERROR: SWAPAWARE_DEV_TABLE must be 0 or 1, got %s\n' "$DEV_TABLE" >&2; exit 1; }
 # The fake GPUs as cluster.sh makes them (gres.conf and the agents' fake NVML agree): GiB per GPU,
 # GiB per shard.

@@ -5,9 +5,10 @@ gets its own code (3, INVALID_ARGUMENT) and never fails the others."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
-from typing import Callable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import grpc
 
@@ -65,9 +66,10 @@ class EventApplier:
         # (job id, decision row, OOM evidence, seconds since it ended) -> outcome: called once per
         # applied finish of a shared run that ran out of GPU memory (adapters/requeue.py); None: none.
         self.on_shared_oom: Callable[[int, object, str, float], str] | None = None
-        # Called with the history keys an applied observation was folded into, before its event's
-        # answer goes back (the admission table drops the classes it decided from them); None: none.
-        self.on_learned: Callable[[tuple[str, ...]], None] | None = None
+        # The history keys an observation is about to be folded into -> a context held while it is
+        # recorded and counted in ``learned`` (the admission table drops the classes it decided
+        # from them, and writes none of them meanwhile: adapters/admission_publish.py); None: none.
+        self.learning: Callable[[tuple[str, ...]], ContextManager] | None = None
         # The partitions' GPUs as gres.conf declares them (adapters/partitions.py); each GPU's shards
         # are checked against the memory the node's NVML reports for it, warned once. None: not checked.
         self.fleet: Callable[[], object] | None = None
@@ -185,12 +187,11 @@ class EventApplier:
                                   util_frac=gpu_utilisation(req))
         keys = learn_keys(row)
         user = row.user if row is not None else ""
-        applied = self.store.record_finish(
-            obs, keys, lambda level, s: estimator.observe_key(level, s, core_obs, self.cfg.estimator, user))
-        if applied and keys:
-            self.learned.update(keys.values())  # pending jobs of these keys may share now
-            if self.on_learned is not None:
-                self.on_learned(tuple(keys.values()))
+        with self.learning(tuple(keys.values())) if keys and self.learning else contextlib.nullcontext():
+            applied = self.store.record_finish(
+                obs, keys, lambda level, s: estimator.observe_key(level, s, core_obs, self.cfg.estimator, user))
+            if applied and keys:
+                self.learned.update(keys.values())  # pending jobs of these keys may share now
         if applied and self.metrics is not None:
             self._count(row, obs, shared)
         requeued = ""

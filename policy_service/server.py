@@ -217,9 +217,9 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         if role is not None:  # the standby publishes nothing: the writer's table is the one
             svc.admission_publisher.tick = only_while_writer(svc.admission_publisher.tick, role)
             role.on_change.append(svc.admission_publisher.became_writer)
-        # an acknowledged observation never leaves its class decided from before it (always safe:
+        # a recorded observation never leaves its class decided from before it (always safe:
         # dropping entries only sends jobs the round trip, so a standby does it too)
-        handler.events.on_learned = svc.admission_publisher.drop_learned
+        handler.events.learning = svc.admission_publisher.learning
         svc.admission_publisher.start()
         if monitor is not None:  # the gate file follows each queue snapshot, first
             monitor.on_poll = chain(svc.admission_publisher.on_queue_poll, monitor.on_poll)

@@ -21,8 +21,8 @@ A reload (slurmctld's Lua mutex is held meanwhile) reads the file and indexes it
 string.find alone: key -> where its line's rest starts. A decision's JSON is decoded the first
 time a job uses it, checked as M.validate checks an RPC reply, and kept for the version.
 
-Settings (swapaware_plugin.conf): table=<path> ("auto": admission.json beside socket=, where the
-    service publishes it with [admission] table_path = "auto"; empty, the default: off)  table_check_ms=1000  table_uids=0[,uid...] (who may
+Settings (swapaware_plugin.conf): table=<path> (default "auto": admission.json beside socket=, where
+    the service publishes it with its default [admission] table_path = "auto"; empty: off)  table_check_ms=1000  table_uids=0[,uid...] (who may
     own the files; default: root and slurmctld's own user)  slurm_release=<22.05|24.11|26.05> (absent: any)
 ]]
 
@@ -48,8 +48,8 @@ local have_posix, pstat = pcall(require, "posix.sys.stat")
 local have_cjson, cjson = pcall(require, "cjson")
 local have_unistd, punistd = pcall(require, "posix.unistd")
 
--- table=auto: admission.json beside the service's socket, where the service publishes it with
--- [admission] table_path = "auto" (the default is off: table= empty). table_uids:
+-- The table is on by default ("auto": admission.json beside the service's socket, where the service
+-- publishes it by default, [admission] table_path = "auto"):
 -- files owned by root or by the user slurmctld itself runs as (SlurmUser, the service's user as the
 -- admin guide installs it) are used. Trusting our own uid gives nothing away: slurmctld's user can
 -- change its jobs directly.
@@ -59,7 +59,7 @@ local function default_uids()
   if have_unistd and ok and tonumber(euid) then uids[tonumber(euid)] = true end
   return uids
 end
-T.DEFAULTS = { table = "", table_check_ms = 1000, table_uids = default_uids(), slurm_release = "" }
+T.DEFAULTS = { table = "auto", table_check_ms = 1000, table_uids = default_uids(), slurm_release = "" }
 T.counters = { table_hit = 0, table_miss = 0 }
 
 -- Settings --------------------------------------------------------------------------------

@@ -157,13 +157,32 @@ class Stack:
         return sqlite3.connect(f"file:{self.state}/lib/history.sqlite3?mode=ro", uri=True)
 
     def wait_observation(self, job_id: int, timeout_s: float = 30) -> tuple:
+        """The job's observation once the history holds it and job_submit.lua decides from what it
+        taught: the admission table dropped the classes it taught before the row was recorded
+        (adapters/admission_publish.py, ``learning``), and the plugin sees the file as it is at most
+        table_check_ms after (swapaware_table.lua caches its last look that long)."""
         def row() -> tuple | None:
             with self.history() as db:
                 return db.execute("SELECT decision_id, runtime_s, exit_code, peak_bytes, gpu_indices, "
                                   "telemetry_source FROM observations WHERE job_id=?", (job_id,)).fetchone()
 
-        return wait_for(row, timeout_s, lambda: f"an observation of job {job_id}; hooks log:\n"
-                        + (self.state / "log" / "hooks.log").read_text()[-3000:], 0.3)
+        found = wait_for(row, timeout_s, lambda: f"an observation of job {job_id}; hooks log:\n"
+                         + (self.state / "log" / "hooks.log").read_text()[-3000:], 0.3)
+        seen = time.monotonic()
+        check_s = self.plugin_setting("table_check_ms", "1000")
+        if self.plugin_setting("table", "auto"):  # on: the plugin's cached look predates the drop until then
+            wait_for(lambda: time.monotonic() >= seen + float(check_s) / 1000, 5.0,
+                     "table_check_ms after the observation")
+        return found
+
+    def plugin_setting(self, key: str, default: str) -> str:
+        """swapaware_plugin.conf's last ``key=`` line as the plugin reads it (``default`` when none)."""
+        value = default
+        for line in (self.state / "etc" / "swapaware_plugin.conf").read_text().splitlines():
+            k, eq, v = line.strip().partition("=")
+            if eq and k.strip() == key:
+                value = v.strip()
+        return value
 
     def wait_for_decisions(self, *sbatch_args: str, timeout_s: float = 120) -> None:
         """After a service outage job_submit.lua's circuit breaker lets GPU jobs pass undecided

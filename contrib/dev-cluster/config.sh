@@ -58,12 +58,12 @@ hook_line() {
     echo "$key=$path"
 }
 
-# table_lines: swapaware_plugin.conf's admission table keys. SWAPAWARE_DEV_TABLE=1 turns the table
-# path on (otherwise table= is empty: off, the plugin's default): table= is SWAPAWARE_TABLE (the service's [admission] table_path, which dev-stack.sh
+# table_lines: swapaware_plugin.conf's admission table keys. The table path is on unless
+# SWAPAWARE_DEV_TABLE=0 (then table= is empty: off; the plugin's default is on): table= is SWAPAWARE_TABLE (the service's [admission] table_path, which dev-stack.sh
 # passes; default $RUN/admission.json), its owner root (the dev service runs as root), and
 # slurm_release= the installed slurmctld's release (a table of another dialect is never used).
 table_lines() {
-    if [[ ${SWAPAWARE_DEV_TABLE:-0} != 1 ]]; then
+    if [[ ${SWAPAWARE_DEV_TABLE:-1} != 1 ]]; then
         echo "table="
         return 0
     fi

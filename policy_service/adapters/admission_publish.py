@@ -10,11 +10,11 @@ A background thread, never on Admit's path:
   * rebuilt at most every refresh_s, when something it depends on changed (observations learned,
     new decisions, mode, nodes' enforcement, partitions), at once when the mode changed, and
     re-published at least every valid_s / 2 (the same version when nothing it holds changed);
-  * an observation folded into a history key drops, before its event is answered, every entry
-    of the written file whose decisions read that key (``drop_learned``, the file rewritten
-    without them): from then on those classes take the Admit round trip until the next build
-    decides them again, so the table never answers a decision made before something its class
-    learned was acknowledged; every write also leaves out entries learned since they were decided;
+  * an observation about to be folded into history keys first drops every entry of the written
+    file whose decisions read one of them (``learning``, the file rewritten without them), and no
+    build writes until it is recorded and counted (a build leaves out entries learned since they
+    were decided): those classes take the Admit round trip until the next build decides them
+    again, and the table never answers a decision made before an observation the history holds;
   * the gate file is rewritten after each queue poll (QueueMonitor.on_poll, ``on_queue_poll``),
     and checked by the thread's ticks (queue_poll_s / 4, at most 1 s);
   * each version's templates go to the TableArchive (catch-up records table-made decisions from it);
@@ -24,6 +24,7 @@ group SlurmUser's (they name every published class's user, job name and comment)
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -369,28 +370,40 @@ class AdmissionPublisher:
         """``built`` less the entries whose history keys learned something since they were decided."""
         return [(key, known) for key, known in built if known.learned == self._learned(known.deps)]
 
-    def drop_learned(self, keys: tuple[str, ...]) -> int:
-        """EventApplier.on_learned: an observation was folded into ``keys``. The written table loses,
-        now, every entry whose decisions read one of them (rewritten, same version: the others'
-        templates stand); those classes take the round trip until the next build. Returns the
-        entries dropped. Costs one file write per class per build at most: a dropped entry is not
-        in the file for the next observation to drop."""
-        keys = set(keys)
+    @contextlib.contextmanager
+    def learning(self, keys: tuple[str, ...]) -> Iterator[None]:
+        """EventApplier.learning: an observation is about to be folded into ``keys``. Before it is
+        recorded, the written table loses every entry whose decisions read one of them (rewritten,
+        same version: the others' templates stand), and no build writes the file until it is counted
+        in ``handler.learned`` (a build then leaves out what it decided before): an observation a
+        reader of the history can see never has its classes answered from before it. Those classes
+        take the round trip until the next build. Costs one file write per class per build at most
+        (a dropped entry is not in the file for the next observation to drop)."""
         with self._file_lock:
-            if self._written is None:
-                return 0
-            doc, built = self._written
-            kept = [(key, known) for key, known in built if keys.isdisjoint(known.deps)]
-            if len(kept) == len(built):
-                return 0
-            try:
-                write_atomically(self.table, _pieces(doc, kept), TABLE_MODE, self.reader_gid)
-            except OSError as exc:  # the file keeps the entries: remove it rather than answer stale
-                log.error("admission table: entries learned from could not be dropped (%s): the table is removed "
-                          "until the next build", exc)
-                self._unlink_table()
-                return len(built)
-            self._written = (doc, kept)
+            self._drop(set(keys))
+            yield
+
+    def drop_learned(self, keys: tuple[str, ...]) -> int:
+        """Drop the written table's entries that read ``keys`` (see ``learning``); the entries dropped."""
+        with self._file_lock:
+            return self._drop(set(keys))
+
+    def _drop(self, keys: set) -> int:
+        """Under _file_lock."""
+        if self._written is None:
+            return 0
+        doc, built = self._written
+        kept = [(key, known) for key, known in built if keys.isdisjoint(known.deps)]
+        if len(kept) == len(built):
+            return 0
+        try:
+            write_atomically(self.table, _pieces(doc, kept), TABLE_MODE, self.reader_gid)
+        except OSError as exc:  # the file keeps the entries: remove it rather than answer stale
+            log.error("admission table: entries whose class learned could not be dropped (%s): the table is removed "
+                      "until the next build", exc)
+            self._unlink_table()
+            return len(built)
+        self._written = (doc, kept)
         log.info("admission table: %d entr%s dropped until the next build (an observation of their class)",
                  len(built) - len(kept), "y" if len(built) - len(kept) == 1 else "ies")
         return len(built) - len(kept)

@@ -16,7 +16,7 @@ from policy_service.config import Config
 # swapaware.lua's M.settings and swapaware_table.lua's T.DEFAULTS: what the plugin uses for a key
 # swapaware_plugin.conf does not set (or where the file is absent).
 # As swapaware.lua and swapaware_table.lua default them; table_uids "": root and slurmctld's own user.
-PLUGIN_DEFAULTS = {"socket": "/run/swapaware/policy.sock", "enabled": "1", "table": "", "table_uids": ""}
+PLUGIN_DEFAULTS = {"socket": "/run/swapaware/policy.sock", "enabled": "1", "table": "auto", "table_uids": ""}
 PLUGIN_CONF = "swapaware_plugin.conf"
 
 # What is lost when a module loaded through pcall(require, ...) is missing (swapaware.lua says the same

@@ -297,10 +297,10 @@ class AdmissionConfig:
     and the job_submit plugin decides from it without asking (adapters/admission_publish.py)."""
 
     # Where the class table is written (the queue gate beside it, "<table_path>.gate"). "auto":
-    # admission.json beside service.socket_path (swapaware_plugin.conf table=auto reads it beside
-    # its socket=). Empty (the default): no table is published and every job takes the Admit round
-    # trip. Read it as Config.table_path.
-    table_path: str = ""
+    # admission.json beside service.socket_path, where the job_submit plugin reads it by default
+    # (swapaware_plugin.conf table=auto, beside its socket=). Empty: no table is published and every
+    # job takes the Admit round trip. Read it as Config.table_path.
+    table_path: str = "auto"
     # The class table is rebuilt at most this often, when anything it depends on changed.
     refresh_s: float = 30.0
     # A class table older than this is never used by the plugin (it is re-published sooner).

@@ -137,7 +137,7 @@ def test_job_submit_files_unreadable_to_slurm_user(open_dir):
 
 
 # ------------------------------------------------------------------ 3. swapaware_plugin.conf
-def _cfg(socket_path="/run/swapaware/policy.sock", table=""):
+def _cfg(socket_path="/run/swapaware/policy.sock", table="auto"):
     return Config(service=ServiceConfig(socket_path=Path(socket_path)), admission=AdmissionConfig(table_path=table))
 
 
@@ -147,7 +147,7 @@ def _by_name(checks):
 
 def test_plugin_settings_read_as_the_lua_reads_them():
     s = plugin_settings("# socket=/commented/out\n  socket = /a.sock  \nsocket=/b.sock\nenabled=no\nbogus line\n")
-    assert s["socket"] == "/b.sock" and s["enabled"] == "no" and s["table"] == ""
+    assert s["socket"] == "/b.sock" and s["enabled"] == "no" and s["table"] == "auto"
     assert plugin_settings(None)["socket"] == "/run/swapaware/policy.sock"
 
 
@@ -158,20 +158,19 @@ def test_plugin_socket_differs_from_the_services_then_the_same():
         c["plugin_socket"].fix
     other = "/run/swapaware/other.sock"
     c = _by_name(plugin_conf_checks(f"socket={other}\n", "/etc/slurm", _cfg(other)))
-    assert c["plugin_socket"].ok and "plugin_table" not in c  # the table off on both sides (the defaults)
+    assert c["plugin_socket"].ok and c["plugin_table"].ok  # the table beside the socket on both sides
+    assert "table=/run/swapaware/admission.json" in c["plugin_table"].detail
     defaults = _by_name(plugin_conf_checks(None, "/etc/slurm", _cfg()))
-    assert defaults["plugin_socket"].ok and "plugin_table" not in defaults  # both defaults
-    auto = _by_name(plugin_conf_checks(f"socket={other}\ntable=auto\n", "/etc/slurm", _cfg(other, table="auto")))
-    assert auto["plugin_table"].ok  # "auto": admission.json beside the socket, on both sides
-    assert "table=/run/swapaware/admission.json" in auto["plugin_table"].detail
+    assert defaults["plugin_socket"].ok and defaults["plugin_table"].ok  # both defaults
+    off = _by_name(plugin_conf_checks("table=\n", "/etc/slurm", _cfg(table="")))
+    assert "plugin_table" not in off  # the table off on both sides
 
 
 @pytest.mark.parametrize("plugin, service, ok, words", [
     ("table=/var/lib/swapaware/t\n", "", False, "the service publishes no table there"),
     ("table=\n", "/var/lib/swapaware/t", False, "what the service publishes is never used"),
-    ("", "/var/lib/swapaware/t", False, "what the service publishes is never used"),  # the plugin's default: off
-    ("table=auto\n", "auto", True,
-     "table=/run/swapaware/admission.json, [admission] table_path=/run/swapaware/admission.json"),
+    ("", "/var/lib/swapaware/t", False, "publishes no table there"),  # the plugin's default: beside the socket
+    ("", "auto", True, "table=/run/swapaware/admission.json, [admission] table_path=/run/swapaware/admission.json"),
     ("table=/var/lib/swapaware/t\n", "/var/lib/swapaware/other", False, "publishes no table there"),
     ("table=/var/lib/swapaware/t\n", "/var/lib/swapaware/t", True, "table=/var/lib/swapaware/t"),
 ])

@@ -456,12 +456,12 @@ def test_an_empty_table_setting_never_looks_for_one(tmp_path):
         p.close()
 
 
-def test_table_auto_is_looked_for_beside_the_socket(tmp_path):
-    """table=auto: admission.json beside socket= (where the service publishes it with [admission]
-    table_path = "auto"); none there: the round trip, and one log line that says why."""
+def test_by_default_the_table_is_looked_for_beside_the_socket(tmp_path):
+    """No table= line: "auto", admission.json beside socket= (where the service publishes it with its
+    default [admission] table_path); none there: the round trip, and one log line that says why."""
     conf = tmp_path / "etc"
     conf.mkdir()
-    (conf / "swapaware_plugin.conf").write_text(f"socket={tmp_path}/run/none.sock\ntable=auto\n")
+    (conf / "swapaware_plugin.conf").write_text(f"socket={tmp_path}/run/none.sock\n")
     p = Plugin(conf)
     try:
         assert p.req("settings")["settings"]["table"] == "auto"
@@ -469,20 +469,6 @@ def test_table_auto_is_looked_for_beside_the_socket(tmp_path):
         assert res["rpc_calls"] == 1, res
         assert any(f"{tmp_path}/run/admission.json not used" in line and "no such file" in line
                    for line in res["logs"]), res["logs"]
-    finally:
-        p.close()
-
-
-def test_no_table_setting_never_looks_for_one(tmp_path):
-    """The default: off."""
-    conf = tmp_path / "etc"
-    conf.mkdir()
-    (conf / "swapaware_plugin.conf").write_text(f"socket={tmp_path}/none.sock\n")
-    p = Plugin(conf)
-    try:
-        assert p.req("settings")["settings"]["table"] == ""
-        res = p.submit(gpu_job())
-        assert res["rpc_calls"] == 1 and res["logs"] == [] and res["counters"] == {"table_hit": 0, "table_miss": 0}
     finally:
         p.close()
 
