@@ -10,6 +10,7 @@ GPUs and memory enforcement, the service and agent, the queue) and ``swapaware g
   access_checks.py  whether SlurmUser can open the service's socket and read the admission table
   perms.py        the access rule those use (mode, owner, group of each path component)
   peers.py        the service's user (SO_PEERCRED), the node agent, this host's MUNGE origin
+  table_decisions.py  whether slurmctld decided recent jobs from the admission table (their AdminComments)
   host.py         what those read and ask on this host
   check.py        one check's result
   commands.py     the click commands

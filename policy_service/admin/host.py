@@ -14,6 +14,7 @@ from policy_service.admin.check import Check
 from policy_service.admin.peers import (agent_check, munge_origin_check, peer_uid, service_user_check,
                                         unmunge_origin)
 from policy_service.admin.perms import ANYONE, WRITE, Who, blocker, me, stat_chain, who
+from policy_service.admin.table_decisions import table_decisions_checks
 from policy_service.admin.wiring import (PLUGIN_CONF, LuaFile, cli_filter_entry, controller_hosts, job_submit_entry,
                                          lua_files_check, lua_plugin_on, on_controller, plugin_conf_checks,
                                          plugin_settings, plugin_table_path, table_uids)
@@ -89,6 +90,9 @@ def host_checks(slurm_conf: Path, slurm_text: str, cfg: Config, hostname: str, p
             uid, error = peer_uid(path)
             chain, _ = stat_chain(Path(path))
             checks.append(service_user_check(path, uid, error, chain, slurm_user, doctor))
+            # what slurmctld did: recent jobs decided from the table (table_decisions.py)
+            checks += table_decisions_checks(cfg, settings, str(conf_dir), doctor.name,
+                                             slurm_user.uid if slurm_user else None, dialect)
     if probes:
         checks.append(agent_probe(cfg, conf, hostname, doctor))
         checks.append(munge_probe(cfg, hostname, dialect))
