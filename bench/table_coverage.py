@@ -19,8 +19,15 @@ Everything else takes the RPC path. This script measures that on real requests:
 sacct does not keep the batch script: its fingerprint is taken as one per (user, job name), which
 can only overstate coverage. The request is the one typed (swapaware's own rewrite to shards,
 named in the AdminComment, is undone).
+  3. a submission stream drawn from a public trace (bench/table_stream.py: alibaba-v2023's 8,152
+     pods in their arrival order, each mapped to the job_desc the plugin would see; what the trace
+     lacks is assumed there), read from --data (../shared/data) at run time.
+For 2 and 3 (bench/table_stream.covered): the fraction of GPU submissions the table decides with
+the default lag (admission.refresh_s, then table_check_ms 1 s), within admission.horizon_s, with
+the class's entries dropped while an observation is learned; each miss's cause, and each key
+field's share of the misses (a miss is attributed to field F when the key without F would have hit).
 
-    .venv/bin/python bench/table_coverage.py [--sacct PATH] [--refresh-s 30]
+    .venv/bin/python bench/table_coverage.py [--sacct PATH] [--data DIR] [--refresh-s 30]
 """
 from __future__ import annotations
 
@@ -36,7 +43,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TABLE_CHECK_S = 1.0  # the plugin's table_check_ms default (slurm_plugin/swapaware.lua)
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from google.protobuf import json_format  # noqa: E402
 
@@ -49,6 +58,8 @@ from policy_service.core.admission_format import read_table  # noqa: E402
 from policy_service.core.dialect import dialect_for, parse_release  # noqa: E402
 from policy_service.core.policy import parse_admin_comment  # noqa: E402
 from policy_service.handler import HandlerError, PolicyHandler  # noqa: E402
+
+from table_stream import ALIBABA_FILE, Sub, alibaba_jobs, alibaba_rows, covered, report  # noqa: E402
 
 DRIVER = ROOT / "tests" / "adapter" / "admission_diff_driver.lua"
 RELEASES = ("22.05", "24.11", "26.05")
@@ -152,8 +163,9 @@ def typed_request(job: dict) -> str:
     return ",".join(out)
 
 
-def submissions(jobs: list[dict]) -> list[tuple[float, int, dict, int]]:
-    """(submit time, job id, job_desc, tasks) per job_submit call: one per array, one per het component."""
+def submissions(jobs: list[dict]) -> list[tuple[float, int, dict, int, list[float]]]:
+    """(submit time, job id, job_desc, tasks, the tasks' ends) per job_submit call: one per array, one
+    per het component."""
     calls: dict[tuple, list] = {}
     for j in jobs:
         array = (j.get("array") or {}).get("job_id") or j["job_id"]
@@ -167,8 +179,10 @@ def submissions(jobs: list[dict]) -> list[tuple[float, int, dict, int]]:
                     "num_tasks": NO_VAL, "script": f"#!/bin/sh\n# {j.get('user')}/{j.get('name')}\n"}
             if het is not None:
                 desc["het_job_offset"] = het
-            calls[key] = [j["time"]["submission"], j["job_id"], desc, 0]
+            calls[key] = [j["time"]["submission"], j["job_id"], desc, 0, []]
         calls[key][3] += 1
+        if j["time"].get("end"):
+            calls[key][4].append(float(j["time"]["end"]))
     return sorted((tuple(c) for c in calls.values()), key=lambda c: (c[0], c[1]))
 
 
@@ -181,6 +195,19 @@ def coverage(events: list[tuple[float, str]], lag_s: float) -> int:
             hits += 1
         first.setdefault(key, t)
     return hits
+
+
+def key_names() -> tuple[str, ...]:
+    from policy_service.core.admission import KEY_FIELDS
+    return tuple(name for name, _ in KEY_FIELDS)
+
+
+def stream_coverage(jobs: list[tuple[float, tuple[float, ...], dict]], lag_s: float, horizon_s: float):
+    """The table's coverage (table_stream.Coverage) of the GPU submissions among ``jobs`` (submission
+    time, observation times, job_desc), keyed by the real plugin (lua_facts); also the number asked."""
+    outs = lua_facts([j[2] for j in jobs])
+    subs = [Sub(t, o["key"], tuple(ends)) for (t, ends, _), o in zip(jobs, outs) if o["wants_gpu"]]
+    return covered(subs, key_names(), lag_s, horizon_s)
 
 
 def sacct_coverage(path: Path, refresh_s: float) -> None:
@@ -207,16 +234,43 @@ def sacct_coverage(path: Path, refresh_s: float) -> None:
     again = sum(1 for _, k in per_task if k in keys)
     print(f"   the same workload again within horizon_s: {again}/{len(per_task)} tasks' keys held "
           f"({100 * again / max(1, len(per_task)):.1f} %), {len(per_call)} job_submit calls")
+    lag, horizon = refresh_s + TABLE_CHECK_S, load_config(env={}).admission.horizon_s
+    names = key_names()
+    print(f"   with the default lag ({lag:g} s), horizon_s and observation drops:")
+    report("as submitted (one call per array)",
+           covered([Sub(c[0], o["key"], tuple(c[4])) for c, o in zip(calls, outs) if o["wants_gpu"]],
+                   names, lag, horizon), indent="     ")
+    report("each task its own sbatch",
+           covered([Sub(c[0], o["key"], (end,)) for c, o in zip(calls, outs) if o["wants_gpu"] for end in c[4]],
+                   names, lag, horizon), indent="     ")
+
+
+def trace_coverage(data: Path, refresh_s: float, limit: int | None = None) -> None:
+    lag, horizon = refresh_s + TABLE_CHECK_S, load_config(env={}).admission.horizon_s
+    try:
+        rows = alibaba_rows(data, limit)
+    except FileNotFoundError as e:
+        print(f"\n3. public trace: not found ({e}); skipped")
+        return
+    print(f"\n3. public trace alibaba-v2023 ({data / ALIBABA_FILE}): {len(rows)} pods, "
+          f"{sum(1 for r in rows if r['num_gpu'] not in ('', '0'))} with a GPU; default lag {lag:g} s")
+    for mode, label in (("none", "no --time (partition default)"), ("runtime", "--time = each run's length, rounded up "
+                                                                             "to an hour")):
+        jobs = [(t, (end,) if end is not None else (), d) for t, end, d in alibaba_jobs(rows, mode)]
+        report(label, stream_coverage(jobs, lag, horizon))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sacct", type=Path, default=ROOT / "tests" / "golden" / "22.05" / "sacct_capture.json.gz")
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
+                    help="the public traces (../shared/data/README.md)")
     ap.add_argument("--refresh-s", type=float, default=load_config(env={}).admission.refresh_s)
     args = ap.parse_args()
     logging.getLogger("swapaware").setLevel(logging.ERROR)  # the scratch histories' "new, empty history"
     golden_shapes()
     sacct_coverage(args.sacct.resolve(), args.refresh_s)
+    trace_coverage(args.data.resolve(), args.refresh_s)
 
 
 if __name__ == "__main__":
