@@ -117,3 +117,14 @@ def test_alibaba_schema_is_checked(tmp_path):
     (tmp_path / table_stream.ALIBABA_FILE).write_text("name,num_gpu\nx,1\n")
     with pytest.raises(ValueError, match="columns"):
         table_stream.alibaba_rows(tmp_path)
+
+
+def test_an_observation_drops_its_class_not_others():
+    a, a_low, bob = key(), key(qos="low"), key(user="bob")
+    # a_low is of a's class (user, name, script, GRES): its observation at 150 drops a's entry;
+    # bob's observation at 150 is another class's
+    base = [Sub(0, a), Sub(0, bob), Sub(1, a_low)]
+    cov = covered(base + [Sub(100, a_low, ends=(150,)), Sub(160, a), Sub(170, bob)], NAMES, LAG, HORIZON)
+    assert (cov.hits, cov.causes["dropped"]) == (2, 1)  # a_low at 100 and bob at 170; a at 160 dropped
+    cov = covered(base + [Sub(100, bob, ends=(150,)), Sub(160, a), Sub(170, bob)], NAMES, LAG, HORIZON)
+    assert (cov.hits, cov.causes["dropped"]) == (2, 1)  # bob at 100 and a at 160; bob at 170 dropped
