@@ -57,6 +57,8 @@ from submit_overhead import CLUSTER, STACK, set_mode, sh  # noqa: E402  (the mod
 from table_mode import (BATCH, NOOP_LUA, lua_us, log_size, rewrite_lua, set_table, table_on,  # noqa: E402
                         table_sets, timed_lua_dir, warm)
 
+from proc_cpu import cpu_s  # noqa: E402
+
 from policy_service.config import PolicyConfig  # noqa: E402
 
 ID_RE = re.compile(r"swapaware:v1 id=([0-9a-f]+)")
@@ -118,6 +120,15 @@ def service_pid(env: dict[str, str]) -> int:
     return int((Path(env["SWAPAWARE_DEV_DIR"]) / "run" / "swapaware.pid").read_text())
 
 
+def ctld_pid(env: dict[str, str]) -> int:
+    return int((Path(env["SWAPAWARE_DEV_DIR"]) / "run" / "slurmctld.pid").read_text())
+
+
+def controller_cpu(env: dict[str, str]) -> tuple[float, float]:
+    """(slurmctld's, the service's) CPU seconds so far: their own pids' utime + stime."""
+    return cpu_s(ctld_pid(env)), cpu_s(service_pid(env))
+
+
 SUBMIT_RPC_RE = re.compile(r"REQUEST_SUBMIT_BATCH_JOB\s*\(\s*\d+\)\s*count:(\d+)\s+ave_time:(\d+)")
 
 
@@ -146,15 +157,19 @@ def settle(env: dict[str, str], timeout_s: float = 60) -> float:
 
 
 def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int, catchup_s: float,
-          before: frozenset[str] = frozenset()) -> dict:
+          before: frozenset[str] = frozenset(), sample_squeue: bool = True) -> dict:
     """One block of ``n`` submissions in ``mode``. ``before``: the ids of the block just before
-    with the same job names (decided within a second of this one's start, not extra)."""
+    with the same job names (decided within a second of this one's start, not extra). The CPU
+    of slurmctld and of the service is counted from the first submission until the history holds
+    the block's decisions (the table's catch-up included), before the jobs are cancelled."""
     settle(env)
     sh("sdiag", "-r", env=env)
     since, log_at = time.time(), log_size(env)
     stop, sq = threading.Event(), []
     sampler = threading.Thread(target=squeue_sampler, args=(env, stop, sq), daemon=True)
-    sampler.start()
+    if sample_squeue:
+        sampler.start()
+    cpu0 = controller_cpu(env)
     # off: a cluster without swapaware, so the service does not run either (its queue poll's
     # squeue calls load slurmctld); hung: the plugin on and the service stopped; noop: a plugin
     # that is not swapaware's.
@@ -167,7 +182,8 @@ def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int, cat
         if mode in STOPPED:
             os.kill(service_pid(env), signal.SIGCONT)
         stop.set()
-        sampler.join()
+        if sample_squeue:
+            sampler.join()
     ended = time.monotonic()
     count, mean_us = submit_rpc_us(env)
     lua_n, lua_sum = lua_us(env, log_at)
@@ -186,6 +202,8 @@ def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int, cat
         hist = recorded(db, tag, since) - before
         out.update(comments=len(comments), recorded=len(hist), lost=len(comments - hist), extra=len(hist - comments),
                    by_table=by_table, catchup_s=[caught], ids=frozenset(comments))
+    cpu1 = controller_cpu(env)
+    out.update(ctld_cpu=cpu1[0] - cpu0[0], svc_cpu=cpu1[1] - cpu0[1], submitted=n)
     subprocess.run(["scancel", "--user=root", "--state=PENDING"], env=env, timeout=300)
     return out
 
@@ -200,6 +218,8 @@ def main() -> None:
     ap.add_argument("--queue-poll-s", type=float, default=PolicyConfig().queue_poll_s,
                     help="the service's policy.queue_poll_s during the burst (default: the product's)")
     ap.add_argument("--baseline", default="", help="mode tbase: the git revision (or directory) whose plugin files it runs")
+    ap.add_argument("--no-squeue", action="store_true",
+                    help="no squeue sampled during the blocks (its calls load slurmctld alike in every mode)")
     ap.add_argument("--catchup-timeout-s", type=float, default=300,
                     help="mode table: how long to wait after a block for the history to hold its decisions")
     args = ap.parse_args()
@@ -248,7 +268,8 @@ def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: 
                          f"or tstop), tbase (with --baseline, and only with it) (got {args.modes!r})")
     per_block = max(1, args.jobs // (len(modes) * args.rounds))
     stats = {m: {"lat": [], "errors": [], "squeue": [], "rpc_us": [], "comments": 0, "recorded": 0, "lost": 0,
-                 "extra": 0, "lua_n": 0, "lua_us": 0.0, "by_table": 0, "catchup_s": []}
+                 "extra": 0, "lua_n": 0, "lua_us": 0.0, "by_table": 0, "catchup_s": [], "ctld_cpu": 0.0,
+                 "svc_cpu": 0.0, "submitted": 0}
              for m in modes}
     tag = f"burst{int(time.time()) % 100000}"   # every block submits the job names {tag}-0 .. -{NAMES - 1}
     rewrite = ""
@@ -264,8 +285,10 @@ def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: 
             switch(mode, env, lua_dir, rewrite, base_dir, null_dir)
             # not counted; BATCH calls: the timed job_submit.lua (a new Lua state at each switch)
             # logs its first sum at the warm-up's end, so the block's sums are its own
-            warmup = block(env, mode, max(args.submitters, BATCH), tag, args.submitters, args.catchup_timeout_s)
-            res = block(env, mode, per_block, tag, args.submitters, args.catchup_timeout_s, warmup["ids"])
+            warmup = block(env, mode, max(args.submitters, BATCH), tag, args.submitters, args.catchup_timeout_s,
+                           sample_squeue=not args.no_squeue)
+            res = block(env, mode, per_block, tag, args.submitters, args.catchup_timeout_s, warmup["ids"],
+                        not args.no_squeue)
             for k, v in res.items():
                 if k != "ids":
                     stats[mode][k] += v
@@ -297,6 +320,14 @@ def report(args: argparse.Namespace, modes: tuple[str, ...], per_block: int, sta
               f"{len(s['errors']):7d} {sq:>18s} {rpc:14.0f} {rpc / rpc_off:8.3f} {lua}{tail}")
         for e in sorted(set(s["errors"]))[:3]:
             print(f"      error: {e[:200]}")
+    print(f"{'mode':6s} {'slurmctld CPU us/job':>21s} {'service CPU us/job':>19s} {'sum us/job':>11s} {'sum/off':>8s}")
+    off_cpu = (stats["off"]["ctld_cpu"] + stats["off"]["svc_cpu"]) / max(1, stats["off"]["submitted"])
+    for mode in modes:
+        s = stats[mode]
+        per = [1e6 * s[k] / max(1, s["submitted"]) for k in ("ctld_cpu", "svc_cpu")]
+        print(f"{mode:6s} {per[0]:21.0f} {per[1]:19.0f} {sum(per):11.0f} {sum(per) / 1e6 / off_cpu:8.3f}")
+    print("CPU: utime + stime of slurmctld's and the service's own pids (/proc), from a block's first sbatch until the "
+          "history held its decisions, per submission; off: the service stopped (a cluster without swapaware)")
     print("submit RPC us: mean time of a submission inside slurmctld (sdiag), job_submit and lock waits included; "
           "Lua us/job: swapaware.submit timed inside slurmctld")
     print("targets: table: submit RPC/off <= 1.15, p50/off and p99/off <= 1.05, Lua <= 100 us/job; lost = extra = 0")
