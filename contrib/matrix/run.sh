@@ -131,9 +131,14 @@ fi
 (($#)) || set -- bash contrib/run-tests.sh --integration-only
 trap cleanup EXIT
 if ((ON_HOST)); then
+    # The namespace reaches no package registry: the checkout's venv is built (or found current)
+    # here first, as sync_source does for a release's root.
+    HOST_VENV=${SWAPAWARE_VENV:-$REPO/.venv}
+    SWAPAWARE_VENV=$HOST_VENV bash "$REPO/contrib/dev-stack.sh" venv >/dev/null ||
+        mdie "the venv $HOST_VENV could not be built (it needs the package registries, before the namespace)"
     netns_up
     mlog "Slurm $REL: $(dpkg-query -W -f='${Version}' slurmctld 2>/dev/null || echo 'not installed') on the host, namespace $NS"
-    in_ns env CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$REPO" "$@" 9>&-
+    in_ns env SWAPAWARE_VENV="$HOST_VENV" CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$REPO" "$@" 9>&-
     exit $?
 fi
 [[ -f $ROOT/.swapaware-root ]] || mdie "no root for $REL: run contrib/matrix/root.sh build $REL"
