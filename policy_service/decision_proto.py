@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters.decision_log import DecisionRecord
@@ -47,6 +48,23 @@ def brief_decision_to_proto(d: Decision) -> pb.Decision:
     """What a brief Admit answers (the plugin's fast path): id, action, shards, rewrite."""
     return pb.Decision(decision_id=d.decision_id, action=_ACTION[d.action], shards=d.shards,
                        rewrite=rewrite_to_proto(d.rewrite))
+
+
+def brief_line(slot: list, d: Decision, encode: Callable[[pb.AdmitResponse], bytes]) -> bytes:
+    """``encode`` of the brief reply of ``d``, a decision of the memo entry (PolicyHandler._decide_made:
+    one template, each decision its own id) whose ``slot`` this is: the line made for its first
+    decision is cut at that decision's id (in decisionId and in the AdminComment's id=), and later
+    ones are the pieces joined with their own id. ``slot[0]``: None until then; () where that id
+    showed elsewhere too, or an id needs escaping (made afresh)."""
+    d_id, pieces = d.decision_id, slot[0]
+    plain = d_id.isascii() and d_id.isalnum()  # written as it is in JSON, next to no other letter or digit
+    if pieces and plain:
+        return d_id.encode().join(pieces)
+    line = encode(pb.AdmitResponse(decision=brief_decision_to_proto(d)))
+    if pieces is None:
+        parts = tuple(line.split(d_id.encode())) if plain else ()
+        slot[0] = parts if len(parts) == 2 + (d.rewrite.admin_comment is not None) else ()
+    return line
 
 
 _REWRITE_FIELDS = tuple(f.name for f in dataclasses.fields(Rewrite))

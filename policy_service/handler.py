@@ -37,8 +37,8 @@ from policy_service.events import MAX_JOB_ID, EventApplier
 from policy_service.limits import oversize
 from policy_service.metrics import ServiceMetrics
 from policy_service.proto_bounds import observation_to_proto
-from policy_service.decision_proto import (brief_decision_to_proto, decision_record, decision_to_proto, gres_fields,
-                                          is_batch, with_id_bytes)
+from policy_service.decision_proto import (brief_decision_to_proto, brief_line, decision_record, decision_to_proto,
+                                          gres_fields, is_batch, with_id_bytes)
 
 log = logging.getLogger("swapaware.decisions")
 
@@ -195,25 +195,29 @@ class PolicyHandler:
         self.decisions.close()
 
     # ------------------------------------------------------------------ Admit
-    def admit(self, req: pb.AdmitRequest, caller=None) -> pb.AdmitResponse:
+    def admit(self, req: pb.AdmitRequest, caller=None, encode: Callable[[pb.AdmitResponse], bytes] | None = None):
         """``caller`` (policy_service.authz.Caller, from a transport): an Admit that is not
-        slurmctld's is answered as a dry run, recorded nowhere, with a reason saying so."""
+        slurmctld's is answered as a dry run, recorded nowhere, with a reason saying so. ``encode``
+        (the local socket's reply line): ``encode(reply)`` is returned instead of the reply; a
+        remembered decision's brief reply is then its template's line with the id put in."""
         job = req.job
         mode = self.mode
         if req.HasField("plugin"):
             for why in ("breaker_open", "service_error"):
                 self.metrics.plugin_report(req.plugin.instance, why, getattr(req.plugin, why))
         if mode is PolicyMode.OFF and not req.dry_run:
-            return pb.AdmitResponse(decision=pb.Decision(
+            reply = pb.AdmitResponse(decision=pb.Decision(
                 action=pb.ACTION_PASS_THROUGH, mode=mode.value,
                 reasons=[pb.Reason(code=ReasonCode.MODE_OFF.value, message="policy.mode = off: the job passes "
                                                                            "unchanged, nothing is decided")]))
+            return reply if encode is None else encode(reply)
         dry_run_why = self._not_slurmctld(caller) if not req.dry_run else None
         if req.plugin.started_at and dry_run_why is None and not req.dry_run and self.queue is not None:
             self.queue.slurmctld_started(req.plugin.instance, req.plugin.started_at)  # slurmctld's alone
         made_d, jr, keys, made = self._decide_made(job)
         d = apply_mode(made_d, mode, self.cfg.policy.admin_comment_max_chars)
-        if not req.dry_run and dry_run_why is None:
+        recorded = not req.dry_run and dry_run_why is None
+        if recorded:
             # enforce (the decision as made): its record's message is the template's with the id, the
             # time and the AdminComment put in (decision_proto.with_id_bytes)
             self._record(d, jr, keys, job, made if d is made_d else None)
@@ -223,6 +227,8 @@ class PolicyHandler:
                 counter = self._decision_counters[counted] = self.metrics.decisions.labels(
                     action=counted[0], reason=counted[1], mode=counted[2])
             counter.inc()
+        if encode is not None and req.brief and recorded and made is not None and d is made_d:
+            return brief_line(made[4], d, encode)
         if req.brief:  # the full message is built by the writer, off this path
             reply = pb.AdmitResponse(decision=brief_decision_to_proto(d))
         else:
@@ -231,7 +237,7 @@ class PolicyHandler:
             reply.decision.CopyFrom(self._shown(reply.decision, job, caller))
         if dry_run_why is not None:
             reply.decision.reasons.add(code=ReasonCode.DRY_RUN_NOT_SLURMCTLD.value, message=dry_run_why)
-        return reply
+        return reply if encode is None else encode(reply)
 
     def _shown(self, decision: pb.Decision, job: pb.JobFacts, caller) -> pb.Decision:
         """A decision that is nobody's record (a dry run, a what-if) in full to the job's user and
@@ -269,8 +275,8 @@ class PolicyHandler:
     def _decide_made(self, job: pb.JobFacts, replaces: str = "", whole_because: Reason | None = None, *,
                      queue: QueueState | None | object = MONITOR, decision_id: str | None = None,
                      stats_of: Callable[[dict], dict] | None = None):
-        """``_decide``, and the memo entry (statistics, context, template, [its record's bytes]) the
-        decision was made from, None where it was decided directly."""
+        """``_decide``, and the memo entry (statistics, context, template, [its record's bytes], [its
+        brief reply line's pieces]) the decision was made from, None where it was decided directly."""
         if queue is MONITOR:
             queue = self.queue.snapshot() if self.queue is not None else None
         jr, access, fields, keys, last = self._request(job, queue)
@@ -299,7 +305,7 @@ class PolicyHandler:
                                  gres_fields=fields, access=access, queue=queue, replaces=replaces,
                                  dialect=self.dialect, whole_because=whole_because,
                                  enforcement=enforcement), jr, keys, None
-        last[0] = made = (tuple(stats.items()), context, template, [None])
+        last[0] = made = (tuple(stats.items()), context, template, [None], [None])
         return d, jr, keys, made
 
     def _request(self, job: pb.JobFacts, queue: QueueState | None) -> tuple[JobRequest, object, dict, dict, list]:
@@ -511,18 +517,20 @@ class Method(enum.Enum):
         """An event feeds the model (observations): only the cluster's hooks may send one."""
         return self in (Method.JOB_STARTED, Method.JOB_FINISHED, Method.REPORT_EVENTS)
 
-    def call(self, handler: PolicyHandler, request, caller=None):
+    def call(self, handler: PolicyHandler, request, caller=None, sized: bool = False, **options):
         """``caller``: who sent it (policy_service.authz.Caller), for the methods whose answer
-        depends on it (Admit: recorded or a dry run; Explain: whose jobs)."""
+        depends on it (Admit: recorded or a dry run; Explain: whose jobs). ``sized``: ``request``
+        is known to be within the size limits (the local socket's parsed lines); ``options``: the
+        method's own (Admit's encode)."""
         if self.is_event and handler.standby is not None:  # before anything touches the store
             standby = handler.standby()
             if standby is not None:
                 raise HandlerError(grpc.StatusCode.UNAVAILABLE, standby)
-        too_big = oversize(request)
+        too_big = [] if sized else oversize(request)
         if too_big:
             log.warning("%s refused: %s", self.value[0], "; ".join(too_big))
             raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"{self.value[0]} refused, a field is too large: {'; '.join(too_big[:3])}")
         if caller is not None and self in (Method.ADMIT, Method.EXPLAIN):
-            return getattr(handler, self.value[2])(request, caller=caller)
-        return getattr(handler, self.value[2])(request)
+            return getattr(handler, self.value[2])(request, caller=caller, **options)
+        return getattr(handler, self.value[2])(request, **options)
