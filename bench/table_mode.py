@@ -73,13 +73,18 @@ def table_on(env: dict[str, str]) -> bool:
 
 
 def set_table(env: dict[str, str], on: bool) -> None:
-    """swapaware_plugin.conf's table= on (mode table) or commented out (mode on: the round trip);
-    read by slurmctld at its next load of job_submit.lua. Off without a table named: nothing to do."""
+    """swapaware_plugin.conf's table= on (mode table) or off (mode on: the round trip): its path
+    commented out and an empty table= after it (with no table= line the plugin looks beside its
+    socket, where the service publishes by default); read by slurmctld at its next load of
+    job_submit.lua. Off without a table named: nothing to do."""
     if on or table_on(env):
         table_path(env)
     conf = plugin_conf(env)
     text = conf.read_text()
-    text = re.sub(r"^(?:#bench-rpc )?table=", "table=" if on else "#bench-rpc table=", text, flags=re.M)
+    if on:
+        text = re.sub(r"^#bench-rpc (table=.*)\ntable=$", r"\1", text, flags=re.M)
+    else:
+        text = re.sub(r"^(table=/.*)$", r"#bench-rpc \1\ntable=", text, flags=re.M)
     conf.write_text(text)
 
 
