@@ -45,8 +45,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proc_cpu import stat_cpu_s  # noqa: E402
 GIB = 1024 ** 3
-TICK = os.sysconf("SC_CLK_TCK")
 
 SLURM_CONF = """ClusterName=bench
 SlurmctldHost=localhost
@@ -258,14 +259,14 @@ class Service:
         self.replies: list[bytes] = []
 
     def cpu_s(self) -> float:
-        return _cpu_s(Path(f"/proc/{self.proc.pid}/stat"))
+        return stat_cpu_s(Path(f"/proc/{self.proc.pid}/stat"))
 
     def threads(self) -> dict[str, float]:
         """CPU seconds of each live thread of the service, by tid."""
         out = {}
         for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
             try:
-                out[task.name] = _cpu_s(task / "stat")
+                out[task.name] = stat_cpu_s(task / "stat")
             except (FileNotFoundError, ProcessLookupError):
                 pass
         return out
@@ -291,11 +292,6 @@ class Service:
         self.proc.terminate()
         self.proc.wait(20)
         self.log.close()
-
-
-def _cpu_s(stat: Path) -> float:
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14 and 15)
 
 
 def measure(svc: Service, lines: list[bytes]) -> tuple[float, float]:

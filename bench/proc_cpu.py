@@ -1,5 +1,6 @@
-"""CPU time of one process from the kernel's own account: utime + stime of every thread of it,
-from /proc/<pid>/stat (what holds still on a shared machine, unlike latency)."""
+"""CPU time of one process (or one of its threads) from the kernel's own account: utime + stime,
+from /proc/<pid>/stat (all its threads) or /proc/<pid>/task/<tid>/stat (one): what holds still on a
+shared machine, unlike latency."""
 from __future__ import annotations
 
 import os
@@ -8,11 +9,15 @@ from pathlib import Path
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+def stat_cpu_s(stat: Path) -> float:
+    """Seconds of CPU of the process or thread whose stat file is ``stat`` (FileNotFoundError once gone)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14 and 15)
+
+
 def cpu_s(pid: int) -> float:
-    """Seconds of CPU ``pid`` has used so far (0.0 once it is gone)."""
+    """Seconds of CPU ``pid`` (all its threads) has used so far; 0.0 once it is gone."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        return stat_cpu_s(Path(f"/proc/{pid}/stat"))
     except FileNotFoundError:
         return 0.0
-    fields = text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14 and 15)
