@@ -109,6 +109,22 @@ def trees(baseline: Path | None, r: int) -> list[tuple[str, Path]]:
     return out if r % 2 == 0 else out[::-1]
 
 
+def in_rounds(d: Path, path: Path, rounds: int, baseline: Path | None, checks: tuple[int, ...], check,
+              request: str, **args) -> dict[str, list[dict]]:
+    """The driver's answers to ``request`` (checked by ``check``) by plugin, over ``rounds`` rounds:
+    each tree (this one, the baseline) and each table_check_ms of ``checks`` in turn, in alternating
+    order; the names say the table_check_ms when more than one is run."""
+    got: dict[str, list[dict]] = {}
+    for r in range(rounds):
+        for (name, where), check_ms in ((t, c) for t in trees(baseline, r) for c in checks[::(-1) ** r]):
+            p = plugin(d, path, plugin_dir=where, check_ms=check_ms)
+            out = p.req(request, **args)
+            p.close()
+            check(out)
+            got.setdefault(f"{name}, table_check_ms={check_ms}" if len(checks) > 1 else name, []).append(out)
+    return got
+
+
 def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -139,15 +155,10 @@ def bench_hits(d: Path, hits: int, rounds: int, baseline: Path | None) -> None:
     for label, scripts, proxy in cases:
         jobs = [gpu_job(script=script) for script in scripts]
         publish(d, path, jobs)
-        got: dict[str, list[dict]] = {}
-        for r in range(rounds):
-            for name, where in trees(baseline, r):
-                p = plugin(d, path, plugin_dir=where)
-                out = p.req("bench_hit", jobs=jobs, n=hits, proxy=proxy)
-                p.close()
-                assert out["counters"]["table_hit"] == hits + min(hits, 1000) and out["rpc_calls"] == 0, out["counters"]
-                assert out["job"]["tres_per_node"] == "gres:shard:2"
-                got.setdefault(name, []).append(out)
+        def check(out: dict) -> None:
+            assert out["counters"]["table_hit"] == hits + min(hits, 1000) and out["rpc_calls"] == 0, out["counters"]
+            assert out["job"]["tres_per_node"] == "gres:shard:2"
+        got = in_rounds(d, path, rounds, baseline, (1000,), check, "bench_hit", jobs=jobs, n=hits, proxy=proxy)
         for name, outs in got.items():
             print(f"table hit, {label}{'' if baseline is None else f' [{name}]'}: "
                   f"{med([o['seconds'] for o in outs]) / hits * 1e6:.1f} us/hit over {hits} hits, median of {rounds} "
@@ -168,17 +179,10 @@ def bench_slurm(d: Path, hits: int, rounds: int, baseline: Path | None, queue: i
     burst = [gpu_job(name=f"burst-{k}", script=SHORT_SCRIPT, environment=ENVIRONMENT) for k in range(20)]
     publish(d, path, burst)
     for label, jobs in (("20 job names in turn", burst), ("one job name", burst[:1])):
-        got: dict[str, list[dict]] = {}
-        for r in range(rounds):
-            for (name, where), check_ms in ((t, c) for t in trees(baseline, r) for c in checks[::(-1) ** r]):
-                if len(checks) > 1:
-                    name = f"{name}, table_check_ms={check_ms}"
-                p = plugin(d, path, plugin_dir=where, check_ms=check_ms)
-                out = p.req("bench_slurm", jobs=jobs, n=hits, queue=queue)
-                p.close()
-                assert out["hits"] == hits and out["rpc_calls"] == 0, out
-                assert out["job"]["tres_per_node"] == "gres:shard:2" and " tbl=" in out["job"]["admin_comment"]
-                got.setdefault(name, []).append(out)
+        def check(out: dict) -> None:
+            assert out["hits"] == hits and out["rpc_calls"] == 0, out
+            assert out["job"]["tres_per_node"] == "gres:shard:2" and " tbl=" in out["job"]["admin_comment"]
+        got = in_rounds(d, path, rounds, baseline, checks, check, "bench_slurm", jobs=jobs, n=hits, queue=queue)
         for name, outs in got.items():
             calls = outs[0]["calls"]
             phases = {ph: med([o["phases"][ph] for o in outs]) / hits * 1e6 for ph in PHASES}
