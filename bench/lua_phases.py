@@ -44,7 +44,7 @@ from table_mode import BATCH, ctld_log, log_size, plugin_files, set_table, table
 
 PHASES = ("gres", "key", "facts", "table")
 PHASES_RE = re.compile(r"swapaware-phases n=(\d+) hits=(\d+) total=([0-9.]+) " +
-                       " ".join(f"{p}=([0-9.]+)" for p in PHASES))
+                       " ".join(f"{p}=([0-9.]+)" for p in PHASES) + r" clock=([0-9.]+)")
 PHASES_LUA = """
 local function script_dir()
   return string.match(debug.getinfo(1, "S").source, "^@(.*)/[^/]*$") or "/etc/slurm"
@@ -54,7 +54,20 @@ package.path = dir .. "/?.lua;" .. package.path
 local swapaware = require("swapaware")
 swapaware.load_settings(dir)
 local F, T = require("swapaware_facts"), require("swapaware_table")
-local clock = require("socket").gettime
+local clock
+if "CLOCK" == "cpu" then  -- the calling thread's CPU time: what slurmctld spends, whatever else runs
+  local ptime = require("posix.time")
+  local gettime, id = ptime.clock_gettime, ptime.CLOCK_THREAD_CPUTIME_ID
+  clock = function() local t = gettime(id) return t.tv_sec + t.tv_nsec * 1e-9 end
+else
+  clock = require("socket").gettime
+end
+local clock_read_us  -- what one clock read costs here (the report takes the reads inside each interval out)
+do
+  local t0 = clock()
+  for _ = 1, 2000 do clock() end
+  clock_read_us = (clock() - t0) / 2001 * 1e6
+end
 local sums = { gres = 0, key = 0, facts = 0, table = 0 }
 local n, hits, total = 0, 0, 0
 
@@ -86,8 +99,9 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   total = total + (clock() - t0)
   n = n + 1
   if n == BATCH then
-    slurm.log_info("swapaware-phases n=%d hits=%d total=%.1f gres=%.1f key=%.1f facts=%.1f table=%.1f", n, hits,
-                   total * 1e6, sums.gres * 1e6, sums.key * 1e6, sums.facts * 1e6, sums.table * 1e6)
+    slurm.log_info("swapaware-phases n=%d hits=%d total=%.1f gres=%.1f key=%.1f facts=%.1f table=%.1f clock=%.3f",
+                   n, hits, total * 1e6, sums.gres * 1e6, sums.key * 1e6, sums.facts * 1e6, sums.table * 1e6,
+                   clock_read_us)
     n, hits, total = 0, 0, 0
     for k in pairs(sums) do sums[k] = 0 end
   end
@@ -99,23 +113,33 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 end
 
 return slurm.SUCCESS
-""".replace("BATCH", str(BATCH))
+"""
+# clock reads inside each interval: one per phase (its second read), nine in the total (its own
+# second read and the four phases' two each)
+READS = {"total": 9, **dict.fromkeys(PHASES, 1)}
 
 
-def phases_dir(dst: Path) -> Path:
-    """The tree's plugin files with the phase-timing job_submit.lua."""
+def phases_dir(dst: Path, clock: str = "cpu") -> Path:
+    """The tree's plugin files with the phase-timing job_submit.lua (``clock``: "cpu", the thread's
+    CPU time, or "wall")."""
     dst.mkdir(parents=True, exist_ok=True)
+    lua = PHASES_LUA.replace("BATCH", str(BATCH)).replace('"CLOCK"', f'"{clock}"')
     for name, text in plugin_files().items():
-        (dst / name).write_text(PHASES_LUA if name == "job_submit.lua" else text)
+        (dst / name).write_text(lua if name == "job_submit.lua" else text)
     return dst
 
 
 def parse_phases(text: str) -> dict[str, float]:
-    """Summed calls, hits and microseconds per phase of the lines logged in ``text``."""
-    out = dict.fromkeys(("n", "hits", "total", *PHASES), 0.0)
+    """Summed calls, hits and microseconds per phase of the lines logged in ``text``, less the clock
+    reads inside each interval (the cost of one read as the Lua state measured it at load)."""
+    out = dict.fromkeys(("n", "hits", "total", *PHASES, "clock_us"), 0.0)
     for m in PHASES_RE.finditer(text):
-        for name, value in zip(("n", "hits", "total", *PHASES), m.groups()):
+        *sums, clock_us = m.groups()
+        for name, value in zip(("n", "hits", "total", *PHASES), sums):
             out[name] += float(value)
+        for name, count in READS.items():
+            out[name] -= count * float(clock_us) * float(sums[0])
+        out["clock_us"] = max(out["clock_us"], float(clock_us))
     return out
 
 
@@ -134,7 +158,7 @@ def block(env: dict[str, str], tag: str, n: int, submitters: int) -> tuple[dict[
     return parse_phases(logged_since(env, at)), len(errors)
 
 
-def report(stats: dict[int, dict[str, float]], errors: dict[int, int]) -> None:
+def report(stats: dict[int, dict[str, float]], errors: dict[int, int], clock: str, clock_us: float) -> None:
     print(f"{'submitters':>10s} {'jobs':>6s} {'hits':>6s} {'total us':>9s} " +
           " ".join(f"{p + ' us':>9s}" for p in (*PHASES, "rest")) + f" {'errors':>7s}")
     for s, st in stats.items():
@@ -142,8 +166,10 @@ def report(stats: dict[int, dict[str, float]], errors: dict[int, int]) -> None:
         rest = st["total"] - sum(st[p] for p in PHASES)
         print(f"{s:10d} {st['n']:6.0f} {st['hits']:6.0f} {st['total'] / n:9.1f} " +
               " ".join(f"{st[p] / n:9.1f}" for p in PHASES) + f" {rest / n:9.1f} {errors[s]:7d}")
-    print("per job, inside slurmctld: the plugin's swapaware.submit and the four phases of its table path "
-          "(each timed with two clock reads); rest = total less the four")
+    print("per job, inside slurmctld: the plugin's swapaware.submit and the four phases of its table path, "
+          + ("the thread's CPU time (CLOCK_THREAD_CPUTIME_ID)" if clock == "cpu" else "wall-clock time")
+          + f", less the clock reads inside each (one read {clock_us:.2f} us, measured in slurmctld's Lua state); "
+          "rest = total less the four")
 
 
 def main() -> None:
@@ -151,6 +177,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=400, help="sbatch per block")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--submitters", default="1,8", help="comma-separated: one block per value per round")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="cpu: the slurmctld thread's CPU time (holds still on a busy machine); wall: lua-socket's clock")
     args = ap.parse_args()
     counts = [int(x) for x in args.submitters.split(",") if x.strip()]
     env = stack_env()
@@ -158,9 +186,10 @@ def main() -> None:
     tag = f"phases{int(time.time()) % 100000}"
     stats = {s: dict.fromkeys(("n", "hits", "total", *PHASES), 0.0) for s in counts}
     errors = dict.fromkeys(counts, 0)
+    clock_us = 0.0
     try:
         with tempfile.TemporaryDirectory() as d:
-            lua = phases_dir(Path(d) / "phases")
+            lua = phases_dir(Path(d) / "phases", args.clock)
             set_table(env, False)             # the classes' first decisions: one round trip each
             set_mode("on", env, lua)
             took = warm(env, [f"{tag}-{k}" for k in range(NAMES)])
@@ -172,6 +201,7 @@ def main() -> None:
             for r in range(args.rounds):
                 for s in (counts if r % 2 == 0 else list(reversed(counts))):
                     got, errs = block(env, tag, args.jobs, s)
+                    clock_us = max(clock_us, got.pop("clock_us"))
                     for k, v in got.items():
                         stats[s][k] += v
                     errors[s] += errs
@@ -181,7 +211,7 @@ def main() -> None:
     finally:
         set_table(env, was_table)
         set_mode("on", env)
-    report(stats, errors)
+    report(stats, errors, args.clock, clock_us)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@ counted as hits) and leave every job as the plugin alone leaves it."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+
+import pytest
 
 from tests.unit.test_lua_table import ROOT, decision, expected, gate_doc, gpu_job, publish, setup  # noqa: F401
 
@@ -26,12 +29,13 @@ io.write(cjson.encode({ jobs = out, logs = S.logs }))
 """
 
 
-def test_the_phases_are_those_of_the_plugins_own_table_path(setup, tmp_path):
+@pytest.mark.parametrize("clock", ["cpu", "wall"])
+def test_the_phases_are_those_of_the_plugins_own_table_path(setup, tmp_path, clock):
     make, table = setup
     p = make()
     known, entry = gpu_job(), {"*": decision(3, "a")}
     publish(p, table, [(known, entry)], gate=gate_doc({"": "normal"}))
-    lua = lua_phases.phases_dir(tmp_path / "phases")
+    lua = lua_phases.phases_dir(tmp_path / "phases", clock)
     (lua / "swapaware_plugin.conf").write_text((tmp_path / "etc0" / "swapaware_plugin.conf").read_text())
     other = gpu_job(name="not-in-the-table")
     jobs = [known] * 24 + [other] * 8           # two logged batches of 16: 24 hits, 8 misses
@@ -44,14 +48,19 @@ def test_the_phases_are_those_of_the_plugins_own_table_path(setup, tmp_path):
     for job in out["jobs"][:24]:               # decided by the table as the plugin alone decides
         assert job == expected(known, entry["*"], job["admin_comment"].split()[1].removeprefix("id="))
     assert all(job == other for job in out["jobs"][24:])   # the misses: the RPC path, no service: as typed
-    got = lua_phases.parse_phases("\n".join(out["logs"]))
-    assert got["n"] == 32 and got["hits"] == 24
-    assert all(got[phase] > 0 for phase in lua_phases.PHASES)
-    assert got["total"] > sum(got[phase] for phase in lua_phases.PHASES)
+    logs = "\n".join(out["logs"])
+    assert 0 < lua_phases.parse_phases(logs)["clock_us"] < 50  # one clock read, measured by the Lua state
+    raw = lua_phases.parse_phases(re.sub(r"clock=[0-9.]+", "clock=0", logs))  # the clock reads left in
+    assert raw["n"] == 32 and raw["hits"] == 24
+    assert all(raw[phase] > 0 for phase in lua_phases.PHASES)
+    assert raw["total"] > sum(raw[phase] for phase in lua_phases.PHASES)
 
 
-def test_parse_phases_sums_every_logged_batch():
-    text = ("x swapaware-phases n=16 hits=16 total=800.0 gres=80.0 key=300.5 facts=200.0 table=150.0\n"
-            "y swapaware-phases n=16 hits=12 total=900.0 gres=90.0 key=310.5 facts=210.0 table=160.0\n")
-    assert lua_phases.parse_phases(text) == {"n": 32, "hits": 28, "total": 1700.0, "gres": 170.0, "key": 611.0,
-                                             "facts": 410.0, "table": 310.0}
+def test_parse_phases_sums_every_logged_batch_less_its_clock_reads():
+    """Each batch's sums less its clock reads: one per phase and nine in the total per job
+    (16 jobs x 0.5 us, then 16 x 0.25 us)."""
+    text = ("x swapaware-phases n=16 hits=16 total=800.0 gres=80.0 key=300.5 facts=200.0 table=150.0 clock=0.500\n"
+            "y swapaware-phases n=16 hits=12 total=900.0 gres=90.0 key=310.5 facts=210.0 table=160.0 clock=0.250\n")
+    assert lua_phases.parse_phases(text) == {"n": 32, "hits": 28, "total": 1700.0 - 9 * 12, "gres": 170.0 - 12,
+                                             "key": 611.0 - 12, "facts": 410.0 - 12, "table": 310.0 - 12,
+                                             "clock_us": 0.5}
