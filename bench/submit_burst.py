@@ -157,11 +157,13 @@ def settle(env: dict[str, str], timeout_s: float = 60) -> float:
 
 
 def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int, catchup_s: float,
-          before: frozenset[str] = frozenset(), sample_squeue: bool = True) -> dict:
+          before: frozenset[str] = frozenset(), sample_squeue: bool = True, window_s: float = 0.0) -> dict:
     """One block of ``n`` submissions in ``mode``. ``before``: the ids of the block just before
     with the same job names (decided within a second of this one's start, not extra). The CPU
     of slurmctld and of the service is counted from the first submission until the history holds
-    the block's decisions (the table's catch-up included), before the jobs are cancelled."""
+    the block's decisions (the table's catch-up included) and at least ``window_s`` after the last
+    submission, the same in every mode (the service's queue polls and their squeue in slurmctld
+    counted alike; off: the service stays stopped until then), before the jobs are cancelled."""
     settle(env)
     sh("sdiag", "-r", env=env)
     since, log_at = time.time(), log_size(env)
@@ -173,13 +175,14 @@ def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int, cat
     # off: a cluster without swapaware, so the service does not run either (its queue poll's
     # squeue calls load slurmctld); hung: the plugin on and the service stopped; noop: a plugin
     # that is not swapaware's.
+    resume_late = mode in STOPPED and mode not in DECIDING  # no decision to catch up: stopped through the window
     if mode in STOPPED:
         os.kill(service_pid(env), signal.SIGSTOP)
     try:
         with ThreadPoolExecutor(submitters) as pool:
             results = list(pool.map(lambda i: submit(env, tag, i), range(n)))
     finally:
-        if mode in STOPPED:
+        if mode in STOPPED and not resume_late:
             os.kill(service_pid(env), signal.SIGCONT)
         stop.set()
         if sample_squeue:
@@ -202,7 +205,11 @@ def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int, cat
         hist = recorded(db, tag, since) - before
         out.update(comments=len(comments), recorded=len(hist), lost=len(comments - hist), extra=len(hist - comments),
                    by_table=by_table, catchup_s=[caught], ids=frozenset(comments))
+    while time.monotonic() < ended + window_s:
+        time.sleep(0.2)
     cpu1 = controller_cpu(env)
+    if resume_late:
+        os.kill(service_pid(env), signal.SIGCONT)
     out.update(ctld_cpu=cpu1[0] - cpu0[0], svc_cpu=cpu1[1] - cpu0[1], submitted=n)
     subprocess.run(["scancel", "--user=root", "--state=PENDING"], env=env, timeout=300)
     return out
@@ -288,7 +295,7 @@ def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: 
             warmup = block(env, mode, max(args.submitters, BATCH), tag, args.submitters, args.catchup_timeout_s,
                            sample_squeue=not args.no_squeue)
             res = block(env, mode, per_block, tag, args.submitters, args.catchup_timeout_s, warmup["ids"],
-                        not args.no_squeue)
+                        not args.no_squeue, args.queue_poll_s + 1)
             for k, v in res.items():
                 if k != "ids":
                     stats[mode][k] += v
@@ -326,8 +333,9 @@ def report(args: argparse.Namespace, modes: tuple[str, ...], per_block: int, sta
         s = stats[mode]
         per = [1e6 * s[k] / max(1, s["submitted"]) for k in ("ctld_cpu", "svc_cpu")]
         print(f"{mode:6s} {per[0]:21.0f} {per[1]:19.0f} {sum(per):11.0f} {sum(per) / 1e6 / off_cpu:8.3f}")
-    print("CPU: utime + stime of slurmctld's and the service's own pids (/proc), from a block's first sbatch until the "
-          "history held its decisions, per submission; off: the service stopped (a cluster without swapaware)")
+    print(f"CPU: utime + stime of slurmctld's and the service's own pids (/proc), per submission, from a block's first "
+          f"sbatch until the history held its decisions and at least queue_poll_s + 1 = {args.queue_poll_s + 1:g} s "
+          "after its last (every mode alike); off: the service stopped throughout (a cluster without swapaware)")
     print("submit RPC us: mean time of a submission inside slurmctld (sdiag), job_submit and lock waits included; "
           "Lua us/job: swapaware.submit timed inside slurmctld")
     print("targets: table: submit RPC/off <= 1.15, p50/off and p99/off <= 1.05, Lua <= 100 us/job; lost = extra = 0")
