@@ -44,7 +44,7 @@ from table_mode import BATCH, ctld_log, log_size, plugin_files, set_table, table
 
 PHASES = ("gres", "key", "facts", "table")
 PHASES_RE = re.compile(r"swapaware-phases n=(\d+) hits=(\d+) total=([0-9.]+) " +
-                       " ".join(f"{p}=([0-9.]+)" for p in PHASES) + r" clock=([0-9.]+)")
+                       " ".join(f"{p}=([0-9.]+)" for p in PHASES) + r" clock=([0-9.]+) reads=([0-9.]+) fields=(\d+)")
 PHASES_LUA = """
 local function script_dir()
   return string.match(debug.getinfo(1, "S").source, "^@(.*)/[^/]*$") or "/etc/slurm"
@@ -93,16 +93,34 @@ T.decide = function(...)
   return hit
 end
 
+-- Slurm's own part: the fields the plugin reads of job_desc (learnt from the first job through a
+-- recording proxy), each read once more after the plugin ran, timed apart from it
+local fields, reads = nil, 0
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
+  local jd, seen = job_desc, nil
+  if fields == nil then
+    seen = {}
+    jd = setmetatable({}, {
+      __index = function(_, k) if seen[k] == nil then seen[k] = #seen + 1; seen[#seen + 1] = k end return job_desc[k] end,
+      __newindex = function(_, k, v) job_desc[k] = v end })
+  end
   local t0 = clock()
-  local rc = swapaware.submit(job_desc, part_list, submit_uid)
+  local rc = swapaware.submit(jd, part_list, submit_uid)
   total = total + (clock() - t0)
+  if seen then
+    fields = { unpack(seen) }
+  else
+    t0 = clock()
+    for i = 1, #fields do local _ = job_desc[fields[i]] end
+    reads = reads + (clock() - t0)
+  end
   n = n + 1
   if n == BATCH then
-    slurm.log_info("swapaware-phases n=%d hits=%d total=%.1f gres=%.1f key=%.1f facts=%.1f table=%.1f clock=%.3f",
-                   n, hits, total * 1e6, sums.gres * 1e6, sums.key * 1e6, sums.facts * 1e6, sums.table * 1e6,
-                   clock_read_us)
-    n, hits, total = 0, 0, 0
+    slurm.log_info("swapaware-phases n=%d hits=%d total=%.1f gres=%.1f key=%.1f facts=%.1f table=%.1f clock=%.3f "
+                   .. "reads=%.1f fields=%d", n, hits, total * 1e6, sums.gres * 1e6, sums.key * 1e6, sums.facts * 1e6,
+                   sums.table * 1e6, clock_read_us, reads * 1e6, #fields)
+    n, hits, total, reads = 0, 0, 0, 0
     for k in pairs(sums) do sums[k] = 0 end
   end
   return rc
@@ -116,7 +134,7 @@ return slurm.SUCCESS
 """
 # clock reads inside each interval: one per phase (its second read), nine in the total (its own
 # second read and the four phases' two each)
-READS = {"total": 9, **dict.fromkeys(PHASES, 1)}
+READS = {"total": 9, **dict.fromkeys(PHASES, 1), "reads": 1}
 
 
 def phases_dir(dst: Path, clock: str = "cpu") -> Path:
@@ -132,11 +150,12 @@ def phases_dir(dst: Path, clock: str = "cpu") -> Path:
 def parse_phases(text: str) -> dict[str, float]:
     """Summed calls, hits and microseconds per phase of the lines logged in ``text``, less the clock
     reads inside each interval (the cost of one read as the Lua state measured it at load)."""
-    out = dict.fromkeys(("n", "hits", "total", *PHASES, "clock_us"), 0.0)
+    out = dict.fromkeys(("n", "hits", "total", *PHASES, "reads", "clock_us", "fields"), 0.0)
     for m in PHASES_RE.finditer(text):
-        *sums, clock_us = m.groups()
-        for name, value in zip(("n", "hits", "total", *PHASES), sums):
+        *sums, clock_us, reads, fields = m.groups()
+        for name, value in zip(("n", "hits", "total", *PHASES, "reads"), (*sums, reads)):
             out[name] += float(value)
+        out["fields"] = max(out["fields"], float(fields))
         for name, count in READS.items():
             out[name] -= count * float(clock_us) * float(sums[0])
         out["clock_us"] = max(out["clock_us"], float(clock_us))
@@ -160,16 +179,18 @@ def block(env: dict[str, str], tag: str, n: int, submitters: int) -> tuple[dict[
 
 def report(stats: dict[int, dict[str, float]], errors: dict[int, int], clock: str, clock_us: float) -> None:
     print(f"{'submitters':>10s} {'jobs':>6s} {'hits':>6s} {'total us':>9s} " +
-          " ".join(f"{p + ' us':>9s}" for p in (*PHASES, "rest")) + f" {'errors':>7s}")
+          " ".join(f"{p + ' us':>9s}" for p in (*PHASES, "rest")) + f" {'errors':>7s} {'Slurm reads us':>15s}")
     for s, st in stats.items():
         n = st["n"] or float("nan")
         rest = st["total"] - sum(st[p] for p in PHASES)
         print(f"{s:10d} {st['n']:6.0f} {st['hits']:6.0f} {st['total'] / n:9.1f} " +
-              " ".join(f"{st[p] / n:9.1f}" for p in PHASES) + f" {rest / n:9.1f} {errors[s]:7d}")
+              " ".join(f"{st[p] / n:9.1f}" for p in PHASES) + f" {rest / n:9.1f} {errors[s]:7d} {st['reads'] / n:15.1f}")
+    fields = max(st["fields"] for st in stats.values())
     print("per job, inside slurmctld: the plugin's swapaware.submit and the four phases of its table path, "
           + ("the thread's CPU time (CLOCK_THREAD_CPUTIME_ID)" if clock == "cpu" else "wall-clock time")
           + f", less the clock reads inside each (one read {clock_us:.2f} us, measured in slurmctld's Lua state); "
-          "rest = total less the four")
+          f"rest = total less the four; Slurm reads = the {fields:.0f} job_desc fields the plugin reads, each read once "
+          "more after it ran (Slurm's accessors alone: what any plugin reading them pays)")
 
 
 def main() -> None:
@@ -184,7 +205,7 @@ def main() -> None:
     env = stack_env()
     was_table = table_on(env)
     tag = f"phases{int(time.time()) % 100000}"
-    stats = {s: dict.fromkeys(("n", "hits", "total", *PHASES), 0.0) for s in counts}
+    stats = {s: dict.fromkeys(("n", "hits", "total", *PHASES, "reads", "fields"), 0.0) for s in counts}
     errors = dict.fromkeys(counts, 0)
     clock_us = 0.0
     try:
@@ -202,6 +223,7 @@ def main() -> None:
                 for s in (counts if r % 2 == 0 else list(reversed(counts))):
                     got, errs = block(env, tag, args.jobs, s)
                     clock_us = max(clock_us, got.pop("clock_us"))
+                    stats[s]["fields"] = max(stats[s]["fields"], got.pop("fields"))
                     for k, v in got.items():
                         stats[s][k] += v
                     errors[s] += errs

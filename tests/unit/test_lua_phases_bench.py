@@ -54,13 +54,17 @@ def test_the_phases_are_those_of_the_plugins_own_table_path(setup, tmp_path, clo
     assert raw["n"] == 32 and raw["hits"] == 24
     assert all(raw[phase] > 0 for phase in lua_phases.PHASES)
     assert raw["total"] > sum(raw[phase] for phase in lua_phases.PHASES)
+    # the fields the plugin read of the first job (through the recording proxy), read again for the others
+    assert raw["fields"] >= 20 and raw["reads"] > 0
 
 
 def test_parse_phases_sums_every_logged_batch_less_its_clock_reads():
     """Each batch's sums less its clock reads: one per phase and nine in the total per job
     (16 jobs x 0.5 us, then 16 x 0.25 us)."""
-    text = ("x swapaware-phases n=16 hits=16 total=800.0 gres=80.0 key=300.5 facts=200.0 table=150.0 clock=0.500\n"
-            "y swapaware-phases n=16 hits=12 total=900.0 gres=90.0 key=310.5 facts=210.0 table=160.0 clock=0.250\n")
+    text = ("x swapaware-phases n=16 hits=16 total=800.0 gres=80.0 key=300.5 facts=200.0 table=150.0 clock=0.500 "
+            "reads=400.0 fields=24\n"
+            "y swapaware-phases n=16 hits=12 total=900.0 gres=90.0 key=310.5 facts=210.0 table=160.0 clock=0.250 "
+            "reads=420.0 fields=24\n")
     assert lua_phases.parse_phases(text) == {"n": 32, "hits": 28, "total": 1700.0 - 9 * 12, "gres": 170.0 - 12,
                                              "key": 611.0 - 12, "facts": 410.0 - 12, "table": 310.0 - 12,
-                                             "clock_us": 0.5}
+                                             "reads": 820.0 - 12, "clock_us": 0.5, "fields": 24}
