@@ -55,7 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from submit_overhead import CLUSTER, STACK, set_mode, sh  # noqa: E402  (the modes are switched the same way)
 from table_mode import (BATCH, NOOP_LUA, lua_us, log_size, rewrite_lua, set_table, table_on,  # noqa: E402
-                        table_sets, timed_lua_dir, warm)
+                        table_sets, timed_lua_dir, wait_gate_after, warm)
 
 from proc_cpu import cpu_s  # noqa: E402
 
@@ -290,6 +290,8 @@ def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: 
     for r in range(args.rounds):
         for mode in (modes if r % 2 == 0 else tuple(reversed(modes))):
             switch(mode, env, lua_dir, rewrite, base_dir, null_dir)
+            if mode in TABLE:  # slurmctld restarted (and up by now): its plugin uses the table from the next
+                wait_gate_after(env, time.time())  # queue snapshot on
             # not counted; BATCH calls: the timed job_submit.lua (a new Lua state at each switch)
             # logs its first sum at the warm-up's end, so the block's sums are its own
             warmup = block(env, mode, max(args.submitters, BATCH), tag, args.submitters, args.catchup_timeout_s,

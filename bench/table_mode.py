@@ -67,6 +67,24 @@ def table_path(env: dict[str, str]) -> Path:
     return Path(found[-1])
 
 
+def wait_gate_after(env: dict[str, str], since: float, timeout_s: float = 120) -> float:
+    """Wait until the queue gate's snapshot was taken after ``since`` (a slurmctld (re)start: the
+    plugin takes no decision from a gate older than its slurmctld, swapaware_table.lua); seconds
+    waited."""
+    gate = table_path(env).with_name(table_path(env).name + ".gate")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            if json.loads(gate.read_text()).get("taken_at", 0) >= since + 1:
+                break
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        time.sleep(0.2)
+    else:
+        raise SystemExit(f"{gate}: no queue snapshot after the restart in {timeout_s:.0f} s")
+    return time.monotonic() - t0
+
+
 def table_on(env: dict[str, str]) -> bool:
     """Whether swapaware_plugin.conf names a table now (the mode to put back after a bench)."""
     return re.search(r"^table=/", plugin_conf(env).read_text(), re.M) is not None
