@@ -179,6 +179,12 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
     if monitor is not None and cfg.policy.redecide_pending:
         monitor.on_poll = PendingRedecider(handler, slurm, cfg)
     role = follow_role(cfg, store, handler, authorizer) if cfg.ha.enabled else None
+    serving_standby = handler.standby  # the role's (HA), or None
+    if cfg.table_path:
+        # Until the catch-up and the table's drop are attached (below, once serving), an event could
+        # be applied without its table-made decision or leave its class in the table: refused as a
+        # standby refuses them (the hooks spool it; a later hook run or the agent replays it).
+        handler.standby = lambda: "the service is starting (its admission table is not attached yet)"
     server, health_servicer = grpc_server(handler, cfg.service.max_workers, token, authorizer)
     listener = GrpcListener(server, health_servicer, cfg.service.grpc_address, tls, handler.metrics)
     try:
@@ -257,6 +263,7 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
             role.on_change.append(lambda writer: monitor.controller_changed(
                 f"this service became {'writer' if writer else 'standby'}", hold_s))
         role.start()
+    handler.standby = serving_standby  # events are taken from now on
     return svc
 
 

@@ -159,6 +159,8 @@ class AdmissionPublisher:
             self._claimed = True
             with self._gate_lock:
                 self._gate_written = None
+        with self._file_lock:  # the file may be the other writer's since: not ours to rewrite
+            self._written = None
 
     def tick(self) -> None:
         """One pass: rebuild the class table when due, rewrite the gate when the queue changed."""
@@ -389,8 +391,14 @@ class AdmissionPublisher:
             return self._drop(set(keys))
 
     def _drop(self, keys: set) -> int:
-        """Under _file_lock."""
+        """Under _file_lock. A table this process did not write (a previous process's, left in
+        place across a restart, or the last writer's) cannot be looked through: it is removed, and
+        jobs take the round trip until the next build."""
         if self._written is None:
+            if keys and self.table.exists():
+                self._unlink_table()
+                log.info("admission table %s removed until this service's next build: an observation arrived "
+                         "before it published one", self.table)
             return 0
         doc, built = self._written
         kept = [(key, known) for key, known in built if keys.isdisjoint(known.deps)]

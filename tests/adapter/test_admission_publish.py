@@ -289,6 +289,54 @@ def test_an_acknowledged_observation_drops_its_class_from_the_table_at_once(svc,
     assert key in table(s)["entries"]
 
 
+def test_a_table_this_process_did_not_write_goes_at_the_first_observation(svc, slurm_jobs):
+    """After a restart the file is the last process's (or, after a role change, the last
+    writer's): nothing in this process says which of its entries an observation taught, so the
+    first observation removes it; the next build publishes again."""
+    s, client = svc
+    job = facts(name="inherited")
+    client.admit(job)
+    p = s.admission_publisher
+    p.publish("test")
+    p.became_writer(True)  # the file may be another writer's from now on
+    assert p.table.exists()
+    assert run_job(client, slurm_jobs, 9, job, peak=2 * GIB)[1].applied
+    assert not p.table.exists()
+    p.publish("test")
+    assert admission.table_key(job) in table(s)["entries"]
+
+
+def test_events_wait_until_the_table_and_its_catch_up_are_attached(env, slurm_jobs, tmp_path, monkeypatch):
+    """The gRPC port serves before the catch-up is attached: an event taken then could miss its
+    table-made decision or leave its class in the table. It is refused as a standby refuses one
+    (the hooks spool it), and taken once the service has started."""
+    import grpc
+
+    from policy_service import server
+    from policy_service.handler import HandlerError, Method
+
+    seen = []
+    attach = server.attach_catchup
+
+    def attach_after_an_event(handler, *args, **kwargs):
+        fin = pb.JobFinishedRequest(job_id=77, node="n1", gpu_indices=[0], finished_at=1100.0, exit_code=0,
+                                    event_id="f77", telemetry_source="none")
+        try:
+            Method.JOB_FINISHED.call(handler, fin)
+        except HandlerError as exc:
+            seen.append((exc.code, exc.message))
+        return attach(handler, *args, **kwargs)
+
+    monkeypatch.setattr(server, "attach_catchup", attach_after_an_event)
+    (tmp_path / "run").mkdir()
+    s = start_service(load_config(env=env), slurm=slurm_jobs)
+    try:
+        assert seen and seen[0][0] is grpc.StatusCode.UNAVAILABLE and "starting" in seen[0][1]
+        assert s.handler.standby is None  # started: events are taken
+    finally:
+        s.stop(0)
+
+
 def test_a_build_leaves_out_what_was_learned_while_it_decided(svc, slurm_jobs, monkeypatch):
     """An observation acknowledged while a build is deciding its keys (after it decided the class,
     before it writes) does not reach the file through that build."""
