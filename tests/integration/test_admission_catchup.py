@@ -99,11 +99,16 @@ def test_a_burst_decided_from_the_table_reaches_the_history_once_across_a_sigkil
         try:
             failed = [err for _, _, err in results if err]
             assert not failed, failed[:3]
-            held = sum(1 for _, hold, _ in results if hold)
+            # Every held job submitted before the restart is decided by the table, through the outage
+            # too. After it the new service removes the last process's table at the first observation
+            # of a run until it has published its own (it cannot tell which entries that run taught):
+            # those jobs may take the round trip.
+            held = sum(1 for i, (_, hold, _) in enumerate(results) if hold and i < 2 * JOBS // 3)
             in_slurm = {**slurm_ids(stack, name), **slurm_ids(stack, runner)}
             made = {d for d, c in in_slurm.items() if "tbl" in decision_of(c)}
             burst_made = {d for d, c in slurm_ids(stack, name).items() if "tbl" in decision_of(c)}
-            assert len(burst_made) >= held, f"only {len(burst_made)} of {held} held burst jobs were decided from the table"
+            assert len(burst_made) >= held, f"only {len(burst_made)} of {held} held burst jobs submitted before the " \
+                                            "restart were decided from the table"
 
             def recorded_ids() -> list[str]:
                 return history_ids(stack, name) + history_ids(stack, runner)
