@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from policy_service.adapters.slurm import cluster_release
+from policy_service.admin.wiring import plugin_settings
 from policy_service.core.dialect import SlurmDialect
 from tests.waiting import wait_for
 
@@ -169,20 +170,11 @@ class Stack:
         found = wait_for(row, timeout_s, lambda: f"an observation of job {job_id}; hooks log:\n"
                          + (self.state / "log" / "hooks.log").read_text()[-3000:], 0.3)
         seen = time.monotonic()
-        check_s = self.plugin_setting("table_check_ms", "1000")
-        if self.plugin_setting("table", "auto"):  # on: the plugin's cached look predates the drop until then
-            wait_for(lambda: time.monotonic() >= seen + float(check_s) / 1000, 5.0,
-                     "table_check_ms after the observation")
+        settings = plugin_settings((self.state / "etc" / "swapaware_plugin.conf").read_text())
+        if settings["table"]:  # on: the plugin's cached look may predate the drop until then
+            check_s = float(settings.get("table_check_ms", "1000")) / 1000
+            wait_for(lambda: time.monotonic() >= seen + check_s, 5.0, "table_check_ms after the observation")
         return found
-
-    def plugin_setting(self, key: str, default: str) -> str:
-        """swapaware_plugin.conf's last ``key=`` line as the plugin reads it (``default`` when none)."""
-        value = default
-        for line in (self.state / "etc" / "swapaware_plugin.conf").read_text().splitlines():
-            k, eq, v = line.strip().partition("=")
-            if eq and k.strip() == key:
-                value = v.strip()
-        return value
 
     def wait_for_decisions(self, *sbatch_args: str, timeout_s: float = 120) -> None:
         """After a service outage job_submit.lua's circuit breaker lets GPU jobs pass undecided

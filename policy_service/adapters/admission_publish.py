@@ -108,7 +108,7 @@ class AdmissionPublisher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.RLock()  # one build at a time (the thread, a test)
-        # the class table file: held while it is written, by a build or by drop_learned (which
+        # the class table file: held while it is written, by a build or by ``learning`` (which
         # never waits for a build to decide its keys, only for a write under way)
         self._file_lock = threading.Lock()
         self._written: tuple | None = None  # (doc, [(key, _Known)]) of the file as last written
@@ -385,12 +385,7 @@ class AdmissionPublisher:
             self._drop(set(keys))
             yield
 
-    def drop_learned(self, keys: tuple[str, ...]) -> int:
-        """Drop the written table's entries that read ``keys`` (see ``learning``); the entries dropped."""
-        with self._file_lock:
-            return self._drop(set(keys))
-
-    def _drop(self, keys: set) -> int:
+    def _drop(self, keys: set) -> None:
         """Under _file_lock. A table this process did not write (a previous process's, left in
         place across a restart, or the last writer's) cannot be looked through: it is removed, and
         jobs take the round trip until the next build."""
@@ -399,22 +394,21 @@ class AdmissionPublisher:
                 self._unlink_table()
                 log.info("admission table %s removed until this service's next build: an observation arrived "
                          "before it published one", self.table)
-            return 0
+            return
         doc, built = self._written
         kept = [(key, known) for key, known in built if keys.isdisjoint(known.deps)]
         if len(kept) == len(built):
-            return 0
+            return
         try:
             write_atomically(self.table, _pieces(doc, kept), TABLE_MODE, self.reader_gid)
         except OSError as exc:  # the file keeps the entries: remove it rather than answer stale
             log.error("admission table: entries whose class learned could not be dropped (%s): the table is removed "
                       "until the next build", exc)
             self._unlink_table()
-            return len(built)
+            return
         self._written = (doc, kept)
         log.info("admission table: %d entr%s dropped until the next build (an observation of their class)",
                  len(built) - len(kept), "y" if len(built) - len(kept) == 1 else "ies")
-        return len(built) - len(kept)
 
     def _unlink_table(self) -> None:
         """Under _file_lock."""
