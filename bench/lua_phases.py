@@ -43,6 +43,7 @@ from submit_overhead import set_mode  # noqa: E402
 from table_mode import BATCH, ctld_log, log_size, plugin_files, set_table, table_on, warm  # noqa: E402
 
 PHASES = ("gres", "key", "facts", "table")
+TIMERS = Path(__file__).with_name("phase_timers.lua")  # the phases' timing, shared with the lua5.1 bench's driver
 PHASES_RE = re.compile(r"swapaware-phases n=(\d+) hits=(\d+) total=([0-9.]+) " +
                        " ".join(f"{p}=([0-9.]+)" for p in PHASES) + r" clock=([0-9.]+) reads=([0-9.]+) fields=(\d+)")
 PHASES_LUA = """
@@ -68,30 +69,8 @@ do
   for _ = 1, 2000 do clock() end
   clock_read_us = (clock() - t0) / 2001 * 1e6
 end
-local sums = { gres = 0, key = 0, facts = 0, table = 0 }
 local n, hits, total = 0, 0, 0
-
-local function timed(mod, name, phase, when)
-  local inner = mod[name]
-  mod[name] = function(...)
-    if when and not when(...) then return inner(...) end
-    local t0 = clock()
-    local r1, r2, r3 = inner(...)
-    sums[phase] = sums[phase] + (clock() - t0)
-    return r1, r2, r3
-  end
-end
-timed(F, "read_fields", "gres")
-timed(F, "snapshot", "key", function(_, _, part) return part == "key" end)
-timed(F, F.key_facts and "key_facts" or "facts", "facts")
-local decide = T.decide
-T.decide = function(...)
-  local t0 = clock()
-  local hit = decide(...)
-  sums.table = sums.table + (clock() - t0)
-  if hit then hits = hits + 1 end
-  return hit
-end
+local sums = dofile(dir .. "/PHASE_TIMERS")(F, T, clock, function(hit) if hit then hits = hits + 1 end end)
 
 -- Slurm's own part: the fields the plugin reads of job_desc (learnt from the first job through a
 -- recording proxy), each read once more after the plugin ran, timed apart from it
@@ -141,9 +120,11 @@ def phases_dir(dst: Path, clock: str = "cpu") -> Path:
     """The tree's plugin files with the phase-timing job_submit.lua (``clock``: "cpu", the thread's
     CPU time, or "wall")."""
     dst.mkdir(parents=True, exist_ok=True)
-    lua = PHASES_LUA.replace("BATCH", str(BATCH)).replace('"CLOCK"', f'"{clock}"')
+    lua = (PHASES_LUA.replace("BATCH", str(BATCH)).replace('"CLOCK"', f'"{clock}"')
+           .replace("PHASE_TIMERS", TIMERS.name))
     for name, text in plugin_files().items():
         (dst / name).write_text(lua if name == "job_submit.lua" else text)
+    (dst / TIMERS.name).write_text(TIMERS.read_text())  # beside job_submit.lua, where slurmctld runs it
     return dst
 
 

@@ -13,7 +13,8 @@ elseif hide == "cjson" then
   package.loaded["cjson"] = nil
   package.preload["cjson"] = function() error("hidden by the test") end
 end
-local S = dofile(string.match(debug.getinfo(1, "S").source, "^@(.*)/[^/]*$") .. "/../slurm_stub.lua")
+local HERE = string.match(debug.getinfo(1, "S").source, "^@(.*)/[^/]*$")
+local S = dofile(HERE .. "/../slurm_stub.lua")
 local M = require("swapaware")
 local T = require("swapaware_table")
 M.load_settings(arg[2])
@@ -136,22 +137,7 @@ for line in io.lines() do
       slurm.jobs = jobs
     end
     local F, clock = require("swapaware_facts"), socket.gettime
-    local sums, saved = { gres = 0, key = 0, facts = 0, table = 0 }, {}
-    local function timed(mod, name, phase, when)
-      local inner = mod[name]
-      saved[#saved + 1] = { mod, name, inner }
-      mod[name] = function(...)
-        if when and not when(...) then return inner(...) end
-        local t0 = clock()
-        local r1, r2, r3 = inner(...)
-        sums[phase] = sums[phase] + (clock() - t0)
-        return r1, r2, r3
-      end
-    end
-    timed(F, "read_fields", "gres")
-    timed(F, "snapshot", "key", function(_, _, part) return part == "key" end)
-    timed(F, F.key_facts and "key_facts" or "facts", "facts")
-    timed(T, "decide", "table")
+    local sums, restore = dofile(HERE .. "/../../bench/phase_timers.lua")(F, T, clock)
     local hits0, total, fields = T.counters.table_hit, 0, nil
     collectgarbage("collect")
     for i = 1, req.n do       -- each job made just before its submission (what slurmctld holds live)
@@ -165,7 +151,7 @@ for line in io.lines() do
       total = total + (clock() - t0)
     end
     local last = fields
-    for i = #saved, 1, -1 do saved[i][1][saved[i][2]] = saved[i][3] end
+    restore()
     slurm.jobs = nil
     answer({ seconds = total, phases = sums, calls = calls, hits = T.counters.table_hit - hits0, job = last })
   elseif req.op == "bench_load" then    -- seconds to stat, read, decode and check the table
