@@ -71,7 +71,8 @@ def wait_gate_after(env: dict[str, str], since: float, timeout_s: float = 120) -
     """Wait until the queue gate's snapshot was taken after ``since`` (a slurmctld (re)start: the
     plugin takes no decision from a gate older than its slurmctld, swapaware_table.lua); seconds
     waited."""
-    gate = table_path(env).with_name(table_path(env).name + ".gate")
+    table = table_path(env)
+    gate = table.with_name(table.name + ".gate")
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         try:
