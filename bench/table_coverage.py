@@ -57,7 +57,8 @@ from policy_service.config import load_config  # noqa: E402
 from policy_service.core.admission_format import read_table  # noqa: E402
 from policy_service.core.dialect import dialect_for, parse_release  # noqa: E402
 from policy_service.core.policy import parse_admin_comment  # noqa: E402
-from policy_service.handler import HandlerError, PolicyHandler  # noqa: E402
+from policy_service.handler import PolicyHandler  # noqa: E402
+from policy_service.handler_error import HandlerError  # noqa: E402
 
 from table_stream import ALIBABA_FILE, Sub, alibaba_jobs, alibaba_rows, covered, report  # noqa: E402
 

@@ -17,7 +17,8 @@ from policy_service._generated.swapaware.v1 import policy_pb2_grpc
 from policy_service.access import AccessUnavailable, Authorizer
 from policy_service.authz import credential_verdict
 from policy_service.client import METHODS, SERVICE, message_types, method_path
-from policy_service.handler import HandlerError, Method, PolicyHandler
+from policy_service.handler import Method, PolicyHandler
+from policy_service.handler_error import HandlerError
 from policy_service.config import split_host_port
 from policy_service.limits import MAX_REQUEST_BYTES, oversize
 

@@ -25,7 +25,8 @@ from google.protobuf import json_format
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.adapters import json_codec
 from policy_service.authz import Caller
-from policy_service.handler import HandlerError, Method, PolicyHandler
+from policy_service.handler import Method, PolicyHandler
+from policy_service.handler_error import HandlerError
 from policy_service.limits import MAX_REQUEST_BYTES, oversize
 
 log = logging.getLogger(__name__)

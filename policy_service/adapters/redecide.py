@@ -23,7 +23,7 @@ from policy_service.config import Config
 from policy_service.core.policy import whole_gpu_as_shards
 from policy_service.core.request import RequestError, parse_gres_entries
 from policy_service.core.types import QueueState
-from policy_service.handler import HandlerError
+from policy_service.handler_error import HandlerError
 
 log = logging.getLogger("swapaware.decisions")
 

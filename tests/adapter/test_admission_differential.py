@@ -35,7 +35,7 @@ from policy_service.config import PolicyMode, load_config
 from policy_service.core import admission
 from policy_service.core.admission_format import read_table
 from policy_service.core.types import ReasonCode
-from policy_service.handler import HandlerError
+from policy_service.handler_error import HandlerError
 from policy_service.server import start_service
 from tests import admission_jobs as gen
 from tests.waiting import wait_for

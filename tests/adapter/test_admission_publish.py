@@ -316,7 +316,8 @@ def test_events_wait_until_the_table_and_its_catch_up_are_attached(env, slurm_jo
     import grpc
 
     from policy_service import server
-    from policy_service.handler import HandlerError, Method
+    from policy_service.handler import Method
+    from policy_service.handler_error import HandlerError
 
     seen = []
     attach = server.attach_catchup

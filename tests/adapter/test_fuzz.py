@@ -19,7 +19,8 @@ from policy_service.adapters.history import HistoryStore
 from policy_service.adapters.local_socket import handle_line
 from policy_service.config import load_config
 from policy_service.core.request import RequestError, parse_hints, parse_size_bytes
-from policy_service.handler import HandlerError, Method, PolicyHandler
+from policy_service.handler import Method, PolicyHandler
+from policy_service.handler_error import HandlerError
 
 from .test_lua_plugin import run_lua, valid_utf8
 

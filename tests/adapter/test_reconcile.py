@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.handler import HandlerError
+from policy_service.handler_error import HandlerError
 from policy_service.adapters.reconcile import Reconciler
 from policy_service.adapters.slurm_text import decision_ids_in
 from policy_service.config import load_config

@@ -23,7 +23,8 @@ from policy_service.adapters.local_socket import handle_line
 from policy_service.authz import Caller, Verdict
 from policy_service.config import PolicyMode, load_config
 from policy_service.decision_proto import brief_line
-from policy_service.handler import HandlerError, Method, PolicyHandler
+from policy_service.handler import Method, PolicyHandler
+from policy_service.handler_error import HandlerError
 from policy_service.limits import MAX_REQUEST_BYTES
 
 SLURMCTLD, OTHER = 0, 4242  # the peer uids the fake authorizer records, and answers as a dry run
