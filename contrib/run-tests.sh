@@ -13,7 +13,8 @@
 #       SWAPAWARE_TEST_PARALLEL=N  run N releases' integration suites at a time (default 3: all; 1: one
 #                         after another, their output streamed)
 #   run-tests.sh --integration-only [PYTEST ARGS...]
-#       the integration suites (tests/integration on one node, tests/multinode on a controller
+#       the integration suites (tests/install: the admin guide's install on a site of its own,
+#       tests/integration on one node, tests/multinode on a controller
 #       and three nodes, then tests/multinode_ha on two controllers and two nodes) against the Slurm installed here (what run.sh calls inside a release's
 #       namespace)
 set -euo pipefail
@@ -50,6 +51,8 @@ if ((only_integration)); then
     # The single-node suite, then the multi-node one (a controller and three nodes); one cluster at
     # a time, each from an empty state.
     rc=0
+    # A new site's install from the admin guide alone, in namespaces of its own (tests/install).
+    "$VENV/bin/python" -m pytest tests/install "${args[@]+"${args[@]}"}" || rc=$?
     "$VENV/bin/python" -m pytest tests/integration "${args[@]+"${args[@]}"}" || rc=$?
     "$VENV/bin/python" -m pytest tests/multinode "${args[@]+"${args[@]}"}" || rc=$?
     # Two controllers (issue 23): ctl1 and ctl2 sharing StateSaveLocation, one MariaDB history.

@@ -122,6 +122,18 @@ sync_source() {
     fi
 }
 
+# The admin guide's build-host step for tests/install (the guide's install on a site of this
+# release): swapaware's wheel and every dependency's, made here where the package registries are
+# reachable (the namespace reaches none). PYTHON SOURCE WHEELHOUSE [PREFIX...]: PREFIX runs them
+# (chroot into the root). Without registries the install test skips, and fails under CI.
+build_wheelhouse() {
+    local py=$1 src=$2 wh=$3
+    shift 3
+    "$@" rm -f "$wh"/swapaware-*.whl
+    "$@" "$py" -m pip wheel -q -w "$wh" "$src" >/dev/null 2>"$MATRIX_STATE/wheelhouse-$REL.log" ||
+        mlog "no wheelhouse for the install test (pip wheel failed: $MATRIX_STATE/wheelhouse-$REL.log)"
+}
+
 [[ $(id -u) -eq 0 ]] || mdie "must run as root"
 release_lock "$REL" "run.sh $REL $*"
 if [[ ${1:-} == --cleanup ]]; then
@@ -136,9 +148,11 @@ if ((ON_HOST)); then
     HOST_VENV=${SWAPAWARE_VENV:-$REPO/.venv}
     SWAPAWARE_VENV=$HOST_VENV bash "$REPO/contrib/dev-stack.sh" venv >/dev/null ||
         mdie "the venv $HOST_VENV could not be built (it needs the package registries, before the namespace)"
+    build_wheelhouse "$HOST_VENV/bin/python" "$REPO" "$REPO/build/wheelhouse"
     netns_up
     mlog "Slurm $REL: $(dpkg-query -W -f='${Version}' slurmctld 2>/dev/null || echo 'not installed') on the host, namespace $NS"
-    in_ns env SWAPAWARE_VENV="$HOST_VENV" CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$REPO" "$@" 9>&-
+    in_ns env SWAPAWARE_VENV="$HOST_VENV" SWAPAWARE_WHEELHOUSE="$REPO/build/wheelhouse" CI="${CI:-}" \
+        SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$REPO" "$@" 9>&-
     exit $?
 fi
 [[ -f $ROOT/.swapaware-root ]] || mdie "no root for $REL: run contrib/matrix/root.sh build $REL"
@@ -150,6 +164,7 @@ if [[ $(cat "$ROOT/.swapaware-root") != "$(stamp_text "$REL")" ]] &&
     root_add_packages "$ROOT" "$REL"
 fi
 sync_source
+build_wheelhouse $VENV/bin/python "$SRC" /var/cache/swapaware-wheelhouse in_root
 netns_up
 mlog "Slurm $REL: $(chroot "$ROOT" dpkg-query -W -f='${Version}' slurmctld) in $ROOT, namespace $NS"
-in_ns chroot "$ROOT" "${ROOT_ENV[@]}" SWAPAWARE_VENV=$VENV CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$SRC" "$@" 9>&-
+in_ns chroot "$ROOT" "${ROOT_ENV[@]}" SWAPAWARE_VENV=$VENV SWAPAWARE_WHEELHOUSE=/var/cache/swapaware-wheelhouse CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$SRC" "$@" 9>&-
