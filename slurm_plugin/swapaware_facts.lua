@@ -170,7 +170,7 @@ local function text(v, n)
 end
 
 -- cap(s, n): at most n bytes of s, never ending inside a UTF-8 character. The service refuses
--- longer fields (policy_service/limits.py); a field Slurm itself takes must not leave a job
+-- longer fields (policy_service/trust/limits.py); a field Slurm itself takes must not leave a job
 -- undecided (those over Slurm's own limits never get here: M.over_slurm_limit).
 function M.cap(s, n)
   if #s <= n then return s end
@@ -240,11 +240,13 @@ end
 -- those only the limit check reads are read once the table has not decided the job: a job over one
 -- of their limits is refused by slurmctld after job_submit, what the table set going with it, and
 -- a table decision is recorded only from the job Slurm holds.)
-local KEY_READS = { "user_name", "account", "partition", "name", "time_limit", "script", "comment",
+local KEY_READS = { "user_name", "account", "partition", "name", "script", "comment",
   "environment", "min_nodes", "num_tasks", "het_job_offset", "qos", "cpus_per_tres", "mem_per_tres",
   "ntasks_per_tres", "tres_bind", "tres_freq", "shared" }
--- The other job_desc fields M.facts reads.
-local FACT_ONLY = { "user_id", "work_dir" }
+-- The other job_desc fields M.facts reads. The time limit is no part of the class key: no decision
+-- reads it (the differential test holds the table to Admit with jobs that differ in it alone), and
+-- the service records a table-made job with its own TimeLimit from Slurm (admission/catchup.py).
+local FACT_ONLY = { "user_id", "work_dir", "time_limit" }
 local function index(t, k) return t[k] end
 
 local function read_plain(job_desc, fields, into)
@@ -348,16 +350,17 @@ end
 -- facts(job_desc, submit_uid, into, key_only, hint): the facts of a job_desc (or of its snapshot),
 -- into ``into`` (every field assigned: the plugin keeps one table per Lua state, so a table hit
 -- allocates none) or a new table. ``key_only``: those of the class key (swapaware_table.lua
--- T.KEY_FIELDS) alone, what the table path reads; uid, workDir and stepGpuBind (a function of the
+-- T.KEY_FIELDS) alone, what the table path reads; uid, workDir, timeLimitMin and stepGpuBind (a function of the
 -- script, so of its fingerprint: four searches of the whole script) are left nil. ``hint``:
 -- M.env_hint(job_desc) where the caller has it (the environment looked up once).
 function M.facts(job_desc, submit_uid, into, key_only, hint)
   local out = into or {}
   if key_only then
-    out.uid, out.workDir, out.stepGpuBind = nil, nil, nil
+    out.uid, out.workDir, out.stepGpuBind, out.timeLimitMin = nil, nil, nil, nil
   else
     out.uid = num(submit_uid or job_desc.user_id)
     out.workDir = text(job_desc.work_dir, 4096)
+    out.timeLimitMin = num(job_desc.time_limit)
     out.stepGpuBind = M.script_binds_gpus(job_desc.script)
   end
   out.user = text(job_desc.user_name, 1024)
@@ -368,7 +371,6 @@ function M.facts(job_desc, submit_uid, into, key_only, hint)
   out.tresPerJob = text(job_desc.tres_per_job, 1024)
   out.tresPerTask = text(job_desc.tres_per_task, 1024)
   out.tresPerSocket = text(job_desc.tres_per_socket, 1024)
-  out.timeLimitMin = num(job_desc.time_limit)
   out.scriptFingerprint = M.fingerprint(job_desc.script)
   out.comment = text(job_desc.comment, 4096)
   out.envMemHint = text(hint or M.env_hint(job_desc), 64)

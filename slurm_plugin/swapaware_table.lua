@@ -36,7 +36,7 @@ T.MODES = { enforce = true, shadow = true }
 T.STATES = { short = true, normal = true, long = true, unknown = true }
 -- The facts policy.decide() reads, in key order (policy_service.core.admission.table_key).
 T.KEY_FIELDS = { "user", "account", "partition", "jobName", "tresPerNode", "tresPerJob", "tresPerTask",
-  "tresPerSocket", "timeLimitMin", "scriptFingerprint", "comment", "envMemHint", "minNodes", "numTasks",
+  "tresPerSocket", "scriptFingerprint", "comment", "envMemHint", "minNodes", "numTasks",
   "isBatch", "hetJob", "qos", "cpusPerTres", "memPerTres", "ntasksPerTres", "tresBind", "tresFreq",
   "exclusive" }
 -- What a decision may set: the fields M.validate() sets from an RPC reply.
@@ -114,7 +114,7 @@ end
 -- The facts that are not text (M.facts makes every other one a string, used in the key as it is),
 -- rendered through a table whose misses call render(): each number is formatted once (at most
 -- 1024 remembered) and a flag never.
-local NUMBER_FACTS = { timeLimitMin = true, minNodes = true, numTasks = true, ntasksPerTres = true }
+local NUMBER_FACTS = { minNodes = true, numTasks = true, ntasksPerTres = true }
 local FLAG_FACTS = { isBatch = true, hetJob = true }
 local digits_n = 0
 local DIGITS = setmetatable({}, { __index = function(t, v)

@@ -44,7 +44,7 @@ ALL_STATES = "*"
 # (proto field, kind) in key order: s string, i integer, b boolean
 KEY_FIELDS: tuple[tuple[str, str], ...] = (
     ("user", "s"), ("account", "s"), ("partition", "s"), ("job_name", "s"), ("tres_per_node", "s"),
-    ("tres_per_job", "s"), ("tres_per_task", "s"), ("tres_per_socket", "s"), ("time_limit_min", "i"),
+    ("tres_per_job", "s"), ("tres_per_task", "s"), ("tres_per_socket", "s"),
     ("script_fingerprint", "s"), ("comment", "s"), ("env_mem_hint", "s"), ("min_nodes", "i"), ("num_tasks", "i"),
     ("is_batch", "b"), ("het_job", "b"), ("qos", "s"), ("cpus_per_tres", "s"), ("mem_per_tres", "s"),
     ("ntasks_per_tres", "i"), ("tres_bind", "s"), ("tres_freq", "s"), ("exclusive", "s"),

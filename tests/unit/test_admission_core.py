@@ -23,18 +23,19 @@ def test_the_key_renders_every_field_decide_reads_in_order():
                       work_dir="/home/alice", comment="c", env_mem_hint="4G", min_nodes=1, num_tasks=1,
                       is_batch=True, het_job=False, qos="high", ntasks_per_tres=0, tres_bind="", exclusive="")
     fields = admission.table_key(job).split(admission.SEP)
-    assert len(fields) == len(admission.KEY_FIELDS) == 23
-    assert fields == ["alice", "proj", "gpu", "train", "gres/gpu:1", "", "", "", "60", "00000001deadbeef", "c", "4G",
+    assert len(fields) == len(admission.KEY_FIELDS) == 22
+    assert fields == ["alice", "proj", "gpu", "train", "gres/gpu:1", "", "", "", "00000001deadbeef", "c", "4G",
                       "1", "1", "1", "0", "high", "", "", "0", "", "", ""]
-    # uid and work_dir are not read by decide(): not in the key
+    # uid, work_dir and the time limit are not read by decide(): not in the key
     assert admission.table_key(job) == admission.table_key(pb.JobFacts(**{
-        **{f.name: getattr(job, f.name) for f in job.DESCRIPTOR.fields if f.name not in ("uid", "work_dir")}}))
+        **{f.name: getattr(job, f.name) for f in job.DESCRIPTOR.fields
+           if f.name not in ("uid", "work_dir", "time_limit_min")}}))
 
 
 def test_is_batch_unset_counts_as_batch_and_each_field_changes_the_key():
     a = pb.JobFacts(user="u")
-    assert admission.table_key(a).split(admission.SEP)[14] == "1"
-    assert admission.table_key(pb.JobFacts(user="u", is_batch=False)).split(admission.SEP)[14] == "0"
+    assert admission.table_key(a).split(admission.SEP)[13] == "1"
+    assert admission.table_key(pb.JobFacts(user="u", is_batch=False)).split(admission.SEP)[13] == "0"
     keys = set()
     for name, kind in admission.KEY_FIELDS:
         job = pb.JobFacts(user="u", is_batch=True)

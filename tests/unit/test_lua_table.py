@@ -265,9 +265,10 @@ def test_each_job_desc_field_is_read_once_and_the_job_is_the_same(setup):
     for res in (hit, miss):
         assert {"script", "tres_per_node", "user_name", "environment", "name", "comment"} <= set(res["reads"])
         assert {k: n for k, n in res["reads"].items() if n > 1} == {}
-    # a hit reads the key's fields alone; the RPC path and the limit check the other 18 besides
+    # a hit reads the key's fields alone; the RPC path and the limit check the other 19 besides (the
+    # time limit among them: no part of the key)
     rest = set(p.req("key_reads", job=known)["rest"])
-    assert {"work_dir", "user_id", "mail_user", "dependency", "std_out"} <= rest and len(rest) == 18
+    assert {"work_dir", "user_id", "time_limit", "mail_user", "dependency", "std_out"} <= rest and len(rest) == 19
     assert not rest & set(hit["reads"]) and rest <= set(miss["reads"])
     assert set(miss["reads"]) - set(hit["reads"]) == rest
     cpu = p.req("submit_counted", job={"user_name": "alice", "name": "cpu", "script": "#!/bin/sh\n"})
@@ -516,7 +517,7 @@ def test_the_key_is_every_fact_decide_reads_in_the_published_order(setup):
         out = p.req("key", job={k: v for k, v in job.items() if v is not None})
         f = out["facts"]
         want = [f["user"], f["account"], f["partition"], f["jobName"], f["tresPerNode"], f["tresPerJob"],
-                f["tresPerTask"], f["tresPerSocket"], str(f["timeLimitMin"]), f["scriptFingerprint"],
+                f["tresPerTask"], f["tresPerSocket"], f["scriptFingerprint"],
                 f["comment"], f["envMemHint"], str(f["minNodes"]), str(f["numTasks"]),
                 "1" if f["isBatch"] else "0", "1" if f["hetJob"] else "0", f["qos"], f["cpusPerTres"],
                 f["memPerTres"], str(f["ntasksPerTres"]), f["tresBind"], f["tresFreq"], f["exclusive"]]

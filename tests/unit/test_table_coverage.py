@@ -26,7 +26,7 @@ LAG, HORIZON = 31.0, 1000.0
 def key(**fields: str) -> str:
     base = {n: "" for n in NAMES}
     base.update(user="alice", account="proj", partition="gpu", job_name="train", tres_per_node="gres:gpu:1",
-                time_limit_min="60", script_fingerprint="f1", is_batch="1")
+                script_fingerprint="f1", is_batch="1")
     base.update(fields)
     return SEP.join(base[n] for n in NAMES)
 
@@ -37,14 +37,14 @@ def has_lua() -> bool:
 
 
 def test_hand_made_stream_arithmetic(capsys):
-    a, b = key(), key(time_limit_min="120")
+    a, b = key(), key(qos="high")
     stream = [
         Sub(0, a),                          # new
         Sub(10, a),                         # lag: decided 10 s before, the table lags 31 s
         Sub(100, a, ends=(150,)),           # hit; its observation at 150
         Sub(160, a),                        # dropped: the class learned at 150, within the lag
         Sub(200, a),                        # hit (150 + 31 <= 200)
-        Sub(210, b),                        # new key; a key without time_limit_min would hit
+        Sub(210, b),                        # new key; a key without qos would hit
         Sub(215, key(user="bob", job_name="eval")),  # new, two fields differ: no single field
         Sub(2000, a),                       # horizon: last decided at 200, 1800 s > HORIZON before
         Sub(2100, a),                       # hit
@@ -54,11 +54,11 @@ def test_hand_made_stream_arithmetic(capsys):
     assert (cov.n, cov.hits, cov.misses) == (10, 3, 7)
     assert cov.causes == {"new": 4, "lag": 1, "dropped": 1, "horizon": 1, "no single field": 4}
     # the lag, horizon and bob's misses: no single field helps (the same key did not hit either)
-    assert cov.fields == {"time_limit_min": 1, "comment": 1}
+    assert cov.fields == {"qos": 1, "comment": 1}
     table_stream.report("hand", cov)
     out = capsys.readouterr().out
     assert "decided by the table 3/10 (30.0 %), misses 7" in out
-    assert "time_limit_min 1 (14.3 %)" in out and "no single field: 4 (57.1 %)" in out
+    assert "qos 1 (14.3 %)" in out and "no single field: 4 (57.1 %)" in out
     # the order the stream is given in does not matter; the lag 0 s decides the second at once
     assert covered(list(reversed(stream)), NAMES, LAG, HORIZON) == cov
     assert covered(stream[:2], NAMES, 0.0, HORIZON).hits == 1
@@ -106,10 +106,8 @@ def test_alibaba_slice():
         assert all(len(k.split(SEP)) == len(NAMES) for k in keys)
         cov = table_coverage.stream_coverage(jobs, LAG, 604800.0)
         _invariants(cov, keys)
-        if mode == "none":  # only the time limit varies within a request shape, and only in mode runtime
-            assert not cov.fields
-        else:
-            assert set(cov.fields) <= {"time_limit_min"}
+        # only the time limit varies within a request shape (in mode runtime), and it is no part of the key
+        assert not cov.fields
 
 
 def test_alibaba_schema_is_checked(tmp_path):
