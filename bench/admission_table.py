@@ -5,7 +5,7 @@
 
 A real history (SQLite in a temporary directory) holds N recorded decisions with distinct table
 keys over 1,000 job classes (100 users x 10 job names, each learned: 2 GiB peaks, so they share),
-varied by time limit and QoS; the publisher (adapters/admission_publish.py) builds the class table
+varied by time limit and QoS; the publisher (admission/publish.py) builds the class table
 through the handler's own decide path, with the default [policy] (4 reachable gate states).
 Printed per N: the cold build (every key decided), a re-publication with nothing changed (same
 version), a rebuild after one class learned an observation (one class's keys decided again, a new
@@ -32,15 +32,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb  # noqa: E402
-from policy_service.adapters.admission_archive import TableArchive, archive_path  # noqa: E402
-from policy_service.adapters.admission_publish import AdmissionPublisher  # noqa: E402
-from policy_service.adapters.decision_log import DecisionRecord  # noqa: E402
-from policy_service.adapters.history import HistoryStore  # noqa: E402
-from policy_service.adapters.history_schema import stats_to_json  # noqa: E402
+from policy_service.admission.archive import TableArchive, archive_path  # noqa: E402
+from policy_service.admission.publish import AdmissionPublisher  # noqa: E402
+from policy_service.history.decision_log import DecisionRecord  # noqa: E402
+from policy_service.history.store import HistoryStore  # noqa: E402
+from policy_service.history.schema import stats_to_json  # noqa: E402
 from policy_service.config import AdmissionConfig, Config  # noqa: E402
 from policy_service.core.types import ClassStats, KeyLevel  # noqa: E402
-from policy_service.handler import PolicyHandler  # noqa: E402
-from policy_service.server import GIL_SWITCH_INTERVAL_S  # noqa: E402
+from policy_service.serving.handler import PolicyHandler  # noqa: E402
+from policy_service.serving.server import GIL_SWITCH_INTERVAL_S  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lua_table import load_seconds  # noqa: E402

@@ -59,9 +59,9 @@ def sample(work) -> Samples:
 
 
 def profile(workdir: Path, history: Path, lines: list[bytes], table: bool, top: int) -> None:
-    from policy_service.adapters.local_socket import handle_line
+    from policy_service.serving.local_socket import handle_line
     from policy_service.config import load_config
-    from policy_service.server import start_service
+    from policy_service.serving.server import start_service
 
     d = workdir / "profile"
     d.mkdir()

@@ -115,7 +115,7 @@ class SeedSlurm:
         return self.comments.get(job_id)
 
     def live_instances(self, job_ids):
-        from policy_service.adapters.slurm_text import JobInstance
+        from policy_service.slurm.slurm_text import JobInstance
         now = int(time.time())
         return [JobInstance(j, "bench", now, 1, 0, self.comments[j], "RUNNING", source="squeue")
                 for j in job_ids if j in self.comments]
@@ -138,7 +138,7 @@ def seed_history(workdir: Path, pool: int) -> Path:
     from policy_service._generated.swapaware.v1 import policy_pb2 as pb
     from google.protobuf import json_format
     from policy_service.config import load_config
-    from policy_service.server import start_service
+    from policy_service.serving.server import start_service
 
     d = workdir / "seed"
     d.mkdir()

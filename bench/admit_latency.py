@@ -42,7 +42,7 @@ def socket_admit(path: str, i: int) -> float:
 
 def grpc_client(address: str):
     from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-    from policy_service.client import PolicyClient
+    from policy_service.serving.client import PolicyClient
     from google.protobuf import json_format
 
     client = PolicyClient(address, 5.0)

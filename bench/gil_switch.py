@@ -26,13 +26,13 @@ import threading
 import time
 from pathlib import Path
 
-from policy_service.adapters.history import HistoryStore
-from policy_service.adapters.local_socket import start_local_socket
-from policy_service.adapters.queue import queue_state
-from policy_service.adapters.slurm_text import parse_squeue_pending
+from policy_service.history.store import HistoryStore
+from policy_service.serving.local_socket import start_local_socket
+from policy_service.slurm.queue import queue_state
+from policy_service.slurm.slurm_text import parse_squeue_pending
 from policy_service.config import Config
-from policy_service.handler import PolicyHandler
-from policy_service.server import GIL_SWITCH_INTERVAL_S
+from policy_service.serving.handler import PolicyHandler
+from policy_service.serving.server import GIL_SWITCH_INTERVAL_S
 
 DEFAULT_INTERVAL_S = 0.005  # CPython's
 

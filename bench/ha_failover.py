@@ -24,11 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb  # noqa: E402
-from policy_service.adapters.ha_role import write_role  # noqa: E402
-from policy_service.adapters.history import HistoryStore  # noqa: E402
+from policy_service.ha.role import write_role  # noqa: E402
+from policy_service.history.store import HistoryStore  # noqa: E402
 from policy_service.config import HaConfig, HookConfig, load_config  # noqa: E402
 from policy_service.core.ha import Role  # noqa: E402
-from policy_service.server import start_service  # noqa: E402
+from policy_service.serving.server import start_service  # noqa: E402
 from slurm_plugin.hooks import deliver  # noqa: E402
 from tests.adapter.conftest import SlurmJobs  # noqa: E402
 

@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb  # noqa: E402
-from policy_service.adapters.history import HistoryStore, ObservationRow  # noqa: E402
+from policy_service.history.store import HistoryStore, ObservationRow  # noqa: E402
 from policy_service.config import Config, load_config  # noqa: E402
 from policy_service.core.types import ClassStats, KeyLevel  # noqa: E402
-from policy_service.handler import PolicyHandler  # noqa: E402
+from policy_service.serving.handler import PolicyHandler  # noqa: E402
 from tests.mariadb_server import MariaDbServer  # noqa: E402
 from tests.slurm_cli_fake import RecordingCli  # noqa: E402
 

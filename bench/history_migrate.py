@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policy_service.adapters.history import HistoryStore  # noqa: E402
-from policy_service.adapters.history_migrate import migrate_history  # noqa: E402
-from policy_service.adapters.history_schema import stats_to_json  # noqa: E402
+from policy_service.history.store import HistoryStore  # noqa: E402
+from policy_service.history.migrate import migrate_history  # noqa: E402
+from policy_service.history.schema import stats_to_json  # noqa: E402
 from policy_service.core.types import ClassStats  # noqa: E402
 from tests.mariadb_server import MariaDbServer  # noqa: E402
 

@@ -50,15 +50,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 from google.protobuf import json_format  # noqa: E402
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb  # noqa: E402
-from policy_service.adapters.admission_archive import TableArchive, archive_path  # noqa: E402
-from policy_service.adapters.admission_publish import AdmissionPublisher  # noqa: E402
-from policy_service.adapters.history import HistoryStore  # noqa: E402
+from policy_service.admission.archive import TableArchive, archive_path  # noqa: E402
+from policy_service.admission.publish import AdmissionPublisher  # noqa: E402
+from policy_service.history.store import HistoryStore  # noqa: E402
 from policy_service.config import load_config  # noqa: E402
 from policy_service.core.admission_format import read_table  # noqa: E402
 from policy_service.core.dialect import dialect_for, parse_release  # noqa: E402
 from policy_service.core.policy import parse_admin_comment  # noqa: E402
-from policy_service.handler import PolicyHandler  # noqa: E402
-from policy_service.handler_error import HandlerError  # noqa: E402
+from policy_service.serving.handler import PolicyHandler  # noqa: E402
+from policy_service.serving.handler_error import HandlerError  # noqa: E402
 
 from table_stream import ALIBABA_FILE, Sub, alibaba_jobs, alibaba_rows, covered, report  # noqa: E402
 

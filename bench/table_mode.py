@@ -165,7 +165,7 @@ def submit_held(env: dict[str, str], name: str) -> str:
 
 
 def admin_comment(env: dict[str, str], job: str) -> str:
-    from policy_service.adapters.slurm_text import scontrol_field
+    from policy_service.slurm.slurm_text import scontrol_field
 
     r = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True, timeout=60)
     return scontrol_field(r.stdout, "AdminComment") or ""

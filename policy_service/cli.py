@@ -13,7 +13,7 @@ import grpc
 from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import FailoverClient, configured_client
+from policy_service.serving.client import FailoverClient, configured_client
 from policy_service.config import Config, ConfigError, LinkKind, UnsafeTokenFile, load_config, read_token
 from policy_service.core.ha import service_addresses
 from policy_service.core.request import script_fingerprint
@@ -41,8 +41,8 @@ def main() -> None:
                    "existed (it was removed or moved away); without it the service refuses to start there.")
 def serve(config: str | None, accept_empty_history: bool) -> None:
     """Run the policy service (gRPC + controller-local socket)."""
-    from policy_service.adapters.history_guard import HistoryMissing
-    from policy_service.server import serve_forever
+    from policy_service.history.guard import HistoryMissing
+    from policy_service.serving.server import serve_forever
 
     cfg = _load(config)
     logging.basicConfig(level=cfg.service.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -211,8 +211,8 @@ def show_config(config: str | None) -> None:
 def _register_subsystem_commands() -> None:
     """Commands that live beside their subsystems."""
     from policy_service.admin import doctor_command, gres_conf_command
-    from policy_service.ha_cli import ha_command
-    from policy_service.history_cli import history_command
+    from policy_service.ha.cli import ha_command
+    from policy_service.history.cli import history_command
     from policy_service.report import report_command
     from policy_service.sim.cli import simulate_command
 

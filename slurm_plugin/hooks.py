@@ -22,7 +22,8 @@ from typing import Mapping
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import FailoverClient, PolicyClient, configured_client, munge_socket_for, token_refusal
+from policy_service.serving.client import (FailoverClient, PolicyClient, configured_client, munge_socket_for,
+                                           token_refusal)
 from policy_service.config import (AuthConfig, Config, ConfigError, HaConfig, HookConfig, TlsConfig, load_config,
                                    read_token)
 from slurm_plugin import agent_client, spool

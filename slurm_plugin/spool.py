@@ -22,8 +22,8 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import RETRYABLE
-from policy_service.limits import MAX_REQUEST_BYTES
+from policy_service.serving.client import RETRYABLE
+from policy_service.trust.limits import MAX_REQUEST_BYTES
 
 log = logging.getLogger("swapaware.spool")
 # The RPCs a hook spools: proto method name -> (request message, its field in a batched JobEvent).
@@ -69,7 +69,7 @@ def pending(spool_dir: Path) -> list[Path]:
 
 # EventResult codes (google.rpc numbers) an event is set aside for: it will never be taken.
 PERMANENT = {grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.FAILED_PRECONDITION.value[0]}
-BATCH_EVENTS = 500  # the service's limit per ReportEvents call (policy_service.limits)
+BATCH_EVENTS = 500  # the service's limit per ReportEvents call (policy_service.trust.limits)
 # A batch also stays under the service's message size (else RESOURCE_EXHAUSTED for every try, and
 # the spool never drains): 500 finished events with 8 GPUs' telemetry and OOM evidence are ~450 KB.
 BATCH_BYTES = MAX_REQUEST_BYTES - 4096

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from policy_service.history_config import HistoryConfig
+from policy_service.history.config import HistoryConfig
 
 
 
@@ -160,7 +160,7 @@ class Backend:
                 "SWAPAWARE_HISTORY__PASSWORD_FILE": h.password_file}
 
     def open(self, db_path, accept_empty: bool = False, fence: str | None = None):
-        from policy_service.adapters.history import HistoryStore  # noqa: PLC0415
+        from policy_service.history.store import HistoryStore  # noqa: PLC0415
         return HistoryStore(db_path, accept_empty, fence=fence,
                             mariadb=self.history if self.name == "mariadb" else None)
 

@@ -9,7 +9,7 @@ import copy
 import json
 from pathlib import Path
 
-from policy_service.adapters.slurm import CliSlurm, JobInstance
+from policy_service.slurm.slurm import CliSlurm, JobInstance
 from policy_service.core.dialect import dialect_for, parse_release
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -71,7 +71,7 @@ class RecordingCli(CliSlurm):
         return [argv[0] for argv, _ in self.calls]
 
     def _run(self, argv: list[str], env_extra: dict[str, str] | None = None) -> str:
-        from policy_service.adapters.slurm import SlurmError
+        from policy_service.slurm.slurm import SlurmError
 
         self.calls.append((list(argv), env_extra))
         if self.fail:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from policy_service.adapters.slurm import cluster_release
+from policy_service.slurm.slurm import cluster_release
 from policy_service.admin.wiring import plugin_settings
 from policy_service.core.dialect import SlurmDialect
 from tests.waiting import wait_for
@@ -160,7 +160,7 @@ class Stack:
     def wait_observation(self, job_id: int, timeout_s: float = 30) -> tuple:
         """The job's observation once the history holds it and job_submit.lua decides from what it
         taught: the admission table dropped the classes it taught before the row was recorded
-        (adapters/admission_publish.py, ``learning``), and the plugin sees the file as it is at most
+        (admission/publish.py, ``learning``), and the plugin sees the file as it is at most
         table_check_ms after (swapaware_table.lua caches its last look that long)."""
         def row() -> tuple | None:
             with self.history() as db:
@@ -278,7 +278,7 @@ def plugin_table(stack: "Stack", table: Path) -> Iterator[None]:
 
 
 def job_field(oneliner: str, key: str) -> str:
-    from policy_service.adapters.slurm import scontrol_field
+    from policy_service.slurm.slurm import scontrol_field
 
     return scontrol_field(oneliner, key) or ""
 

@@ -69,7 +69,7 @@ class RecordingSlurm:
         self.submitted = int(time.time())
 
     def live_instances(self, job_ids):  # the job as squeue shows it: its decision in its AdminComment
-        from policy_service.adapters.slurm_text import JobInstance
+        from policy_service.slurm.slurm_text import JobInstance
         return [JobInstance(j, "gpu", self.submitted, self.submitted, 0, self.comments[j], "RUNNING", source="squeue")
                 for j in job_ids if j in self.comments]
 
@@ -91,7 +91,7 @@ class RecordingSlurm:
     def __getattr__(self, name):  # the queue and correlation reads: an empty cluster
         def nothing(*_a, **_k):
             if name == "cluster_nodes":
-                from policy_service.adapters.slurm_text import NodeGres
+                from policy_service.slurm.slurm_text import NodeGres
                 return NodeGres(1, {})
             return {} if name.endswith(("addresses", "priorities")) else ([] if name != "cluster_gpus" else 1)
         return nothing
@@ -139,9 +139,9 @@ def main(argv=None) -> int:
     else:
         gpu_name = "fake NVML"
     from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-    from policy_service.client import PolicyClient
+    from policy_service.serving.client import PolicyClient
     from policy_service.config import AgentConfig, load_config
-    from policy_service.server import start_service
+    from policy_service.serving.server import start_service
     from slurm_plugin import hooks, task_prolog
     from slurm_plugin.agent import Agent
     from slurm_plugin.nvml import PynvmlTelemetry

@@ -2,7 +2,7 @@
 GPUs and memory enforcement, the service and agent, the queue) and ``swapaware gres-conf``.
 
   checks.py       the checks and gres.conf lines (pure over their inputs); slurm.conf / gres.conf
-                  parsing lives in policy_service/adapters/slurm_files.py, which the service also
+                  parsing lives in policy_service/slurm/slurm_files.py, which the service also
                   reads slurm.conf with (without importing these tools, which reach the node wing)
   billing.py      the check of how shared jobs are billed
   grpc_port.py    the check that no other process can take (or holds) the service's gRPC port
@@ -23,7 +23,7 @@ from policy_service.admin.checks import (
     queue_check,
 )
 from policy_service.admin.commands import doctor_command, gres_conf_command, probe_service
-from policy_service.adapters.slurm_files import (
+from policy_service.slurm.slurm_files import (
     GresConf,
     GresLine,
     NodeLine,

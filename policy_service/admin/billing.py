@@ -4,7 +4,7 @@ Slurm bills a job (fairshare usage, billing limits, sacct's billing=) with its p
 TRESBillingWeights. A job swapaware rewrote to shards holds gres/shard, not gres/gpu, and Slurm
 records no gres/shard:<type> (measured on 24.11), so the one GRES/shard weight bills it whatever GPU
 it is on. Which weights bill a job its fraction of the GPU, and which keep its request, is
-``adapters/billing_weights.py``'s rule, the one the service applies: doctor says the same per
+``slurm/billing_weights.py``'s rule, the one the service applies: doctor says the same per
 partition, and prints a TRESBillingWeights line that the rule accepts where one exists. Pure:
 parsed slurm.conf and gres.conf in, checks out.
 """
@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Sequence
 
 from policy_service.admin.check import Check, _check, _list_values
-from policy_service.adapters.billing_weights import (  # noqa: F401  (format_weight: doctor's tests use it)
+from policy_service.slurm.billing_weights import (  # noqa: F401  (format_weight: doctor's tests use it)
     FIX_PER_TYPE,
     WEIGHT_ROUND_DIGITS,
     BillingWeights,
@@ -25,8 +25,8 @@ from policy_service.adapters.billing_weights import (  # noqa: F401  (format_wei
     read_weights,
     shard_billing,
 )
-from policy_service.adapters.fleet import GpuShards, partition_gpus
-from policy_service.adapters.slurm_files import GresConf, PartitionLine, SlurmConf
+from policy_service.slurm.fleet import GpuShards, partition_gpus
+from policy_service.slurm.slurm_files import GresConf, PartitionLine, SlurmConf
 
 MEASURED = "Slurm records no gres/shard:<type> for a shard job, measured on 24.11"
 

@@ -10,7 +10,7 @@ from policy_service.admin.billing import billing_checks
 from policy_service.core.ha import service_addresses
 from policy_service.admin.check import Check, _check, _list_values
 from policy_service.admin.grpc_port import PortSeen, grpc_port_check
-from policy_service.adapters.slurm_files import (
+from policy_service.slurm.slurm_files import (
     GresConf,
     GresLine,
     NodeLine,
@@ -20,7 +20,7 @@ from policy_service.adapters.slurm_files import (
     parse_gres_types,
     parse_slurm_conf,
 )
-from policy_service.adapters.fleet import node_gpus, shard_counts
+from policy_service.slurm.fleet import node_gpus, shard_counts
 from policy_service.config import Config, Enforcement, Oversubscription
 from policy_service.core.dialect import SlurmDialect
 from slurm_plugin.enforce.choose import choose
@@ -84,7 +84,7 @@ def _slurm_param_checks(conf: SlurmConf, cfg: Config) -> list[Check]:
 
 def queue_check(slurm, cfg: Config) -> Check:
     """Can this user read what the queue rule needs (``squeue``, ``sinfo``, QoS priorities)?"""
-    from policy_service.adapters.queue import queue_state
+    from policy_service.slurm.queue import queue_state
 
     fix = ("run doctor as the service's user: the service reads the queue with squeue/sinfo (and QoS "
            "priorities with sacctmgr) every policy.queue_poll_s; or set policy.share_min_queue = 0")

@@ -14,7 +14,7 @@ from policy_service.admin.checks import (Check, doctor_checks, enforcement_check
                                         shards_fitting)
 from policy_service.admin.grpc_port import look_at_port
 from policy_service.admin.host import host_checks
-from policy_service.adapters.slurm_files import parse_slurm_conf
+from policy_service.slurm.slurm_files import parse_slurm_conf
 from policy_service.config import Config, ConfigError, load_config
 from policy_service.core.ha import service_addresses
 from slurm_plugin.nvml import GpuTelemetry, TelemetryError, open_telemetry
@@ -40,7 +40,7 @@ def probe_service(address: str, timeout_s: float, tls=None) -> bool:
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        from policy_service.tls import channel_credentials
+        from policy_service.trust.tls import channel_credentials
 
         creds = channel_credentials(tls) if tls is not None else None
         with (grpc.secure_channel(address, creds) if creds else grpc.insecure_channel(address)) as channel:
@@ -80,7 +80,7 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
     telemetry, opened = _open_telemetry_checked(cfg)
     service = None if no_probes else any(probe_service(a, cfg.hooks.deadline_s, cfg.tls)  # ha.controllers: any
                                          for a in service_addresses(cfg))
-    from policy_service.adapters.slurm import cluster_release
+    from policy_service.slurm.slurm import cluster_release
 
     release = cluster_release(cfg.service.slurm_release, cfg.service.slurm_timeout_s)
     hostname = socket.gethostname().split(".")[0]
@@ -93,10 +93,10 @@ def doctor_command(slurm_conf: Path, gres_conf: Path | None, config_path: Path |
     # user, the agent (a line of its own where this user may not ask it), MUNGE's origin: admin/host.py
     if slurm_text is not None:
         checks += host_checks(slurm_conf, slurm_text, cfg, hostname, probes=not no_probes, dialect=dialect)
-    from policy_service.adapters.queue import reads_queue
+    from policy_service.slurm.queue import reads_queue
 
     if not no_probes and reads_queue(cfg):
-        from policy_service.adapters.slurm import CliSlurm
+        from policy_service.slurm.slurm import CliSlurm
 
         checks.append(queue_check(CliSlurm(cfg.service.slurm_timeout_s), cfg))
     _print_checks(checks)

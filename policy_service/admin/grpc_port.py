@@ -2,7 +2,7 @@
 
 Any user of a host can bind a port at or above ``net.ipv4.ip_unprivileged_port_start`` (1024 by
 default) while nothing listens there, e.g. while the service restarts. The service then waits for
-its port (adapters/grpc_bind.py): the nodes' hooks cannot reach it meanwhile, and without TLS
+its port (serving/grpc_bind.py): the nodes' hooks cannot reach it meanwhile, and without TLS
 their events and token go to that process (issue 32). The check:
 
   FAIL  the port is held by a process that is not the service, where doctor can tell: the service
@@ -24,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from policy_service.admin.check import Check
-from policy_service.auth_config import is_loopback
+from policy_service.trust.auth_config import is_loopback
 from policy_service.config import Config, split_host_port
 
 UNPRIVILEGED_START = "/proc/sys/net/ipv4/ip_unprivileged_port_start"

@@ -18,7 +18,7 @@ from policy_service.admin.table_decisions import table_decisions_checks
 from policy_service.admin.wiring import (PLUGIN_CONF, LuaFile, cli_filter_entry, controller_hosts, job_submit_entry,
                                          lua_files_check, lua_plugin_on, on_controller, plugin_conf_checks,
                                          plugin_settings, plugin_table_path, table_uids)
-from policy_service.adapters.slurm_files import parse_slurm_conf
+from policy_service.slurm.slurm_files import parse_slurm_conf
 from policy_service.config import Config
 from policy_service.core.dialect import SlurmDialect
 
@@ -114,7 +114,7 @@ def agent_probe(cfg: Config, conf, hostname: str, doctor: Who) -> Check:
 
 def munge_probe(cfg: Config, hostname: str, dialect: SlurmDialect | None, slurm=None) -> Check:
     """``slurm``: what lists the cluster's addresses (default: Slurm's commands, as the service)."""
-    from policy_service.client import munge_socket_for
+    from policy_service.serving.client import munge_socket_for
 
     sock = munge_socket_for(cfg.auth)
     if sock is None:
@@ -126,9 +126,9 @@ def munge_probe(cfg: Config, hostname: str, dialect: SlurmDialect | None, slurm=
     origin, error = unmunge_origin(sock)
     verdict = addrs = None
     if origin is not None:
-        from policy_service.access import Authorizer
-        from policy_service.adapters.slurm import CliSlurm
-        from policy_service.authz import Caller, Trust, Via, event_verdict
+        from policy_service.trust.access import Authorizer
+        from policy_service.slurm.slurm import CliSlurm
+        from policy_service.trust.authz import Caller, Trust, Via, event_verdict
 
         # the service's own lookup of the cluster's addresses and its own rule for a hook's event
         trust = Trust(munge=True, token=False, slurm_uid=0, service_uid=os.geteuid())

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from policy_service.admin.check import Check
 from policy_service.admin.perms import WRITE, StatLike, Who, blocker, describe, group_name, user_name
-from policy_service.authz import Addresses, Verdict
+from policy_service.trust.authz import Addresses, Verdict
 
 Chain = Sequence[tuple[str, StatLike]]
 
@@ -47,7 +47,7 @@ def peer_uid(path: str, timeout_s: float = 1.0) -> tuple[int | None, str]:
 def service_user_check(path: str, uid: int | None, error: str, chain: Chain, slurm_user: Who | None,
                        me: Who) -> Check:
     """The service must not run as root where SlurmUser is not root: it creates its socket with its
-    own user and group, mode 0660 (adapters/local_socket.py), and job_submit.lua connects as
+    own user and group, mode 0660 (serving/local_socket.py), and job_submit.lua connects as
     SlurmUser. Its authorization would take that Admit (authz.admit_verdict accepts root, SlurmUser
     and the service's user alike): the socket's owner and mode are what shut slurmctld out."""
     name = "service_user"

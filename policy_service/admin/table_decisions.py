@@ -5,7 +5,7 @@ should make the plugin use the table; this one looks at what it did. A job the p
 the class table carries ``tbl=<version>:<entry><state>`` in its AdminComment
 (core/admission.parse_table_ref); a job the service decided (the Admit round trip, or a re-decision
 of a pending job) carries none. The jobs are read as the service's catch-up reads them
-(adapters/admission_catchup.py: ``live_commented_jobs``, one squeue, and
+(admission/catchup.py: ``live_commented_jobs``, one squeue, and
 ``accounted_commented_jobs(since)``, one sacct), over the catch-up's and the reconciler's window,
 ``service.reconcile_window_s`` (24 h): long enough to hold decisions on a quiet cluster, and the
 query the service itself makes at start. A decision counts once (its id), by its job's submit time
@@ -24,9 +24,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from policy_service.admin.check import Check
 from policy_service.admin.wiring import PLUGIN_CONF, plugin_table_path, table_uids
-from policy_service.adapters.admission_catchup import table_made
-from policy_service.adapters.slurm_comments import CommentedJob
-from policy_service.adapters.slurm_text import SlurmError, decision_ids_in
+from policy_service.admission.catchup import table_made
+from policy_service.slurm.slurm_comments import CommentedJob
+from policy_service.slurm.slurm_text import SlurmError, decision_ids_in
 from policy_service.config import Config
 from policy_service.core.admission import TableRef
 from policy_service.core.dialect import SlurmDialect
@@ -123,7 +123,7 @@ def table_decisions_checks(cfg: Config, settings: Mapping[str, str], conf_dir: s
     if not (cfg.table_path and table):
         return []
     if slurm is None:
-        from policy_service.adapters.slurm import CliSlurm
+        from policy_service.slurm.slurm import CliSlurm
 
         slurm = CliSlurm(cfg.service.slurm_timeout_s, dialect=dialect)
     now, window_s = clock(), cfg.service.reconcile_window_s

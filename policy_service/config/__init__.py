@@ -11,14 +11,14 @@ Sources, later wins:
 """
 from __future__ import annotations
 
-from policy_service.auth_config import (AuthConfig, MungeMode, TlsConfig, auth_errors, bool_spelling,
-                                       tls_errors, token_mode_error)
+from policy_service.trust.auth_config import (AuthConfig, MungeMode, TlsConfig, auth_errors, bool_spelling,
+                                             tls_errors, token_mode_error)
 from policy_service.config.load import load_config, read_token, split_host_port
 from policy_service.config.sections import (
     DEFAULT_CONFIG_PATH, GIB, AccessClass, AdmissionConfig, AgentConfig, Config, ConfigError, Enforcement,
     EstimatorConfig, GpuConfig, HaConfig, HookConfig, LinkKind, NvmlBackend, Oversubscription, PolicyConfig,
     PolicyMode, ServiceConfig, SlurmBackend, SwapCostConfig, UnsafeTokenFile, WholeGpuAsShards)
-from policy_service.history_config import HistoryBackend, HistoryConfig, history_errors
+from policy_service.history.config import HistoryBackend, HistoryConfig, history_errors
 
 __all__ = [
     "AccessClass",

@@ -10,10 +10,10 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping
 
-from policy_service.auth_config import auth_errors, tls_errors, token_mode_error
+from policy_service.trust.auth_config import auth_errors, tls_errors, token_mode_error
 from policy_service.config.sections import DEFAULT_CONFIG_PATH, Config, ConfigError, UnsafeTokenFile
 from policy_service.core.dialect import is_release
-from policy_service.history_config import history_errors
+from policy_service.history.config import history_errors
 
 
 def _coerce(section: str, key: str, typ: Any, raw: Any) -> Any:

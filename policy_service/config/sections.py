@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from policy_service.auth_config import AuthConfig, TlsConfig, bool_spelling
-from policy_service.history_config import HistoryConfig
+from policy_service.trust.auth_config import AuthConfig, TlsConfig, bool_spelling
+from policy_service.history.config import HistoryConfig
 
 GIB = 1024**3
 DEFAULT_CONFIG_PATH = Path("/etc/swapaware/swapaware.toml")
@@ -282,19 +282,19 @@ class ServiceConfig:
     journal_fsync: bool = False
     # How often the service checks that its history file is still there (and restores it).
     history_check_s: float = 10.0
-    # Decisions are checked against the AdminComments Slurm holds (adapters/reconcile.py) every
+    # Decisions are checked against the AdminComments Slurm holds (slurm/reconcile.py) every
     # reconcile_s, those made between reconcile_window_s and reconcile_settle_s ago.
     reconcile_s: float = 300.0
     reconcile_window_s: float = 86400.0
     reconcile_settle_s: float = 600.0
-    # host:port of the Prometheus endpoint (/metrics, policy_service/metrics.py); empty: not served.
+    # host:port of the Prometheus endpoint (/metrics, policy_service/serving/metrics.py); empty: not served.
     metrics_address: str = ""
 
 
 @dataclass(frozen=True)
 class AdmissionConfig:
     """The admission table (docs/admission-table.md): the service publishes what it would decide,
-    and the job_submit plugin decides from it without asking (adapters/admission_publish.py)."""
+    and the job_submit plugin decides from it without asking (admission/publish.py)."""
 
     # Where the class table is written (the queue gate beside it, "<table_path>.gate"). "auto":
     # admission.json beside service.socket_path, where the job_submit plugin reads it by default

@@ -1,6 +1,6 @@
 """The ranges every value that reaches the model must lie in. Pure: no I/O.
 
-Events outside them are refused at the door (``policy_service.event_bounds``); statistics read
+Events outside them are refused at the door (``policy_service.trust.event_bounds``); statistics read
 back from the history are brought inside them (``sane_stats``), so that a row written into the
 database by other means cannot make a prediction absurd or a reply unencodable.
 

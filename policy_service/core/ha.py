@@ -1,6 +1,6 @@
 """Two controllers, one history (docs/ha.md): which service may write, decided from signals.
 
-Pure: no clock, no files, no store. The adapter (adapters/ha_role.py) reads the signals, asks the
+Pure: no clock, no files, no store. The adapter (ha/role.py) reads the signals, asks the
 store for the writer lease and acts on what these functions say.
 
 A service is the writer iff it holds the store's writer lease. It tries to take the lease only

@@ -250,7 +250,7 @@ def job_request(*, user: str, account: str, partition: str, job_name: str, scrip
     """Build the typed request (and the access-class hint) from job_desc facts. ``is_batch``:
     the job has a batch script (false for the allocations srun and salloc create). ``per_gpu``:
     the job_desc fields of PER_GPU_OPTIONS; ``exclusive``: --exclusive as JobFacts carries it;
-    ``partition_gpu_defaults``: what the job's partition gives each GPU (adapters/partitions.py);
+    ``partition_gpu_defaults``: what the job's partition gives each GPU (slurm/partitions.py);
     ``gpu_shard_counts``: the shard counts of the GPUs it can land on (None: not known)."""
     if not user:
         raise RequestError("job facts carry no user")

@@ -135,14 +135,14 @@ class JobRequest:
     implicit_gpu_bind: str = ""  # the binding Slurm gave --gpus-per-task itself ("gres/gpu:per_task:1")
     partition_gpu_defaults: tuple[str, ...] = ()  # "DefCpuPerGPU=2", ... of the job's partition(s)
     # Shard counts (distinct, sorted) of the GPUs with shards the job can land on: its partitions'
-    # nodes, its GPU type (adapters/fleet.py). None: not known, every GPU has gpu.shards_per_gpu.
+    # nodes, its GPU type (slurm/fleet.py). None: not known, every GPU has gpu.shards_per_gpu.
     gpu_shard_counts: tuple[int, ...] | None = None
     # Why GPUs of its partitions were left out of gpu_shard_counts: the controller in control
     # refuses shards there now (LiveShards.refuses), one "node: why" per node. Empty: none left out.
     shards_refused: tuple[str, ...] = ()
     # Why a job holding shards of the GPUs it can land on would not bill its fraction of a GPU under
     # its partitions' TRESBillingWeights, and why all the shards of one GPU would not bill what the
-    # GPU bills (adapters/billing_weights.py, naming the partition, the weight and the fix). "": they
+    # GPU bills (slurm/billing_weights.py, naming the partition, the weight and the fix). "": they
     # would, or the partitions are not known.
     shards_unbilled: str = ""
     whole_shards_unbilled: str = ""

@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from policy_service.adapters.slurm import AccountingJob
+from policy_service.slurm.slurm import AccountingJob
 from policy_service.core.policy import parse_admin_comment
 from policy_service.report.join import join_job, read_history
 from policy_service.report.model import GROUP_KEYS, GroupSummary, HistorySnapshot, HistoryUnavailable, JobReport, RecordStatus, Report

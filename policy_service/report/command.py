@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from policy_service.adapters.slurm import SlurmError, cluster_release, open_slurm
+from policy_service.slurm.slurm import SlurmError, cluster_release, open_slurm
 from policy_service.config import Config, ConfigError, load_config
-from policy_service.history_config import history_source
+from policy_service.history.config import history_source
 from policy_service.report.aggregate import load_report
 from policy_service.report.formats import format_csv, format_json, format_table
 from policy_service.report.html import format_html

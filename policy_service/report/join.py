@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from policy_service.adapters.history import HistoryUnreadable, ReadOnlyHistory
-from policy_service.adapters.slurm import AccountingJob, SlurmAccess, SlurmError
+from policy_service.history.store import HistoryUnreadable, ReadOnlyHistory
+from policy_service.slurm.slurm import AccountingJob, SlurmAccess, SlurmError
 from policy_service.core.policy import parse_admin_comment
 from policy_service.core.request import RequestError, gpu_request
 from policy_service.core.types import Action, GresKind, ReasonCode

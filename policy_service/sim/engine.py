@@ -188,7 +188,7 @@ class Engine(Scheduling, Execution):
                             redecided=self.redecided)
 
     def _redecide_pending(self, t: float) -> None:
-        """The service's re-decision of pending jobs kept whole (adapters/redecide.py), at each
+        """The service's re-decision of pending jobs kept whole (serving/redecide.py), at each
         backfill pass: in queue order, those whose history keys learned something, or whose
         queue side of share_min_queue changed, since they were last decided; at most
         ``policy.redecide_max_per_poll`` decisions per pass."""

@@ -17,7 +17,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from policy_service.adapters.slurm_text import AccountingJob, parse_sacct_json
+from policy_service.slurm.slurm_text import AccountingJob, parse_sacct_json
 from policy_service.report.join import _pick_observation, parse_tres, read_history
 from policy_service.report.model import HistorySnapshot, HistoryUnavailable
 from policy_service.sim.loaders import DataNotFound, LoadedTrace, SchemaError, TraceJob, sha256_file

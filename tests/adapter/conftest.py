@@ -15,13 +15,13 @@ from typing import Iterator
 
 import pytest
 
-from policy_service.adapters.slurm import JobInstance, PendingJob, SlurmError
-from policy_service.adapters.slurm_hosts import (controller_hosts, node_hosts, parse_config, parse_nodes_oneliner,
-                                                  resolve_ipv4)
-from policy_service.adapters.slurm_hosts import slurm_user as _slurm_user
-from policy_service.client import PolicyClient
+from policy_service.slurm.slurm import JobInstance, PendingJob, SlurmError
+from policy_service.slurm.slurm_hosts import (controller_hosts, node_hosts, parse_config, parse_nodes_oneliner,
+                                               resolve_ipv4)
+from policy_service.slurm.slurm_hosts import slurm_user as _slurm_user
+from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 
 
 @dataclass
@@ -68,7 +68,7 @@ class SlurmJobs:
     held_failure: str | None = None
 
     def held_decision_ids(self, since: float) -> set[str]:
-        from policy_service.adapters.slurm_text import decision_ids_in
+        from policy_service.slurm.slurm_text import decision_ids_in
         if self.held_failure:
             raise SlurmError(self.held_failure)
         return decision_ids_in("\n".join(self.comments.values()))
@@ -76,7 +76,7 @@ class SlurmJobs:
     # Every job's AdminComment as squeue (live) and sacct (accounting) show it: the catch-up of
     # decisions the plugin made from the admission table. Live: every job the test submitted.
     def live_commented_jobs(self):
-        from policy_service.adapters.slurm_comments import CommentedJob
+        from policy_service.slurm.slurm_comments import CommentedJob
         return [CommentedJob(i.job_id, i.submit_time, None, "test", "", "", i.state, i.admin_comment, "squeue")
                 for i in map(self._instance, list(self.comments)) if i is not None]
 
@@ -103,7 +103,7 @@ class SlurmJobs:
     node_unregistered: set[str] = field(default_factory=set)
 
     def cluster_nodes(self):
-        from policy_service.adapters.slurm_text import NodeGres
+        from policy_service.slurm.slurm_text import NodeGres
         return NodeGres(self.gpus, {n: dict(c) for n, c in self.node_shards.items()}, frozenset(self.node_unregistered))
 
     qos_table: dict[str, int] = field(default_factory=dict)  # {}: no per-QoS view
@@ -121,7 +121,7 @@ class SlurmJobs:
         self.tres[job_id] = tres_per_node
         self.comments[job_id] = admin_comment
 
-    # A requeue (adapters/requeue.py), as scontrol does it: refused for a job listed in
+    # A requeue (slurm/requeue.py), as scontrol does it: refused for a job listed in
     # ``no_requeue`` (--no-requeue: ESLURM_DISABLED) and a job Slurm does not know; the job is then
     # held (``held``) until released; every call in ``requeue_calls``.
     no_requeue: set[int] = field(default_factory=set)
@@ -159,7 +159,7 @@ class SlurmJobs:
         return "PENDING"
 
     # The cluster's hosts and users, for the access checks, as scontrol and sacctmgr print them and
-    # parsed and resolved as CliSlurm does (policy_service.adapters.slurm_hosts): a MUNGE
+    # parsed and resolved as CliSlurm does (policy_service.slurm.slurm_hosts): a MUNGE
     # credential's origin must be a node's address (events) or a controller's (a recorded Admit).
     # Like the single-host dev cluster: one node and the controller, both on this host (127.0.0.1).
     # Tests change these to move hosts in or out of the cluster; ``hosts_failure`` makes scontrol fail.

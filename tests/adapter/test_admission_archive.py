@@ -1,4 +1,4 @@
-"""The admission-table catch-up archive (adapters/admission_archive.py) on both of its homes: the
+"""The admission-table catch-up archive (admission/archive.py) on both of its homes: the
 SQLite file beside a SQLite history, and the tables in a MariaDB history's database (a real
 private mariadbd, tests/mariadb_server.py), where every service sharing the database reads every
 writer's versions. Row counts are read on a connection of the test's own."""
@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.admission_archive import CHUNK, TableArchive, archive_path, open_archive
-from policy_service.adapters.decision_log import DecisionRecord
-from policy_service.adapters.history_db import MyConn
+from policy_service.admission.archive import CHUNK, TableArchive, archive_path, open_archive
+from policy_service.history.decision_log import DecisionRecord
+from policy_service.history.db import MyConn
 from policy_service.config import load_config
 from policy_service.core import admission
 from policy_service.core.policy import parse_admin_comment
@@ -183,8 +183,8 @@ def test_the_new_writer_records_the_old_writers_table_made_decisions_from_their_
     the history on MariaDB b finds a's version in the shared archive and records each job from
     its template (class keys, job name); with SQLite histories each archive is its service's
     own and b records them from the AdminComment alone (no keys)."""
-    from policy_service.adapters.admission_catchup import AdmissionCatchup
-    from policy_service.adapters.decision_log import DecisionLog
+    from policy_service.admission.catchup import AdmissionCatchup
+    from policy_service.history.decision_log import DecisionLog
     from policy_service.core.types import KeyLevel
 
     from .test_admission_catchup import CommentsCli, job, lua_id, made_comment

@@ -14,21 +14,21 @@ from pathlib import Path
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.admission_archive import TableArchive, archive_path
-from policy_service.adapters.admission_catchup import AdmissionCatchup, chain, table_made
-from policy_service.adapters.decision_log import DecisionLog, DecisionRecord
-from policy_service.adapters.history import HistoryStore
-from policy_service.adapters.reconcile import Reconciler
-from policy_service.adapters.slurm import CliSlurm
-from policy_service.adapters.slurm_comments import CommentedJob, parse_commented, sacct_argv, squeue_argv
-from policy_service.adapters.slurm_text import SlurmError
+from policy_service.admission.archive import TableArchive, archive_path
+from policy_service.admission.catchup import AdmissionCatchup, chain, table_made
+from policy_service.history.decision_log import DecisionLog, DecisionRecord
+from policy_service.history.store import HistoryStore
+from policy_service.slurm.reconcile import Reconciler
+from policy_service.slurm.slurm import CliSlurm
+from policy_service.slurm.slurm_comments import CommentedJob, parse_commented, sacct_argv, squeue_argv
+from policy_service.slurm.slurm_text import SlurmError
 from policy_service.config import load_config
 from policy_service.core.admission import PLACEHOLDER_ID, TableRef, with_table_ref
 from policy_service.core.dialect import dialect_for
 from policy_service.core.types import KeyLevel
-from policy_service.decision_proto import decision_to_proto
-from policy_service.metrics import ServiceMetrics
-from policy_service.server import start_service
+from policy_service.serving.decision_proto import decision_to_proto
+from policy_service.serving.metrics import ServiceMetrics
+from policy_service.serving.server import start_service
 
 from tests.waiting import wait_for
 

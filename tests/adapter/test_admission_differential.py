@@ -2,7 +2,7 @@
 
 The same generated jobs (tests/admission_jobs.py: seeded, every request shape, QoS, class state
 and option) go to
-  (a) the table path: the real publisher (adapters/admission_publish.py) of a real service over a
+  (a) the table path: the real publisher (admission/publish.py) of a real service over a
       real SQLite history, taught through the handler's own Admit / JobStarted / JobFinished path,
       read by the real lua5.1 running the real swapaware.lua + swapaware_table.lua (one Lua state
       per batch, tests/adapter/admission_diff_driver.lua), and
@@ -30,13 +30,13 @@ import pytest
 from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.slurm import PendingJob
+from policy_service.slurm.slurm import PendingJob
 from policy_service.config import PolicyMode, load_config
 from policy_service.core import admission
 from policy_service.core.admission_format import read_table
 from policy_service.core.types import ReasonCode
-from policy_service.handler_error import HandlerError
-from policy_service.server import start_service
+from policy_service.serving.handler_error import HandlerError
+from policy_service.serving.server import start_service
 from tests import admission_jobs as gen
 from tests.waiting import wait_for
 

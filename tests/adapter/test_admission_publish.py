@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.admission_archive import archive_path
-from policy_service.adapters.slurm import PendingJob
-from policy_service.client import PolicyClient
+from policy_service.admission.archive import archive_path
+from policy_service.slurm.slurm import PendingJob
+from policy_service.serving.client import PolicyClient
 from policy_service.config import PolicyMode, load_config
 from policy_service.core import admission
 from policy_service.core.admission_format import read_table
 from policy_service.core.policy import parse_admin_comment
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from tests.waiting import wait_for
 
 from .test_service import GIB, facts, run_job
@@ -315,9 +315,9 @@ def test_events_wait_until_the_table_and_its_catch_up_are_attached(env, slurm_jo
     (the hooks spool it), and taken once the service has started."""
     import grpc
 
-    from policy_service import server
-    from policy_service.handler import Method
-    from policy_service.handler_error import HandlerError
+    from policy_service.serving import server
+    from policy_service.serving.handler import Method
+    from policy_service.serving.handler_error import HandlerError
 
     seen = []
     attach = server.attach_catchup
@@ -389,7 +389,7 @@ def test_a_group_the_service_cannot_give_is_refused_naming_it():
     try:
         os.chmod(d, 0o777)
         code = ("import os, sys; from pathlib import Path; "
-                "from policy_service.adapters.atomic_file import write_atomically as w\n"
+                "from policy_service.atomic_file import write_atomically as w\n"
                 "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
                 "try:\n    w(Path(sys.argv[1]) / 'admission.json', b'{}', 0o640, int(sys.argv[2]))\n"
                 "except PermissionError as e:\n    print(e)\nelse:\n    print('written')")

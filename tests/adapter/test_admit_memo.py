@@ -14,14 +14,14 @@ import random
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.history import HistoryStore
-from policy_service.adapters.history_schema import checked_stats
+from policy_service.history.store import HistoryStore
+from policy_service.history.schema import checked_stats
 from policy_service.config import load_config
 from policy_service.core import policy
 from policy_service.core.types import ClassStats, KeyLevel, LiveShards, QueueState, UserFigure
-from policy_service.adapters.decision_log import RecordText
-from policy_service.decision_proto import decision_record, decision_to_proto, with_id_bytes
-from policy_service.handler import PolicyHandler
+from policy_service.history.decision_log import RecordText
+from policy_service.serving.decision_proto import decision_record, decision_to_proto, with_id_bytes
+from policy_service.serving.handler import PolicyHandler
 
 GIB = 1024 ** 3
 SHAPES = ({"tres_per_node": "gres:gpu:1"}, {"tres_per_node": "gres:gpu:a100:1"}, {"tres_per_job": "gres:gpu:1"},

@@ -5,10 +5,10 @@ import grpc
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.grpc_server import authorized
-from policy_service.client import PolicyClient
+from policy_service.serving.grpc_server import authorized
+from policy_service.serving.client import PolicyClient
 from policy_service.config import ConfigError, load_config, read_token
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from slurm_plugin import hooks, spool
 from .conftest import socket_call
 

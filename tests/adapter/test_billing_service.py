@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import PolicyClient
+from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 
 GRES = ("Name=gpu Type=a100 File=/dev/nvidia[0-1]\nName=gpu Type=h100 File=/dev/nvidia[2-3]\n"
         "Name=shard Count=4 File=/dev/nvidia0\nName=shard Count=4 File=/dev/nvidia1\n"

@@ -11,9 +11,9 @@ import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.cli import _readable_token
-from policy_service.client import PolicyClient
+from policy_service.serving.client import PolicyClient
 from policy_service.config import ConfigError, UnsafeTokenFile, load_config, read_token
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from slurm_plugin import hooks, spool
 
 REMOTE = "10.77.0.1"  # the multi-node dev cluster's controller: not this host

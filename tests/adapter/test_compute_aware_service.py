@@ -3,13 +3,13 @@ agent's GPU utilisation teaches the class, the next Admit charges shards for its
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.slurm import PendingJob
-from policy_service.client import PolicyClient
+from policy_service.slurm.slurm import PendingJob
+from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
 from policy_service.core.request import history_keys, job_request
 from policy_service.core.types import KeyLevel
-from policy_service.events import gpu_utilisation
-from policy_service.server import start_service
+from policy_service.serving.events import gpu_utilisation
+from policy_service.serving.server import start_service
 from slurm_plugin.hooks import apply_telemetry
 from tests.waiting import wait_for
 

@@ -1,4 +1,4 @@
-"""A MUNGE credential counts only for the call it was made for (policy_service/cred_binding.py),
+"""A MUNGE credential counts only for the call it was made for (policy_service/trust/cred_binding.py),
 against a real private munged and the service over gRPC on loopback: credentials of root and of
 SlurmUser whose payload is empty, foreign (a Slurm-like binary payload), for another method or
 for another request are refused UNAUTHENTICATED at every method, logged and counted, and nothing
@@ -10,9 +10,9 @@ import logging
 import grpc
 import pytest
 
-from policy_service import cred_binding, munge
+from policy_service.trust import cred_binding, munge
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import method_path, serialised
+from policy_service.serving.client import method_path, serialised
 from .as_user import NOBODY, run_as
 from .test_munge import (  # noqa: F401 (fixtures)
     FACTS, SLURM_UID, call, call_raw, finish, made_by, munge_dir, munge_env, munge_service, munged, observed,
@@ -58,7 +58,7 @@ def test_a_bound_credential_is_accepted_at_every_method(munge_service, munged):
 @pytest.mark.parametrize("uid", [0, SLURM_UID])
 def test_empty_and_foreign_payloads_are_refused_at_every_method_whatever_the_uid(munge_service, munged, caplog, uid):
     svc = munge_service
-    with caplog.at_level(logging.WARNING, logger="policy_service.adapters.grpc_server"):
+    with caplog.at_level(logging.WARNING, logger="policy_service.serving.grpc_server"):
         for method, request in REQUESTS.items():
             why = refusal(svc, method, request, encoded(munged.socket, b"", uid))
             assert f"MUNGE credential of uid {uid} from 127.0.0.1 refused: its payload is empty" in why

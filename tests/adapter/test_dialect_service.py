@@ -6,13 +6,13 @@ import pytest
 from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.redecide import candidates
-from policy_service.adapters.slurm import PendingJob
-from policy_service.client import PolicyClient
+from policy_service.serving.redecide import candidates
+from policy_service.slurm.slurm import PendingJob
+from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
 from policy_service.core.policy import parse_admin_comment
 from policy_service.core.types import QueueState
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from tests.waiting import wait_for
 
 from .conftest import socket_call

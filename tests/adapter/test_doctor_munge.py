@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from policy_service.admin.host import munge_probe
-from policy_service.auth_config import AuthConfig, MungeMode
+from policy_service.trust.auth_config import AuthConfig, MungeMode
 from policy_service.config import Config
 
 from .test_munge import start_munged

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from policy_service.adapters.decision_log import DecisionRecord, backoff, read_journal
-from policy_service.adapters.history import HistoryStore
+from policy_service.history.decision_log import DecisionRecord, backoff, read_journal
+from policy_service.history.store import HistoryStore
 from policy_service.config import load_config
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from tests.waiting import wait_for
 
 from .conftest import socket_call
@@ -29,7 +29,7 @@ from .conftest import socket_call
 ROOT = Path(__file__).resolve().parents[2]
 SERVE = ("import os, threading\n"
          "from policy_service.config import load_config\n"
-         "from policy_service.server import start_service\n"
+         "from policy_service.serving.server import start_service\n"
          "start_service(load_config(env=os.environ), use_slurm=False)\n"
          "print('ready', flush=True)\n"
          "threading.Event().wait()\n")

@@ -65,9 +65,9 @@ def forced_env(service_env):
 
 
 def test_admin_true_oversubscribes_without_reports(forced_env, slurm_jobs):
-    from policy_service.client import PolicyClient
+    from policy_service.serving.client import PolicyClient
     from policy_service.config import load_config
-    from policy_service.server import start_service
+    from policy_service.serving.server import start_service
     svc = start_service(load_config(env=forced_env), slurm=slurm_jobs)
     try:
         with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as c:

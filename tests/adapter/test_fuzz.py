@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.history import HistoryStore
-from policy_service.adapters.local_socket import handle_line
+from policy_service.history.store import HistoryStore
+from policy_service.serving.local_socket import handle_line
 from policy_service.config import load_config
 from policy_service.core.request import RequestError, parse_hints, parse_size_bytes
-from policy_service.handler import Method, PolicyHandler
-from policy_service.handler_error import HandlerError
+from policy_service.serving.handler import Method, PolicyHandler
+from policy_service.serving.handler_error import HandlerError
 
 from .test_lua_plugin import run_lua, valid_utf8
 

@@ -17,13 +17,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.ha_role import write_role
-from policy_service.adapters.history import HistoryStore
-from policy_service.client import FailoverClient, PolicyClient, attempt_order
+from policy_service.ha.role import write_role
+from policy_service.history.store import HistoryStore
+from policy_service.serving.client import FailoverClient, PolicyClient, attempt_order
 from policy_service.config import HaConfig, HookConfig, load_config
 from policy_service.core.admission_format import read_table
 from policy_service.core.ha import Role
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from slurm_plugin import spool
 from slurm_plugin.hooks import LAST_SERVICE_FILE, deliver, hook_client
 from tests.waiting import wait_for
@@ -312,7 +312,7 @@ def test_ha_commands_write_the_role_and_status_tells_the_lease(short_dir, histor
 
 
 def test_a_writer_cut_off_from_the_history_stops_when_its_lease_would_have_run_out(short_dir, caplog):
-    from policy_service.adapters.ha_role import RoleKeeper
+    from policy_service.ha.role import RoleKeeper
 
     caplog.set_level(logging.ERROR, logger="swapaware.ha")  # (test_fuzz quiets "swapaware" for the session)
     clock = [1000.0]
@@ -346,7 +346,7 @@ def test_slurmctlds_heartbeat_tells_the_role_before_the_role_file(short_dir):
     """The heartbeat as measured on 22.05 (docs/ha.md): 16 bytes, time and SlurmctldHost index."""
     import struct
 
-    from policy_service.adapters.ha_role import RoleKeeper, heartbeat_probe
+    from policy_service.ha.role import RoleKeeper, heartbeat_probe
 
     state = short_dir / "state"
     state.mkdir()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from policy_service.adapters.decision_log import DecisionLog, DecisionRecord
-from policy_service.adapters.history import HistoryStore, HistoryUnavailable, NotWriter
+from policy_service.history.decision_log import DecisionLog, DecisionRecord
+from policy_service.history.store import HistoryStore, HistoryUnavailable, NotWriter
 from policy_service.core.types import ClassStats, KeyLevel
 from tests.waiting import wait_for
 
@@ -120,7 +120,7 @@ def test_the_journal_keeps_a_standbys_decisions_until_it_is_the_writer(two, tmp_
 
 
 def test_a_new_writer_commits_its_journal_at_once_not_after_the_back_off(two, tmp_path, monkeypatch):
-    import policy_service.adapters.decision_log as decision_log
+    import policy_service.history.decision_log as decision_log
     monkeypatch.setattr(decision_log, "RETRY_MIN_S", 60.0)  # a refused write would wait a minute
     monkeypatch.setattr(decision_log, "RETRY_MAX_S", 60.0)
     a, b = two
@@ -152,7 +152,7 @@ def test_keys_are_compared_byte_for_byte(history_backend, tmp_path):
 
 
 def _obs(name: str):
-    from policy_service.adapters.history import ObservationRow
+    from policy_service.history.store import ObservationRow
     return ObservationRow(f"e-{name}", 1, "", "n1", (0,), 1.0, 2.0, 1.0, 0, 1, False, 0, False, "none", 2.0,
                           f"i/{name}", 0)
 
@@ -227,7 +227,7 @@ def test_decisions_wait_in_the_journal_while_the_database_is_down(tmp_path):
 def test_an_empty_mariadb_where_this_host_had_a_history_is_refused(mariadb_backend, tmp_path):
     """Switching [history] to an empty MariaDB without migrating: refused (HistoryMissing names
     the migrate command); accepted for one start with accept_empty."""
-    from policy_service.adapters.history import HistoryMissing
+    from policy_service.history.store import HistoryMissing
     db = tmp_path / "history.sqlite3"
     HistoryStore(db).close()  # this host's SQLite history (and its marker)
     with pytest.raises(HistoryMissing, match="history migrate --from"):

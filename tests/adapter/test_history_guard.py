@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from policy_service.adapters.history_guard import ACCEPT_FLAG, HistoryMissing, marker
+from policy_service.history.guard import ACCEPT_FLAG, HistoryMissing, marker
 from policy_service.cli import main
 from policy_service.config import load_config
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 
 from .conftest import socket_call
 from .test_durability import ROOT, admit, kill_9, service_process

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from policy_service.adapters.history import HistoryStore, ObservationRow, ReadOnlyHistory
-from policy_service.adapters.history_migrate import TABLES
+from policy_service.history.store import HistoryStore, ObservationRow, ReadOnlyHistory
+from policy_service.history.migrate import TABLES
 from policy_service.cli import main
 from policy_service.core.types import ClassStats, KeyLevel
 from tests.mariadb_server import Backend, _names

@@ -14,12 +14,12 @@ import grpc
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.history import HistoryStore, ReadOnlyHistory, open_history
-from policy_service.adapters.slurm import JobInstance
-from policy_service.client import PolicyClient
+from policy_service.history.store import HistoryStore, ReadOnlyHistory, open_history
+from policy_service.slurm.slurm import JobInstance
+from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
-from policy_service.handler import Method, PolicyHandler
-from policy_service.server import start_service
+from policy_service.serving.handler import Method, PolicyHandler
+from policy_service.serving.server import start_service
 from tests.slurm_cli_fake import RecordingCli
 
 from .conftest import socket_call

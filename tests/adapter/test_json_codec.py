@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters import json_codec
+from policy_service.serving import json_codec
 
 MESSAGES = [getattr(pb, name) for name in pb.DESCRIPTOR.message_types_by_name]
 INTS = {F.TYPE_INT32: (-2**31, 2**31 - 1), F.TYPE_UINT32: (0, 2**32 - 1), F.TYPE_INT64: (-2**63, 2**63 - 1),

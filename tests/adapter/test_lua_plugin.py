@@ -108,9 +108,9 @@ def test_the_jobs_qos_reaches_the_service(service, tmp_path):
 def test_known_job_is_rewritten_to_shards(tell, service_env, slurm_jobs, tmp_path):
     """The user is told of the rewrite (slurm.log_user: sbatch's stderr) only where the site asks
     (policy.tell_users); by default sbatch prints what it prints without swapaware."""
-    from policy_service.client import PolicyClient
+    from policy_service.serving.client import PolicyClient
     from policy_service.config import load_config
-    from policy_service.server import start_service
+    from policy_service.serving.server import start_service
     service = start_service(load_config(env={**service_env, "SWAPAWARE_POLICY__TELL_USERS": str(tell).lower()}),
                             slurm=slurm_jobs)
     try:

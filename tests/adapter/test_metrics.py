@@ -8,11 +8,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import PolicyClient
+from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
 from policy_service.config import split_host_port as split_address
-from policy_service.metrics import ERROR_BUCKETS, ServiceMetrics
-from policy_service.server import start_service
+from policy_service.serving.metrics import ERROR_BUCKETS, ServiceMetrics
+from policy_service.serving.server import start_service
 
 from .conftest import SlurmJobs, socket_call
 

@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from policy_service.adapters.history import HistoryStore
+from policy_service.history.store import HistoryStore
 from policy_service.config import load_config
-from policy_service.handler import PolicyHandler
+from policy_service.serving.handler import PolicyHandler
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from tests.waiting import wait_for
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVE = ("import sys\n"
          "from pathlib import Path\n"
          "from policy_service.config import load_config\n"
-         "from policy_service.server import serve_forever\n"
+         "from policy_service.serving.server import serve_forever\n"
          "path = Path(sys.argv[1])\n"
          "serve_forever(load_config(path, env={}), reload=lambda: load_config(path, env={}), use_slurm=False)\n")
 
@@ -132,7 +132,7 @@ def test_a_shadow_decisions_run_is_learned_as_a_whole_gpu_run(short_dir):
 # made it) and the rest is still starting, as `systemctl reload` right after `start` can find it
 SERVE_HUP_DURING_START = ("import os, signal, sys\n"
                           "from pathlib import Path\n"
-                          "from policy_service import server\n"
+                          "from policy_service.serving import server\n"
                           "from policy_service.config import load_config\n"
                           "started = server.start_service\n"
                           "def starting(*a, **kw):\n"

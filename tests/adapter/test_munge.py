@@ -19,11 +19,11 @@ from typing import Callable, Iterator
 import grpc
 import pytest
 
-from policy_service import cred_binding, munge
+from policy_service.trust import cred_binding, munge
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import MUNGE_METADATA, PolicyClient, message_types, method_path, serialised
+from policy_service.serving.client import MUNGE_METADATA, PolicyClient, message_types, method_path, serialised
 from policy_service.config import ConfigError, load_config
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from slurm_plugin import hooks
 from tests.waiting import wait_for
 from .as_user import NOBODY, run_as

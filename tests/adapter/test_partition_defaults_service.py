@@ -5,10 +5,10 @@ import threading
 from pathlib import Path
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.slurm import PendingJob
-from policy_service.client import PolicyClient
+from policy_service.slurm.slurm import PendingJob
+from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from tests.waiting import wait_for
 
 GIB = 1024**3
@@ -97,7 +97,7 @@ def test_the_queue_poll_works_out_the_refusals_before_an_admit_needs_them(servic
     """The refusals of each new snapshot are worked out by the poll thread (partitions.warm_live) before
     Admits can read it, so the first Admit after a takeover does not pay for them under slurmctld's
     job_submit call."""
-    from policy_service.adapters.partitions import PartitionDefaults
+    from policy_service.slurm.partitions import PartitionDefaults
     conf = Path(service_env["SWAPAWARE_SERVICE__SLURM_CONF"])
     conf.write_text("NodeName=n1 CPUs=8 Gres=gpu:a100:2,shard:16\nPartitionName=gpu Nodes=n1 Default=YES\n")
     (conf.parent / "gres.conf").write_text("Name=gpu Type=a100 File=/dev/nvidia[0-1]\n"

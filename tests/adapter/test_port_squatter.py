@@ -22,12 +22,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.admin import probe_service
 from policy_service.admin.grpc_port import grpc_port_check, look_at_port
-from policy_service.adapters.history import HistoryStore
+from policy_service.history.store import HistoryStore
 from policy_service.core.ha import Role
-from policy_service.adapters.grpc_server import bind_failure
-from policy_service.client import PolicyClient
+from policy_service.serving.grpc_server import bind_failure
+from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from tests.waiting import wait_for
 
 from .as_user import NOBODY, run_as

@@ -17,10 +17,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.slurm import PendingJob
-from policy_service.client import PolicyClient
+from policy_service.slurm.slurm import PendingJob
+from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 
 from .conftest import SlurmJobs, socket_call
 from .test_service import GIB, facts, run_job

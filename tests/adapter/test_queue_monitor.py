@@ -6,12 +6,12 @@ import time
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.queue import QueueMonitor
-from policy_service.adapters.slurm import PendingJob
-from policy_service.client import PolicyClient
+from policy_service.slurm.queue import QueueMonitor
+from policy_service.slurm.slurm import PendingJob
+from policy_service.serving.client import PolicyClient
 from policy_service.config import Config, PolicyConfig, load_config
 from policy_service.core.types import LiveShards, QueueState
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from tests.waiting import wait_for
 
 from .test_service import GIB, facts, run_job

@@ -7,11 +7,11 @@ import grpc
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.handler_error import HandlerError
-from policy_service.adapters.reconcile import Reconciler
-from policy_service.adapters.slurm_text import decision_ids_in
+from policy_service.serving.handler_error import HandlerError
+from policy_service.slurm.reconcile import Reconciler
+from policy_service.slurm.slurm_text import decision_ids_in
 from policy_service.config import load_config
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 
 
 def test_decision_ids_in_squeue_and_sacct_output():

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import PolicyClient
+from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from slurm_plugin import spool
 from slurm_plugin.replayer import SpoolReplayer, next_delay
 from tests.waiting import wait_for

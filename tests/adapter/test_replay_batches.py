@@ -10,9 +10,9 @@ import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service._generated.swapaware.v1 import policy_pb2_grpc
-from policy_service.adapters.grpc_server import PolicyServicer, add_servicer
-from policy_service.client import PolicyClient
-from policy_service.limits import MAX_REQUEST_BYTES
+from policy_service.serving.grpc_server import PolicyServicer, add_servicer
+from policy_service.serving.client import PolicyClient
+from policy_service.trust.limits import MAX_REQUEST_BYTES
 from slurm_plugin import spool
 
 

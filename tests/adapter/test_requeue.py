@@ -5,10 +5,10 @@ import time
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import PolicyClient
+from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
 from policy_service.core.policy import parse_admin_comment
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 
 from .test_service import GIB, facts, run_job
 

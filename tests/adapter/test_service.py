@@ -6,7 +6,7 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.history import HistoryStore
+from policy_service.history.store import HistoryStore
 
 from .conftest import socket_call
 
@@ -201,7 +201,7 @@ def test_socket_takes_a_burst_of_concurrent_connections(service):
 
 def test_stop_records_every_decision_handed_out(service_env, slurm_jobs, history_backend):
     from policy_service.config import load_config
-    from policy_service.server import start_service
+    from policy_service.serving.server import start_service
 
     svc = start_service(load_config(env={**service_env, **history_backend.env}), slurm=slurm_jobs)
     ids = [svc.handler.admit(pb.AdmitRequest(job=facts(name=f"n{i}"))).decision.decision_id for i in range(200)]

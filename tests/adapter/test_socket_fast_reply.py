@@ -17,15 +17,15 @@ import pytest
 from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters import local_socket
-from policy_service.adapters.history import HistoryStore
-from policy_service.adapters.local_socket import handle_line
-from policy_service.authz import Caller, Verdict
+from policy_service.serving import local_socket
+from policy_service.history.store import HistoryStore
+from policy_service.serving.local_socket import handle_line
+from policy_service.trust.authz import Caller, Verdict
 from policy_service.config import PolicyMode, load_config
-from policy_service.decision_proto import brief_line
-from policy_service.handler import Method, PolicyHandler
-from policy_service.handler_error import HandlerError
-from policy_service.limits import MAX_REQUEST_BYTES
+from policy_service.serving.decision_proto import brief_line
+from policy_service.serving.handler import Method, PolicyHandler
+from policy_service.serving.handler_error import HandlerError
+from policy_service.trust.limits import MAX_REQUEST_BYTES
 
 SLURMCTLD, OTHER = 0, 4242  # the peer uids the fake authorizer records, and answers as a dry run
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from policy_service.adapters.local_socket import handle_line, may_send, peer_cred
+from policy_service.serving.local_socket import handle_line, may_send, peer_cred
 from policy_service.config import load_config
-from policy_service.handler import Method
-from policy_service.server import start_service
+from policy_service.serving.handler import Method
+from policy_service.serving.server import start_service
 from .as_user import NOBODY, ChildError, run_as
 from .conftest import socket_call
 

@@ -9,11 +9,11 @@ import grpc
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.auth_config import TlsConfig
-from policy_service.client import PolicyClient
+from policy_service.trust.auth_config import TlsConfig
+from policy_service.serving.client import PolicyClient
 from policy_service.config import ConfigError, load_config
-from policy_service.server import start_service
-from policy_service.tls import channel_credentials
+from policy_service.serving.server import start_service
+from policy_service.trust.tls import channel_credentials
 from slurm_plugin import hooks, spool
 
 DEADLINE_S = 5.0

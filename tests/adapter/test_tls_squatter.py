@@ -15,7 +15,7 @@ import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.config import load_config
-from policy_service.server import start_service
+from policy_service.serving.server import start_service
 from slurm_plugin import hooks, spool
 from slurm_plugin.replayer import SpoolReplayer
 from tests.waiting import wait_for

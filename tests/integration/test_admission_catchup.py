@@ -56,7 +56,7 @@ def history_ids(stack, name: str) -> list[str]:
 def test_a_burst_decided_from_the_table_reaches_the_history_once_across_a_sigkill(stack):
     """The held burst is one class; the few jobs that run and end between polls are another, in
     another account and partition: an observation drops from the table every class whose decision
-    read a history key it teaches (adapters/admission_publish.py, ``learning``), and the burst's
+    read a history key it teaches (admission/publish.py, ``learning``), and the burst's
     class, with no history of its own, reads its user+name, account and partition keys."""
     name = f"catchup-{uuid.uuid4().hex[:6]}"
     runner = f"{name}-run"

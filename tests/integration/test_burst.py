@@ -8,7 +8,7 @@ import subprocess
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from policy_service.adapters.slurm_text import decision_ids_in
+from policy_service.slurm.slurm_text import decision_ids_in
 from tests.waiting import wait_for
 
 JOBS, SUBMITTERS = 500, 8

@@ -88,7 +88,7 @@ def test_fail_open_and_spooled_observation_arrives_after_service_returns(stack):
 
 
 def gpu_index(stack, job_id: int) -> tuple[int, ...]:
-    from policy_service.adapters.slurm_text import job_gpu_indices
+    from policy_service.slurm.slurm_text import job_gpu_indices
 
     detail = stack.run("scontrol", "show", "job", "-d", str(job_id)).stdout
     indices = job_gpu_indices(detail)

@@ -4,8 +4,8 @@ import uuid
 
 import pytest
 
-from policy_service.adapters.queue import queue_state
-from policy_service.adapters.slurm import CliSlurm
+from policy_service.slurm.queue import queue_state
+from policy_service.slurm.slurm import CliSlurm
 from tests.waiting import wait_for
 
 from .conftest import decision_of, fake_alloc_script, job_field

@@ -7,7 +7,7 @@ import json
 import socket
 import uuid
 
-from policy_service.adapters.slurm_text import decision_ids_in
+from policy_service.slurm.slurm_text import decision_ids_in
 from tests.waiting import wait_for
 
 

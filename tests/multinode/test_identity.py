@@ -16,9 +16,9 @@ from typing import Callable
 import grpc
 import pytest
 
-from policy_service import cred_binding
+from policy_service.trust import cred_binding
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.client import MUNGE_METADATA, message_types, method_path, serialised
+from policy_service.serving.client import MUNGE_METADATA, message_types, method_path, serialised
 from tests.adapter.conftest import socket_call
 from tests.slurm_stack import decision_of, job_field
 from tests.waiting import wait_for

@@ -1,10 +1,10 @@
-"""The pure access rules (policy_service.authz): each verdict for each kind of caller."""
+"""The pure access rules (policy_service.trust.authz): each verdict for each kind of caller."""
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from policy_service.authz import (
+from policy_service.trust.authz import (
     Addresses,
     Caller,
     Owner,

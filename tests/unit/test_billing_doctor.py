@@ -1,7 +1,7 @@
 """doctor's billing check against each line it recommends: for each fleet, the TRESBillingWeights
 (and AccountingStorageTRES) doctor prints is applied to slurm.conf and the check run again, until it
 passes or says exactly which GPU jobs keep their request there; and what doctor says a partition's
-weights do is what the service decides for its jobs (adapters/billing_weights.py, one rule for both)."""
+weights do is what the service decides for its jobs (slurm/billing_weights.py, one rule for both)."""
 from __future__ import annotations
 
 import re
@@ -10,8 +10,8 @@ import pytest
 
 from policy_service.admin.billing import billing_checks
 from policy_service.admin.check import Check
-from policy_service.adapters.partitions import partition_defaults
-from policy_service.adapters.slurm_files import parse_gres_conf, parse_slurm_conf
+from policy_service.slurm.partitions import partition_defaults
+from policy_service.slurm.slurm_files import parse_gres_conf, parse_slurm_conf
 
 TRES = "AccountingStorageTRES=gres/gpu,gres/shard,gres/gpu:a100,gres/gpu:h100\n"
 

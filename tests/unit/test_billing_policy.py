@@ -1,14 +1,14 @@
 """A GPU job whose shards would not bill its fraction of the GPU under its partition's
 TRESBillingWeights keeps its request (reason shards_unbilled), and a whole GPU is held as shards
 (Slurm 22.05) only where all of them bill what the GPU bills. The adapter reads each partition's
-weights (adapters/partitions.py, billing_weights.py) and the core decides with what the request
+weights (slurm/partitions.py, billing_weights.py) and the core decides with what the request
 carries (core/policy.py)."""
 from dataclasses import replace
 
 import pytest
 
-from policy_service.adapters.partitions import partition_defaults
-from policy_service.adapters.slurm_files import parse_gres_conf, parse_slurm_conf
+from policy_service.slurm.partitions import partition_defaults
+from policy_service.slurm.slurm_files import parse_gres_conf, parse_slurm_conf
 from policy_service.core import policy
 from policy_service.core.request import job_request
 from policy_service.core.types import Action, ReasonCode

@@ -1,6 +1,6 @@
-"""The model's bounds, table-driven: events checked at the door (policy_service.event_bounds),
+"""The model's bounds, table-driven: events checked at the door (policy_service.trust.event_bounds),
 statistics read back from the history (core.bounds.sane_stats) and the reply builders' saturation
-(policy_service.proto_bounds)."""
+(policy_service.trust.proto_bounds)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,12 +10,12 @@ import math
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.history_schema import ObservationRow, checked_stats, stats_from_json
+from policy_service.history.schema import ObservationRow, checked_stats, stats_from_json
 from policy_service.core.bounds import MAX_NODE_BYTES, MAX_RUNTIME_S, sane_stats
 from policy_service.core.types import (Action, ClassStats, Decision, DemandEstimate, EstimateSource, Rewrite)
-from policy_service.event_bounds import Refused, check_event
-from policy_service.decision_proto import decision_to_proto
-from policy_service.proto_bounds import U64_MAX, observation_to_proto
+from policy_service.trust.event_bounds import Refused, check_event
+from policy_service.serving.decision_proto import decision_to_proto
+from policy_service.trust.proto_bounds import U64_MAX, observation_to_proto
 
 GIB = 1024**3
 NOW = 1_800_000_000.0

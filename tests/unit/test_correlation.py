@@ -4,11 +4,11 @@ import math
 
 import pytest
 
-from policy_service.adapters.history import HistoryStore
-from policy_service.adapters.slurm import JobInstance
+from policy_service.history.store import HistoryStore
+from policy_service.slurm.slurm import JobInstance
 from policy_service.core.types import KeyLevel
-from policy_service.correlation import (MATCH_GRACE_S, Correlator, EventRef, InstanceCache, distance,
-                                        match_instance)
+from policy_service.serving.correlation import (MATCH_GRACE_S, Correlator, EventRef, InstanceCache, distance,
+                                                match_instance)
 from tests.slurm_cli_fake import RELEASES, RecordingCli
 
 OLD = JobInstance(1, "c", 1000, 1010, 1100, "swapaware:v1 id=A", "COMPLETED", "", "sacct")

@@ -1,4 +1,4 @@
-"""The payload that binds a MUNGE credential to one call (policy_service/cred_binding.py), and
+"""The payload that binds a MUNGE credential to one call (policy_service/trust/cred_binding.py), and
 the TTL rule that goes with it."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from policy_service import cred_binding
-from policy_service.cred_binding import Unbound
+from policy_service.trust import cred_binding
+from policy_service.trust.cred_binding import Unbound
 from policy_service.config import ConfigError, load_config
 
 ADMIT = "/swapaware.v1.PolicyService/Admit"

@@ -5,7 +5,7 @@ import json
 import re
 from pathlib import Path
 
-from policy_service.metrics import ServiceMetrics
+from policy_service.serving.metrics import ServiceMetrics
 from slurm_plugin.agent_metrics import registry_for
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "contrib" / "grafana" / "swapaware.json"

@@ -17,8 +17,8 @@ from policy_service.admin.host import agent_probe
 from policy_service.admin.peers import (PERMISSION_DENIED, agent_check, munge_origin_check, parse_unmunge, peer_uid,
                                         service_user_check)
 from policy_service.admin.perms import Who, me, stat_chain, user_name
-from policy_service.adapters.slurm_files import parse_slurm_conf
-from policy_service.authz import Addresses, Caller, Trust, Via, event_verdict
+from policy_service.slurm.slurm_files import parse_slurm_conf
+from policy_service.trust.authz import Addresses, Caller, Trust, Via, event_verdict
 from policy_service.config import AgentConfig, Config, HookConfig
 from tests.adapter.as_user import NOBODY, run_as
 

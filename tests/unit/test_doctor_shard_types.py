@@ -38,7 +38,7 @@ def test_shard_types(node_gres: str, gres_lines: str, ok: bool | None, texts: li
 
 
 def test_typed_gres_spec() -> None:
-    from policy_service.adapters.slurm_files import parse_gres_types
+    from policy_service.slurm.slurm_files import parse_gres_types
 
     assert parse_gres_types("gpu:a100:2(S:0),gpu:h100:2,shard:24,gpu") == {
         "gpu": {"a100": 2, "h100": 2, "": 1}, "shard": {"": 24}}

@@ -13,9 +13,9 @@ import pytest
 from policy_service.admin.host import host_checks
 from policy_service.admin.table_decisions import recent_decisions, table_decisions_checks
 from policy_service.admin.wiring import plugin_settings
-from policy_service.adapters.slurm import CliSlurm
-from policy_service.adapters.slurm_comments import CommentedJob, sacct_argv, squeue_argv
-from policy_service.adapters.slurm_text import SlurmError
+from policy_service.slurm.slurm import CliSlurm
+from policy_service.slurm.slurm_comments import CommentedJob, sacct_argv, squeue_argv
+from policy_service.slurm.slurm_text import SlurmError
 from policy_service.config import AdmissionConfig, Config, ServiceConfig
 from policy_service.core.admission import PLACEHOLDER_ID, TableRef, with_table_ref
 from policy_service.core.dialect import dialect_for

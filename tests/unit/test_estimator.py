@@ -250,7 +250,7 @@ def test_stats_json_round_trip_and_old_json_without_new_fields():
     import dataclasses
     import json
 
-    from policy_service.adapters.history_schema import stats_from_json
+    from policy_service.history.schema import stats_from_json
     s = fold([10 * GIB, 12 * GIB, 11 * GIB, 13 * GIB, 12 * GIB])
     assert stats_from_json(json.dumps(dataclasses.asdict(s))) == s
     old = {k: v for k, v in dataclasses.asdict(s).items() if k not in ("recent_ratios", "recent_peaks")}

@@ -2,9 +2,9 @@
 of memory on every GPU); the policy sizes each job for the GPUs it can land on."""
 import pytest
 
-from policy_service.adapters.fleet import file_index, node_gpus, shard_counts, shard_memory_mismatch
-from policy_service.adapters.partitions import partition_defaults
-from policy_service.adapters.slurm_files import parse_gres_conf, parse_slurm_conf
+from policy_service.slurm.fleet import file_index, node_gpus, shard_counts, shard_memory_mismatch
+from policy_service.slurm.partitions import partition_defaults
+from policy_service.slurm.slurm_files import parse_gres_conf, parse_slurm_conf
 from policy_service.core import policy
 from policy_service.core.dialect import DIALECTS, SLURM_22_05
 from policy_service.core.request import history_keys, job_request

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from policy_service.adapters.queue import queue_state
-from policy_service.adapters.slurm_text import (job_gpu_indices, parse_sacct_json, parse_sinfo_gpus,
-                                                parse_squeue_pending, scontrol_field)
+from policy_service.slurm.queue import queue_state
+from policy_service.slurm.slurm_text import (job_gpu_indices, parse_sacct_json, parse_sinfo_gpus,
+                                             parse_squeue_pending, scontrol_field)
 from policy_service.core.dialect import dialect_for, parse_release
 from policy_service.core.request import gpu_request, parse_gres_entries, shard_rewrite
 from policy_service.core import policy

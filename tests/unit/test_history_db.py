@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policy_service.adapters.history_db import HistoryUnavailable, mariadb_sql, retryable
+from policy_service.history.db import HistoryUnavailable, mariadb_sql, retryable
 from policy_service.config import ConfigError, load_config
-from policy_service.history_config import HistoryBackend
+from policy_service.history.config import HistoryBackend
 
 
 @pytest.mark.parametrize("sqlite,mariadb", [

@@ -2,9 +2,9 @@
 squeue's -O text, and the commands CliSlurm runs for a batch of ids."""
 import pytest
 
-from policy_service.adapters.slurm import CliSlurm, JobInstance, SlurmError
-from policy_service.adapters.slurm_text import (SQUEUE_TIME_ENV, _clock_time, instance_key, parse_sacct_instances,
-                                                parse_squeue_instances, squeue_instance_format)
+from policy_service.slurm.slurm import CliSlurm, JobInstance, SlurmError
+from policy_service.slurm.slurm_text import (SQUEUE_TIME_ENV, _clock_time, instance_key, parse_sacct_instances,
+                                             parse_squeue_instances, squeue_instance_format)
 from policy_service.core.dialect import dialect_for, parse_release
 from tests.slurm_cli_fake import GOLDEN, RELEASES, RecordingCli, sacct_text, squeue_line
 

@@ -1,9 +1,9 @@
-"""Request size limits (policy_service/limits.py), table-driven over the real messages."""
+"""Request size limits (policy_service/trust/limits.py), table-driven over the real messages."""
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service import limits
-from policy_service.limits import DEFAULT_STRING_BYTES, MAX_REPEATED, STRING_BYTES, oversize
+from policy_service.trust import limits
+from policy_service.trust.limits import DEFAULT_STRING_BYTES, MAX_REPEATED, STRING_BYTES, oversize
 
 
 @pytest.mark.parametrize("msg,expected", [
@@ -33,7 +33,7 @@ def test_every_named_limit_is_a_string_field_of_the_api():
 
 
 def test_report_events_batch_is_bounded_and_its_events_are_checked_one_by_one():
-    from policy_service.limits import REPEATED_MAX
+    from policy_service.trust.limits import REPEATED_MAX
 
     one = pb.JobEvent(started=pb.JobStartedRequest(job_id=1, node="n1", event_id="e"))
     most = REPEATED_MAX["events"]
@@ -53,7 +53,7 @@ def test_sluid_is_bounded():
 def test_field_rules_are_kept_once_per_field_not_per_request():
     """The per-field rules are cached by descriptor: many requests must not grow the cache (it
     would if the protobuf runtime handed out a new descriptor object per message)."""
-    from policy_service.adapters import json_codec
+    from policy_service.serving import json_codec
     for i in range(2000):
         msg = pb.AdmitRequest(job=pb.JobFacts(user=f"u{i}", job_name="n", work_dir="/w" * (i % 7)), brief=True)
         assert oversize(msg) == []

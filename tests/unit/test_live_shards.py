@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from policy_service.adapters.partitions import partition_defaults
-from policy_service.adapters.slurm_files import parse_gres_conf, parse_slurm_conf
-from policy_service.adapters.slurm_text import parse_sinfo_nodes
+from policy_service.slurm.partitions import partition_defaults
+from policy_service.slurm.slurm_files import parse_gres_conf, parse_slurm_conf
+from policy_service.slurm.slurm_text import parse_sinfo_nodes
 from policy_service.core import policy
 from policy_service.core.dialect import SLURM_22_05
 from policy_service.core.request import history_keys, job_request
@@ -164,7 +164,7 @@ def test_releases_whose_backup_may_refuse_shards_after_a_takeover(release, unrea
 
 def naive_live_shard_counts(parts, partition, gpu_type, live):
     """Every GPU of the partition checked (what live_shard_counts computes from the suspects alone)."""
-    from policy_service.adapters.fleet import shard_counts
+    from policy_service.slurm.fleet import shard_counts
     counts = parts.shard_counts(partition, gpu_type)
     if counts is None:
         return counts, set()

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from policy_service.adapters.partitions import PartitionDefaults, SlurmConfWatch, partition_defaults
-from policy_service.adapters.slurm_files import parse_slurm_conf
+from policy_service.slurm.partitions import PartitionDefaults, SlurmConfWatch, partition_defaults
+from policy_service.slurm.slurm_files import parse_slurm_conf
 from policy_service.core import policy
 from policy_service.core.request import job_request
 from policy_service.core.types import Action, ReasonCode

@@ -3,9 +3,9 @@ from dataclasses import replace
 
 import pytest
 
-from policy_service.adapters.queue import WAITING_REASONS, gpus_asked, queue_state
-from policy_service.adapters.slurm import (PendingJob, SlurmError, parse_qos_priorities, parse_sinfo_gpus,
-                                          parse_squeue_pending)
+from policy_service.slurm.queue import WAITING_REASONS, gpus_asked, queue_state
+from policy_service.slurm.slurm import (PendingJob, SlurmError, parse_qos_priorities, parse_sinfo_gpus,
+                                       parse_squeue_pending)
 from policy_service.config import ConfigError, load_config
 from policy_service.core import policy
 from policy_service.core.request import history_keys, job_request

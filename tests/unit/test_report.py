@@ -18,12 +18,12 @@ from click.testing import CliRunner
 from policy_service import report as R
 from policy_service.report import command as report_cli
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.adapters.history import HistoryStore
-from policy_service.adapters.slurm import ClusterRelease, JobInstance, parse_sacct_instances, parse_sacct_json
+from policy_service.history.store import HistoryStore
+from policy_service.slurm.slurm import ClusterRelease, JobInstance, parse_sacct_instances, parse_sacct_json
 from policy_service.core.dialect import parse_release
 from policy_service.config import load_config
 from policy_service.core.types import GresKind
-from policy_service.handler import PolicyHandler
+from policy_service.serving.handler import PolicyHandler
 
 GIB = 1024**3
 T0 = 1_796_238_000
@@ -277,7 +277,7 @@ def test_decision_row_reads_proto3_json_written_by_the_service(world):
     d = world.job(1, submit=T0, run_s=10, peak=3 * GIB)
     d2 = world.job(2, submit=T0 + 20, run_s=10)
     world.flush()
-    from policy_service.adapters.history import ReadOnlyHistory
+    from policy_service.history.store import ReadOnlyHistory
 
     with ReadOnlyHistory(world.db) as h:
         r = h.decisions_by_id([d2.decision_id])[d2.decision_id]

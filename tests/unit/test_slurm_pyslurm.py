@@ -1,4 +1,4 @@
-"""The pyslurm backend (adapters/slurm_pyslurm.py) against a stateful stand-in for pyslurm 25.11's API
+"""The pyslurm backend (slurm/slurm_pyslurm.py) against a stateful stand-in for pyslurm 25.11's API
 (no Slurm 25.11 runs here): open_slurm picks it only where the versions match, falls back to the
 command-line tools where pyslurm does not import, and the backend sends only the accounting reads
 and the AdminComment write through pyslurm."""
@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from policy_service.adapters import slurm as S
-from policy_service.adapters.slurm import CliSlurm, SlurmError
+from policy_service.slurm import slurm as S
+from policy_service.slurm.slurm import CliSlurm, SlurmError
 from policy_service.config import SlurmBackend
 
 
@@ -77,7 +77,7 @@ def _versions(monkeypatch, pyslurm_version):
 
 
 def test_pyslurm_only_where_its_release_is_the_clusters(pyslurm, monkeypatch):
-    from policy_service.adapters.slurm_pyslurm import PyslurmSlurm
+    from policy_service.slurm.slurm_pyslurm import PyslurmSlurm
     _versions(monkeypatch, "25.11.0")
     chosen = S.open_slurm(SlurmBackend.AUTO, 1.0, S.ClusterRelease((25, 11), "test"))
     assert isinstance(chosen, PyslurmSlurm) and chosen.sacct_json_arg.startswith("--json")
@@ -94,7 +94,7 @@ def test_without_an_importable_pyslurm_auto_falls_back_and_a_demand_for_it_fails
 
 
 def test_accounting_and_admin_comment_through_pyslurm_the_rest_through_the_tools(pyslurm, monkeypatch):
-    from policy_service.adapters.slurm_pyslurm import PyslurmSlurm
+    from policy_service.slurm.slurm_pyslurm import PyslurmSlurm
     backend = PyslurmSlurm(1.0)
     ran = []
     monkeypatch.setattr(backend, "_run", lambda argv, env_extra=None: ran.append(argv) or "")

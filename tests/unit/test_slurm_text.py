@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from policy_service.adapters import slurm as S
-from policy_service.adapters.slurm import (
+from policy_service.slurm import slurm as S
+from policy_service.slurm.slurm import (
     CliSlurm,
     SlurmError,
     cluster_release,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from policy_service.adapters.slurm_text import decision_ids_in
+from policy_service.slurm.slurm_text import decision_ids_in
 from policy_service.core.admission import PLACEHOLDER_ID
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from policy_service.adapters.history_schema import stats_from_json, stats_to_json
+from policy_service.history.schema import stats_from_json, stats_to_json
 from policy_service.config import Config, GpuConfig
 from policy_service.core import estimator, policy, wide_key
 from policy_service.core.request import history_keys, job_request

@@ -5,7 +5,7 @@ import sys
 
 
 def test_the_service_loads_nothing_of_the_node_wing():
-    code = ("import sys, policy_service.server, policy_service.handler; "
+    code = ("import sys, policy_service.serving.server, policy_service.serving.handler; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'slurm_plugin' "
             "or m.startswith('policy_service.admin')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -1,0 +1,262 @@
+"""Publishes the admission table: the class table and the queue gate (core/admission.py).
+
+A background thread, never on Admit's path:
+  * the keys: the facts of the decisions recorded in the last admission.horizon_s (read from the
+    history by rowid, only new rows after the first pass), newest first, at most max_entries;
+  * each key is decided through the handler's own path (PolicyHandler._decide) once per gate state
+    some queue reaches, with a queue snapshot in that state, then policy.mode is applied as Admit
+    applies it; a key whose history keys learned nothing since, under the same mode, enforcement
+    and partitions, keeps its decisions;
+  * rebuilt at most every refresh_s, when something it depends on changed (observations learned,
+    new decisions, mode, nodes' enforcement, partitions), at once when the mode changed, and
+    re-published at least every valid_s / 2 (the same version when nothing it holds changed);
+  * an observation about to be folded into history keys first drops every entry of the written
+    file whose decisions read one of them (``learning``, the file rewritten without them), and no
+    build writes until it is recorded and counted (a build leaves out entries learned since they
+    were decided): those classes take the Admit round trip until the next build decides them
+    again, and the table never answers a decision made before an observation the history holds;
+  * the gate file is rewritten after each queue poll (QueueMonitor.on_poll, ``on_queue_poll``),
+    and checked by the thread's ticks (queue_poll_s / 4, at most 1 s);
+  * each version's templates go to the TableArchive (catch-up records table-made decisions from it);
+  * policy.mode = off: the class table is removed (every job takes the Admit round trip).
+Files are written atomically (temporary file in the same directory, fsync, rename), mode 0640,
+group SlurmUser's (they name every published class's user, job name and comment).
+
+This module holds the thread, when a build is due, the build and the archive; the keys and their
+entries are admission/entries.py's, the files' writes outside a build (an observation's
+drop, the gate after a queue poll) admission/files.py's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from policy_service.admission.archive import TableArchive
+from policy_service.admission.entries import EntryBuilding, Known
+from policy_service.admission.files import TABLE_MODE, TableFiles, pieces
+from policy_service.atomic_file import write_atomically
+from policy_service.config import Config, PolicyMode
+from policy_service.core import admission
+
+if TYPE_CHECKING:  # an adapter imports nothing of the handler but its type
+    from policy_service.serving.handler import PolicyHandler
+
+log = logging.getLogger("swapaware.admission")
+
+
+@dataclasses.dataclass(frozen=True)
+class Publication:
+    version: str
+    entries: int
+    templates: int
+    bytes: int
+    built_s: float
+    reused: bool  # the previous version re-published (nothing it holds changed)
+
+
+class AdmissionPublisher(EntryBuilding, TableFiles):
+    def __init__(self, handler: PolicyHandler, cfg: Config, archive: TableArchive,
+                 clock: Callable[[], float] = time.time, reader_gid: int | None = None):
+        self.handler, self.cfg, self.archive, self.clock = handler, cfg, archive, clock
+        # The files name every published class's user, job name and comment: readable by their
+        # owner and slurmctld's group (SlurmUser's) alone, never by every local user (0640).
+        self.reader_gid = reader_gid
+        self.table = Path(cfg.table_path)
+        self.gate = Path(f"{cfg.table_path}.gate")
+        self._facts: dict[str, tuple[float, bytes]] = {}  # key -> (newest decided_at, facts_pb)
+        self._last_rowid = 0
+        self._numbers: dict[str, int] = {}  # key -> entry number, stable while the process runs
+        # key -> Known as a plain tuple: the collector stops tracking a tuple of atoms (it never
+        # stops tracking a NamedTuple's instance)
+        self._known: dict[str, tuple] = {}
+        self._context: tuple | None = None  # (mode, enforcement, partitions) of the last build
+        self._context_number = 0
+        self._published: Publication | None = None
+        self._published_at = 0.0
+        self._content = b""  # digest of what the published version holds
+        self._inputs: tuple | None = None  # what the last build depended on
+        self._built_at = float("-inf")
+        self._gate_written: tuple | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.RLock()  # one build at a time (the thread, a test)
+        # the class table file: held while it is written, by a build or by ``learning`` (which
+        # never waits for a build to decide its keys, only for a write under way)
+        self._file_lock = threading.Lock()
+        self._written: tuple | None = None  # (doc, [(key, Known)]) of the file as last written
+        # the gate file: written after each queue poll by the monitor's thread, which never waits
+        # for a build
+        self._gate_lock = threading.Lock()
+        self._gate_error = ""  # the last gate write's error, logged once
+        self._claimed = False  # [ha]: became the writer since its last publication (became_writer)
+        self.last: Publication | None = None
+
+    # ------------------------------------------------------------------ the thread
+    def start(self) -> "AdmissionPublisher":
+        self._thread = threading.Thread(target=self._loop, name="admission-publish", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Publishes nothing more: no tick, and no gate file after the queue's polls either (a gate
+        write under way when stop is called ends before it returns)."""
+        self._stop.set()
+        with self._gate_lock:
+            pass
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _loop(self) -> None:
+        every = min(1.0, self.cfg.policy.queue_poll_s / 4)
+        failing = ""
+        while not self._stop.is_set():
+            try:
+                self.tick()
+                if failing:
+                    log.warning("admission table published again")
+                failing = ""
+            except Exception as exc:  # never let the table take the service down: the next tick retries
+                why = f"{type(exc).__name__}: {exc}"
+                if why != failing:  # one log line per distinct failure, not one per tick
+                    log.exception("admission table not published (retried every %.1f s)", every)
+                failing = why
+            self._stop.wait(every)
+
+    def became_writer(self, writer: bool) -> None:
+        """RoleKeeper.on_change ([ha] enabled): a service that becomes the writer publishes at its
+        next tick, whatever it published before: since then the files may hold the last writer's
+        table and gate (with a SQLite history this service's archive lacks their versions; a
+        MariaDB history's archive is shared, but the gate names the last writer's controller)."""
+        if writer:
+            self._claimed = True
+            with self._gate_lock:
+                self._gate_written = None
+        with self._file_lock:  # the file may be the other writer's since: not ours to rewrite
+            self._written = None
+
+    def tick(self) -> None:
+        """One pass: rebuild the class table when due, rewrite the gate when the queue changed."""
+        with self._lock:
+            if not self._tick():
+                return
+        self.write_gate()
+
+    def _tick(self) -> bool:
+        """False when nothing is published (policy.mode = off)."""
+        now = self.clock()
+        inputs = self._depends()
+        mode = inputs[0]
+        if mode is PolicyMode.OFF:
+            if self._published is not None or self.table.exists():
+                self._remove("policy.mode = off")
+            return False
+        why = self._why(inputs, now)
+        if why and self._inputs is not None and inputs[0] is not self._inputs[0]:
+            # the table of the old mode goes at once: jobs take the round trip (the new mode) until
+            # the new table is built
+            self._remove(f"policy.mode is now {mode.value}", gate=False)
+        if why:
+            self._publish(why, inputs)
+        return True
+
+    def _depends(self) -> tuple:
+        h = self.handler
+        enforcement = h.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s)
+        parts = h.partitions() if h.partitions else None
+        return (h.mode, (enforcement.victim_enforced, enforcement.summary), parts, sum(h.learned.values()),
+                self._newest_rowid())
+
+    def _why(self, inputs: tuple, now: float) -> str:
+        """Why the table is rebuilt now ("" : it is not)."""
+        if self._published is None:
+            return "first publication"
+        if self._claimed:
+            return "this service is now the writer"
+        if inputs[0] is not self._inputs[0]:
+            return f"policy.mode is {inputs[0].value}"
+        if now - self._published_at >= self.cfg.admission.valid_s / 2:
+            return "valid_s / 2 since the last publication"
+        if now - self._built_at < self.cfg.admission.refresh_s:
+            return ""
+        names = ("mode", "enforcement", "partitions", "observations learned", "decisions recorded")
+        changed = [n for n, a, b in zip(names, inputs, self._inputs) if a != b]
+        return ", ".join(changed) + " changed" if changed else ""
+
+    # ------------------------------------------------------------------ publishing
+    def publish(self, why: str, inputs: tuple | None = None) -> Publication:
+        """Build and write the class table now (and archive it)."""
+        with self._lock:
+            return self._publish(why, inputs)
+
+    def _publish(self, why: str, inputs: tuple | None) -> Publication:
+        started = time.monotonic()
+        inputs = inputs or self._depends()
+        now = self.clock()
+        mode = inputs[0]
+        context = inputs[:3]
+        queues = admission.state_queues(self.cfg)
+        keys = self._read_keys(now)
+        content = hashlib.blake2b(repr((mode.value, self.handler.dialect.name)).encode(), digest_size=16)
+        built: list[tuple[str, Known]] = []
+        for n, (key, facts_pb) in enumerate(keys):
+            known = self._decisions(key, facts_pb, self._number(key), context, queues)
+            if known is not None and known.text:
+                built.append((key, known))
+                content.update(f"{key}\0{known.entry}\0{known.text}".encode())
+            if n % 256 == 255:
+                time.sleep(0)  # let Admit's threads in
+        for key in set(self._known) - {k for k, _ in keys}:
+            del self._known[key]
+        digest = content.digest()
+        reused = self._published is not None and digest == self._content and self._published.version
+        version = reused or os.urandom(8).hex()
+        if reused:
+            self.archive.touch(version)
+        else:
+            self.archive.put_stored(version, {known.entry: known.templates for _, known in built})  # before a
+            # job can name it
+        doc = admission.table_file(version, now, now + self.cfg.admission.valid_s, self.handler.dialect.name,
+                                   mode.value, self.cfg.policy.queue_per_qos, None)
+        with self._file_lock:
+            built = self._unlearned(built)  # an observation may have come while the keys were decided
+            size = write_atomically(self.table, pieces(doc, built), TABLE_MODE, self.reader_gid)
+            self._written = (doc, built)
+        self._prune(now)
+        pub = Publication(version, len(built), sum(len(k.templates[0]) for _, k in built), size,
+                          time.monotonic() - started, bool(reused))
+        self._published, self._published_at, self._content = pub, now, digest
+        self._inputs, self._built_at, self.last, self._claimed = inputs, now, pub, False
+        log.info("admission table %s %s (%s): %d entries, %d bytes, %.2f s", version,
+                 "re-published" if reused else "published", why, pub.entries, pub.bytes, pub.built_s)
+        return pub
+
+    def _prune(self, now: float) -> None:
+        keep_s = self.cfg.admission.valid_s + self.cfg.service.reconcile_window_s
+        older_than = now - keep_s
+        versions = self.archive.versions()
+        if len(versions) > self.cfg.admission.archive_keep:
+            older_than = min(older_than, versions[self.cfg.admission.archive_keep - 1][1])
+        else:
+            older_than = min(older_than, versions[-1][1] if versions else older_than)
+        dropped = self.archive.prune(older_than)
+        if dropped:
+            log.info("admission archive: %d version(s) published before %.0f dropped", dropped, older_than)
+
+    def _remove(self, why: str, gate: bool = True) -> None:
+        with self._gate_lock:
+            with self._file_lock:
+                self._unlink_table()
+            if gate:
+                try:
+                    self.gate.unlink()
+                except FileNotFoundError:
+                    pass
+                self._gate_written = None
+        log.warning("admission table %s removed (%s): every job takes the Admit round trip", self.table, why)
+        self._published, self._inputs = None, None

@@ -1,0 +1,334 @@
+"""Decisions reach the history through a journal: nothing slurmctld was told is lost.
+
+Admit appends the decision to a journal file beside the history (``<db_path>.journal``, 0600)
+before it answers: one ``write`` on an O_APPEND descriptor, which the kernel keeps through a
+crash of the service (``service.journal_fsync`` adds an ``fdatasync`` for power loss, at the cost
+of a disk flush per Admit). A writer thread then puts each decision into SQLite, retrying while
+the database is locked, full or failing, and empties the journal once everything in it is
+committed. At start, whatever the journal still holds is committed first. So Admit waits for the
+page cache, never for SQLite, and a decision whose record reached Slurm survives ``kill -9``
+whatever the writer was doing. A decision that cannot be journaled (the disk is full) is refused:
+the job then passes unchanged (fail-open) and no record names a decision that was never kept.
+
+Record framing: 4-byte little-endian length, 4-byte CRC-32, then a JSON object. A torn last
+record (a crash inside ``write``) fails its length or CRC and is dropped: its Admit never got an
+answer, so Slurm never held it.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import os
+import queue
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable, Iterator
+
+from policy_service.history.db import retryable
+from policy_service.history.lease import NotWriter
+
+log = logging.getLogger("swapaware.decisions")
+
+_HEADER = struct.Struct("<II")
+MAX_RECORD_BYTES = 4 << 20  # far above any decision (requests are at most 256 KiB)
+RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
+WRITE_INTERVAL_S = 0.05  # how often the writer looks for decisions to commit
+WRITE_BATCH = 256  # decisions per history transaction at most
+
+
+class JournalError(Exception):
+    """A decision could not be made durable (disk full, journal unwritable, writer backlog full)."""
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One decision as the history stores it (HistoryStore.record_decision's arguments)."""
+
+    decision_id: str
+    decided_at: float
+    job_class: str
+    user: str
+    account: str
+    partition: str
+    job_name: str
+    action: str
+    shards: int
+    model_version: str
+    keys: dict  # KeyLevel value -> key
+    facts_pb: bytes
+    decision_pb: bytes
+
+    def encode(self) -> bytes:
+        d = {name: getattr(self, name) for name in _RECORD_FIELDS}  # shallow: asdict deep-copies
+        d["facts_pb"] = base64.b64encode(self.facts_pb).decode()
+        d["decision_pb"] = base64.b64encode(self.decision_pb).decode()
+        body = _ENCODE(d).encode()
+        return _HEADER.pack(len(body), zlib.crc32(body)) + body
+
+    @classmethod
+    def decode(cls, body: bytes) -> "DecisionRecord":
+        d = json.loads(body)
+        d["facts_pb"] = base64.b64decode(d["facts_pb"])
+        d["decision_pb"] = base64.b64decode(d["decision_pb"])
+        return cls(**d)
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(DecisionRecord))
+
+
+class RecordText:
+    """``encode()`` of records that differ from ``rec`` only in their decision id, time and decision
+    message (Admit's memo: one decision template, each Admit its own id): ``rec`` is encoded once
+    with a marker in each of those three places, and each record is that text with its own values
+    put in, as ``encode`` writes them. ``usable``: False where a marker was not found once."""
+
+    _ID, _AT, _PB = "swapaware-record-id-marker", 1.2345678901234567e-300, b"swapaware-record-pb-marker"
+
+    def __init__(self, rec: DecisionRecord):
+        probe = DecisionRecord(**{**{name: getattr(rec, name) for name in _RECORD_FIELDS},
+                                  "decision_id": self._ID, "decided_at": self._AT, "decision_pb": self._PB})
+        text = probe.encode()[_HEADER.size:].decode("ascii")
+        markers = (_FLOAT(self._AT), _STRING(self._ID), _STRING(base64.b64encode(self._PB).decode()))
+        self.usable = all(text.count(m) == 1 for m in markers)
+        self._pieces: list[str] = []
+        for m in markers:
+            head, _, text = text.partition(m)
+            self._pieces.append(head)
+        self._pieces.append(text)
+
+    def encode(self, decision_id: str, decided_at: float, decision_pb: bytes) -> bytes:
+        """``encode()`` of the record with these three values."""
+        at = _FLOAT(decided_at) if type(decided_at) is float and math.isfinite(decided_at) else _ENCODE(decided_at)
+        a, b, c, d = self._pieces
+        body = f"{a}{at}{b}{_STRING(decision_id)}{c}\"{base64.b64encode(decision_pb).decode()}\"{d}".encode()
+        return _HEADER.pack(len(body), zlib.crc32(body)) + body
+
+
+_FLOAT = float.__repr__  # how json writes a finite float
+_STRING = json.encoder.encode_basestring_ascii  # and a string (ensure_ascii, the default)
+# json.dumps(d, separators=(",", ":"), sort_keys=True), without a new encoder per record
+_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+
+
+def read_journal(data: bytes) -> tuple[list[DecisionRecord], int]:
+    """The whole records in ``data`` and how many bytes at its end were torn or corrupt."""
+    out, pos = [], 0
+    while pos + _HEADER.size <= len(data):
+        size, crc = _HEADER.unpack_from(data, pos)
+        body = data[pos + _HEADER.size: pos + _HEADER.size + size]
+        if size > MAX_RECORD_BYTES or len(body) < size or zlib.crc32(body) != crc:
+            break
+        try:
+            out.append(DecisionRecord.decode(body))
+        except (ValueError, TypeError, KeyError):
+            break
+        pos += _HEADER.size + size
+    return out, len(data) - pos
+
+
+def backoff(attempt: int) -> float:
+    """Seconds before retry ``attempt`` (1, 2, ...) of a failed write: doubling, bounded."""
+    return min(RETRY_MAX_S, RETRY_MIN_S * (2 ** max(0, attempt - 1)))
+
+
+class DecisionLog:
+    """Journal + writer thread. ``write``: puts records into the history in one transaction (raises
+    on failure, and then has put none)."""
+
+    def __init__(self, path: Path | None, write: Callable[[list[DecisionRecord]], None], fsync: bool = False,
+                 backlog: int = 10_000):
+        self.path, self._write, self._fsync = path, write, fsync
+        self._lock = threading.Lock()  # journal append + enqueue, and the journal's truncation
+        self._queue: queue.Queue = queue.Queue(maxsize=backlog)
+        self._wake = threading.Event()  # flush() and close(): commit now
+        self._fd: int | None = None
+        self.failing = ""  # why the last history write failed ("" while they succeed)
+        self._carry: list[DecisionRecord] = []  # the previous run's, not taken at start (retryable)
+        self._closing = threading.Event()
+        self._nudge = threading.Event()  # retry_now() and close(): end a retry's wait
+        self._gave_up = False  # closed while not the writer: what waits stays in the journal
+        if path is not None:
+            self._recover()
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._thread = threading.Thread(target=self._loop, name="decision-writer", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ start
+    def _recover(self) -> None:
+        """Commit what a previous run journaled and did not commit, then empty the journal."""
+        assert self.path is not None
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        records, torn = read_journal(data)
+        if records:
+            try:
+                self._write(records)  # a failure here stops the start: the journal stays as it is
+            except Exception as exc:
+                if not retryable(exc):
+                    raise
+                # not the writer yet (NotWriter), or the database is away: the writer thread
+                # commits them first, once it can; the journal keeps them until then
+                log.warning("decision journal %s: %d decision(s) of the previous run wait for the history (%s)",
+                            self.path, len(records), exc)
+                self._carry = records
+                return
+        if records or torn:
+            log.warning("decision journal %s: %d decision(s) of the previous run committed to the history%s",
+                        self.path, len(records), f"; {torn} torn byte(s) at its end dropped" if torn else "")
+        os.truncate(self.path, 0)
+
+    # ------------------------------------------------------------------ Admit's path
+    def record(self, rec: DecisionRecord, note: dict | None = None, data: bytes | None = None) -> None:
+        """Durable (journaled) before this returns; in the history soon after. Raises JournalError.
+        ``note``: logged as ``decision {json}`` by the writer once the record is in the history
+        (formatting and writing a log line cost Admit ~40 us; the writer runs between Admits).
+        ``data``: ``rec.encode()``, already made (RecordText)."""
+        if data is None:
+            data = rec.encode()
+        with self._lock:
+            if self._fd is not None:
+                start = None
+                try:
+                    start = os.fstat(self._fd).st_size
+                    written = os.write(self._fd, data)
+                    if written != len(data):
+                        raise OSError(f"short write ({written} of {len(data)} bytes: the disk is full)")
+                    if self._fsync:
+                        os.fdatasync(self._fd)
+                except OSError as exc:
+                    if start is not None:  # a full disk may have taken part of it: cut that
+                        try:
+                            os.ftruncate(self._fd, start)
+                        except OSError:
+                            pass
+                    raise JournalError(f"cannot journal decision {rec.decision_id}: {exc}") from None
+            try:
+                self._queue.put_nowait((rec, note))
+            except queue.Full:
+                raise JournalError(f"{self._queue.maxsize} decisions wait for the history ({self.failing or 'slow'}); "
+                                   "refusing more until it catches up") from None
+
+    # ------------------------------------------------------------------ the writer
+    def _loop(self) -> None:
+        # The writer looks for work every WRITE_INTERVAL_S instead of being woken by each Admit:
+        # a wake-up per decision put this thread beside Admit's own, contending for the GIL while
+        # slurmctld waited for the answer. flush() and close() wake it at once.
+        if self._carry:
+            if not self._commit(self._carry):
+                return
+            self._carry = []
+            self._maybe_truncate()
+        while True:
+            self._wake.wait(WRITE_INTERVAL_S)
+            self._wake.clear()
+            while True:
+                batch = []
+                while len(batch) < WRITE_BATCH:  # what waits goes into one transaction
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                items = [r for r in batch if r is not None]
+                records = [rec for rec, _ in items]
+                if records and not self._commit(records):  # closed while standby: they stay journaled
+                    for _ in batch:
+                        self._queue.task_done()
+                    return
+                if records:
+                    for _, note in items:
+                        if note is not None:
+                            log.info("decision %s", json.dumps(note, sort_keys=True))
+                for _ in batch:
+                    self._queue.task_done()
+                if len(records) < len(batch):  # close() asked to stop
+                    return
+                if records:
+                    self._maybe_truncate()
+                if len(batch) < WRITE_BATCH:
+                    break
+
+    def _commit(self, records: list[DecisionRecord]) -> bool:
+        """Put ``records`` into the history, retrying until it takes them (they stay journaled).
+        False: closed while this service is not the writer (NotWriter): they stay in the journal."""
+        attempt = 0
+        while True:
+            try:
+                self._write(records)
+                break
+            except Exception as exc:  # locked, full, gone, not the writer: keep them and try again
+                if isinstance(exc, NotWriter) and self._closing.is_set():
+                    self._gave_up = True
+                    with self._queue.all_tasks_done:
+                        self._queue.all_tasks_done.notify_all()
+                    return False
+                attempt += 1
+                why = f"{type(exc).__name__}: {exc}"
+                if why != self.failing:
+                    (log.info if isinstance(exc, NotWriter) else log.error)(
+                        "cannot record %d decision(s) in the history (%s, first %s); kept in the journal, retrying",
+                        len(records), why, records[0].decision_id)
+                self.failing = why
+                if self._closing.is_set():
+                    time.sleep(backoff(attempt))
+                else:
+                    self._nudge.wait(backoff(attempt))  # close() and retry_now() cut the wait short
+                    self._nudge.clear()
+        if self.failing:
+            log.warning("decisions are recorded in the history again")
+            self.failing = ""
+        return True
+
+    def _maybe_truncate(self) -> None:
+        """Empty the journal once every record in it is in the history."""
+        if self._fd is None or self._gave_up or self._carry:
+            return
+        with self._lock:
+            if self._queue.unfinished_tasks == 0:
+                os.ftruncate(self._fd, 0)
+
+    def pending(self) -> int:
+        return self._queue.unfinished_tasks + len(self._carry)
+
+    def retry_now(self) -> None:
+        """Try a refused write again now, not at the end of its back-off (the service just became
+        the writer: what its journal holds reaches the history at once)."""
+        self._nudge.set()
+        self._wake.set()
+
+    def flush(self) -> None:
+        """Wait until every decision recorded so far is in the history (or, once closing, until
+        the history refused them as this service is not the writer)."""
+        self._wake.set()
+        with self._queue.all_tasks_done:
+            while (self._queue.unfinished_tasks or self._carry) and not self._gave_up:
+                self._queue.all_tasks_done.wait(0.1)
+
+    def close(self) -> None:
+        """Commit what waits and stop; a service that is not the writer stops at once, leaving what
+        waits in the journal (read back at its next start)."""
+        self._closing.set()
+        self._nudge.set()
+        self.flush()
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+        self._wake.set()
+        self._thread.join(5)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def records(self) -> Iterator[DecisionRecord]:
+        """What the journal holds now (for tests and `swapaware doctor`)."""
+        if self.path is None:
+            return iter(())
+        return iter(read_journal(self.path.read_bytes())[0])

@@ -1,0 +1,82 @@
+"""Every job's AdminComment with what names the job, as ``squeue`` and ``sacct`` print them: what
+the reconciler (which decisions Slurm held) and the admission catch-up (which decisions the
+job_submit plugin made from the published table) read. Pure parsers of text output that every
+release prints alike (22.05, 24.11, 26.05: ``squeue -O`` with "|" after each field, ``sacct -P``),
+times as Unix seconds (``SLURM_TIME_FORMAT=%s``, honoured by both). The AdminComment is the last
+column: it may hold "|" itself."""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from policy_service.slurm.slurm_text import SQUEUE_TIME_ENV, SlurmError
+
+# Every job state sacct knows (the short codes of 22.05 to 26.05), for "any state" queries:
+# without -s sacct lists only jobs that became eligible, and a job held and cancelled never did
+# (measured on 22.05).
+SACCT_ALL_STATES = "PD,R,RQ,RS,S,CA,CD,DL,F,NF,OOM,PR,TO,BF,RV"
+TIME_ENV = SQUEUE_TIME_ENV  # squeue and sacct both print times as Unix seconds with it
+
+# squeue -O: UserId prints the uid ("1001", measured on 24.11; "alice(1001)" is read as well).
+SQUEUE_FIELDS = ("JobId", "SubmitTime", "UserId", "UserName", "Account", "Partition", "State", "admin_comment")
+SACCT_FIELDS = ("JobIDRaw", "Submit", "UID", "User", "Account", "Partition", "State", "AdminComment")
+
+
+@dataclass(frozen=True)
+class CommentedJob:
+    """One job with its AdminComment, as squeue (live) or sacct (accounting) shows it."""
+
+    job_id: int
+    submit_time: int  # Unix seconds; 0: unknown
+    uid: int | None  # None: the source did not say
+    user: str
+    account: str
+    partition: str
+    state: str
+    admin_comment: str
+    source: str  # "squeue", "sacct", or "event" (a hook event's job, read by correlation.py)
+
+
+def squeue_argv() -> list[str]:
+    return ["squeue", "-h", "-a", "-t", "all", "-O", ",".join(f"{f}:|" for f in SQUEUE_FIELDS[:-1])
+            + f",{SQUEUE_FIELDS[-1]}:"]
+
+
+def sacct_argv(since: float) -> list[str]:
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
+    return ["sacct", "-a", "-X", "-n", "-P", "-D", "-S", start, "-E", "now", "-s", SACCT_ALL_STATES,
+            "-o", ",".join(SACCT_FIELDS)]
+
+
+def _uid(text: str) -> int | None:
+    m = re.fullmatch(r"\s*(?:[^()]*\()?(\d+)\)?\s*", text)
+    return int(m.group(1)) if m else None
+
+
+def _seconds(text: str) -> int:
+    text = text.strip()
+    return int(text) if text.isdigit() else 0  # "N/A", "Unknown", "None": not known
+
+
+def _na(text: str) -> str:
+    text = text.strip()
+    return "" if text in ("N/A", "(null)") else text
+
+
+def parse_commented(text: str, source: str) -> list[CommentedJob]:
+    """Rows of ``squeue_argv()`` (source "squeue") or ``sacct_argv()`` (source "sacct") output."""
+    width = len(SQUEUE_FIELDS)
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cols = line.split("|", width - 1)
+        job = cols[0].strip().split("_")[0].split("+")[0]
+        if len(cols) < width or not job.isdigit():
+            raise SlurmError(f"unexpected {source} line: {line!r}")
+        state = cols[6].strip().split()[0] if cols[6].strip() else ""
+        comment = cols[-1].strip()
+        out.append(CommentedJob(int(job), _seconds(cols[1]), _uid(cols[2]), _na(cols[3]), _na(cols[4]),
+                                _na(cols[5]), state, "" if comment == "(null)" else comment, source))
+    return out
