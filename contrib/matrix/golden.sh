@@ -40,7 +40,7 @@ LUA
     local sacct_arg
     # the release as the service reads it (scontrol --version, slurmctld -V, ...)
     sacct_arg=$("$venv/bin/python" -c "
-from policy_service.adapters.slurm import cluster_release
+from policy_service.slurm.slurm import cluster_release
 print(cluster_release('', 30.0).dialect.sacct_json_arg)")
     slurmctld -V >"$out/version.txt"
     cd /tmp
@@ -65,7 +65,7 @@ print(cluster_release('', 30.0).dialect.sacct_json_arg)")
     done
     rm -f "$out/.err"
     squeue -h -a -t PENDING -O "$("$venv/bin/python" -c \
-        'from policy_service.adapters.slurm_text import SQUEUE_PENDING_FORMAT as F; print(F)')" \
+        'from policy_service.slurm.slurm_text import SQUEUE_PENDING_FORMAT as F; print(F)')" \
         | sort -n >"$out/squeue_pending.txt"
     local id
     id=$(squeue -h -n gres_gpu -o %i)

@@ -134,6 +134,15 @@ build_wheelhouse() {
         mlog "no wheelhouse for the install test (pip wheel failed: $MATRIX_STATE/wheelhouse-$REL.log)"
 }
 
+# The checkout's files alone in a fresh directory (setuptools' build/ of an earlier build in the
+# checkout would go into the wheel with files since moved or removed).
+fresh_copy() {
+    local dir
+    dir=$(mktemp -d)
+    source_files | (cd "$REPO" && tar --null -T - -cf -) | tar -xf - -C "$dir"
+    echo "$dir"
+}
+
 [[ $(id -u) -eq 0 ]] || mdie "must run as root"
 release_lock "$REL" "run.sh $REL $*"
 if [[ ${1:-} == --cleanup ]]; then
@@ -148,7 +157,9 @@ if ((ON_HOST)); then
     HOST_VENV=${SWAPAWARE_VENV:-$REPO/.venv}
     SWAPAWARE_VENV=$HOST_VENV bash "$REPO/contrib/dev-stack.sh" venv >/dev/null ||
         mdie "the venv $HOST_VENV could not be built (it needs the package registries, before the namespace)"
-    build_wheelhouse "$HOST_VENV/bin/python" "$REPO" "$REPO/build/wheelhouse"
+    copy=$(fresh_copy)
+    build_wheelhouse "$HOST_VENV/bin/python" "$copy" "$REPO/build/wheelhouse"
+    rm -rf "$copy"
     netns_up
     mlog "Slurm $REL: $(dpkg-query -W -f='${Version}' slurmctld 2>/dev/null || echo 'not installed') on the host, namespace $NS"
     in_ns env SWAPAWARE_VENV="$HOST_VENV" SWAPAWARE_WHEELHOUSE="$REPO/build/wheelhouse" CI="${CI:-}" \
