@@ -66,12 +66,15 @@ def _learned_reason(ref: TableRef, source: str, lag_s: float) -> pb.Reason:
                              f"state {ref.state}); learned from Slurm ({source}) {lag_s:.0f} s after submission")
 
 
-def filled(template: DecisionRecord, d_id: str, decided_at: float, uid: int | None, reason: pb.Reason) -> DecisionRecord:
+def filled(template: DecisionRecord, d_id: str, decided_at: float, uid: int | None, reason: pb.Reason,
+           time_limit_min: int | None = None) -> DecisionRecord:
     """The archived template as the job's own decision: its id (record, decision, AdminComment),
-    its time, its uid (None: the template's)."""
+    its time, its uid (None: the template's) and its time limit (None: not known, recorded as 0;
+    never the template's: the class key leaves the limit out, so the template's is another job's)."""
     facts = pb.JobFacts.FromString(template.facts_pb)
     if uid is not None:
         facts.uid = uid
+    facts.time_limit_min = time_limit_min or 0
     decision = pb.Decision.FromString(template.decision_pb)
     decision.decision_id, decision.decided_at = d_id, decided_at
     placeholder = f"id={PLACEHOLDER_ID}"
@@ -102,7 +105,8 @@ def from_comment(job: CommentedJob, d_id: str, ref: TableRef, decided_at: float)
                            decided_at=decided_at, mode="shadow" if f.get("mode") == "shadow" else "enforce",
                            reasons=reasons)
     decision.rewrite.admin_comment = job.admin_comment
-    facts = pb.JobFacts(user=job.user, uid=job.uid or 0, account=job.account, partition=job.partition)
+    facts = pb.JobFacts(user=job.user, uid=job.uid or 0, account=job.account, partition=job.partition,
+                        time_limit_min=job.time_limit_min or 0)
     return DecisionRecord(decision_id=d_id, decided_at=decided_at, job_class="", user=job.user, account=job.account,
                           partition=job.partition, job_name="", action=action, shards=decision.shards,
                           model_version=decision.model_version, keys={}, facts_pb=facts.SerializeToString(),
@@ -157,7 +161,8 @@ class AdmissionCatchup:
         lag = max(0.0, now - decided_at)
         template = self.archive.lookup(ref.version, ref.entry, ref.state) if self.archive is not None else None
         if template is not None:
-            rec = filled(template, d_id, decided_at, job.uid, _learned_reason(ref, job.source, lag))
+            rec = filled(template, d_id, decided_at, job.uid, _learned_reason(ref, job.source, lag),
+                         job.time_limit_min)
         else:
             rec = from_comment(job, d_id, ref, decided_at)
         decision = pb.Decision.FromString(rec.decision_pb)

@@ -19,8 +19,11 @@ SACCT_ALL_STATES = "PD,R,RQ,RS,S,CA,CD,DL,F,NF,OOM,PR,TO,BF,RV"
 TIME_ENV = SQUEUE_TIME_ENV  # squeue and sacct both print times as Unix seconds with it
 
 # squeue -O: UserId prints the uid ("1001", measured on 24.11; "alice(1001)" is read as well).
-SQUEUE_FIELDS = ("JobId", "SubmitTime", "UserId", "UserName", "Account", "Partition", "State", "admin_comment")
-SACCT_FIELDS = ("JobIDRaw", "Submit", "UID", "User", "Account", "Partition", "State", "AdminComment")
+# TimeLimit: the job's own limit, which a table-made decision is recorded with (the class key leaves
+# it out: admission/catchup.py).
+SQUEUE_FIELDS = ("JobId", "SubmitTime", "UserId", "UserName", "Account", "Partition", "State", "TimeLimit",
+                 "admin_comment")
+SACCT_FIELDS = ("JobIDRaw", "Submit", "UID", "User", "Account", "Partition", "State", "Timelimit", "AdminComment")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class CommentedJob:
     state: str
     admin_comment: str
     source: str  # "squeue", "sacct", or "event" (a hook event's job, read by correlation.py)
+    time_limit_min: int | None = None  # None: not said, or no limit (UNLIMITED)
 
 
 def squeue_argv() -> list[str]:
@@ -64,6 +68,25 @@ def _na(text: str) -> str:
     return "" if text in ("N/A", "(null)") else text
 
 
+def limit_minutes(text: str) -> int | None:
+    """Slurm's time limit as squeue and sacct print it ("30", "30:00", "1:00:00", "2-00:00:00",
+    "2-12", "2-12:30") in whole minutes, seconds rounded up; None for UNLIMITED, Partition_Limit,
+    INVALID, N/A or anything else."""
+    m = re.fullmatch(r"\s*(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\s*", text or "")
+    if m is None:
+        return None
+    days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        seconds = ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
+    elif c is not None:  # hours:minutes:seconds
+        seconds = (a * 60 + b) * 60 + c
+    elif b is not None:  # minutes:seconds
+        seconds = a * 60 + b
+    else:  # minutes
+        seconds = a * 60
+    return -(-seconds // 60)
+
+
 def parse_commented(text: str, source: str) -> list[CommentedJob]:
     """Rows of ``squeue_argv()`` (source "squeue") or ``sacct_argv()`` (source "sacct") output."""
     width = len(SQUEUE_FIELDS)
@@ -78,5 +101,6 @@ def parse_commented(text: str, source: str) -> list[CommentedJob]:
         state = cols[6].strip().split()[0] if cols[6].strip() else ""
         comment = cols[-1].strip()
         out.append(CommentedJob(int(job), _seconds(cols[1]), _uid(cols[2]), _na(cols[3]), _na(cols[4]),
-                                _na(cols[5]), state, "" if comment == "(null)" else comment, source))
+                                _na(cols[5]), state, "" if comment == "(null)" else comment, source,
+                                limit_minutes(cols[7])))
     return out

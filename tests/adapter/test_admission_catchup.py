@@ -20,7 +20,7 @@ from policy_service.history.decision_log import DecisionLog, DecisionRecord
 from policy_service.history.store import HistoryStore
 from policy_service.slurm.reconcile import Reconciler
 from policy_service.slurm.slurm import CliSlurm
-from policy_service.slurm.slurm_comments import CommentedJob, parse_commented, sacct_argv, squeue_argv
+from policy_service.slurm.slurm_comments import CommentedJob, limit_minutes, parse_commented, sacct_argv, squeue_argv
 from policy_service.slurm.slurm_text import SlurmError
 from policy_service.config import load_config
 from policy_service.core.admission import PLACEHOLDER_ID, TableRef, with_table_ref
@@ -39,10 +39,18 @@ VERSION, OTHER = "0123456789abcdef", "fedcba9876543210"
 SUBMIT = 1_796_418_925
 
 
+def limit_text(minutes: int | None) -> str:
+    """A time limit as squeue and sacct print it ("UNLIMITED", "4:00:00", "2-00:00:00")."""
+    if minutes is None:
+        return "UNLIMITED"
+    days, rest = divmod(minutes, 24 * 60)
+    return (f"{days}-" if days else "") + f"{rest // 60}:{rest % 60:02d}:00"
+
+
 def line(j: CommentedJob, empty: str) -> str:
     """One row as squeue -O (empty AdminComment: "(null)") or sacct -P (empty: "") prints it."""
     return "|".join([str(j.job_id), str(j.submit_time), str(j.uid), j.user, j.account, j.partition, j.state,
-                     j.admin_comment or empty])
+                     limit_text(j.time_limit_min), j.admin_comment or empty])
 
 
 class CommentsCli(CliSlurm):
@@ -70,8 +78,8 @@ def lua_id(n: int) -> str:
     return f"a1b2c3d4{n:08x}"  # as the plugin draws them: 8 random hex + an 8 hex counter
 
 
-def job(job_id: int, comment: str, *, uid=1001, state="RUNNING", source="squeue") -> CommentedJob:
-    return CommentedJob(job_id, SUBMIT + job_id, uid, "alice", "proj", "gpu", state, comment, source)
+def job(job_id: int, comment: str, *, uid=1001, state="RUNNING", source="squeue", limit=None) -> CommentedJob:
+    return CommentedJob(job_id, SUBMIT + job_id, uid, "alice", "proj", "gpu", state, comment, source, limit)
 
 
 def template_of(handler, job_facts: pb.JobFacts, ref: TableRef) -> DecisionRecord:
@@ -111,7 +119,9 @@ def table(svc):
     """An archive beside the history holding version VERSION: entry 7 in state normal."""
     archive = TableArchive(archive_path(svc.store.path))
     ref = TableRef(VERSION, 7, "normal")
-    tpl = template_of(svc.handler, facts(name="table-job", uid=1000), ref)
+    job_facts = facts(name="table-job", uid=1000)
+    job_facts.time_limit_min = 60  # the job the entry was decided for asked for an hour
+    tpl = template_of(svc.handler, job_facts, ref)
     archive.put(VERSION, {(7, "normal"): tpl})
     yield archive, ref, tpl
     archive.close()
@@ -132,20 +142,23 @@ def caught(metrics: ServiceMetrics, source: str, archived: str = "true") -> floa
 
 # ----------------------------------------------------------------------------- parsing
 def test_squeue_and_sacct_rows_as_the_releases_print_them():
-    squeue = ("41|1796418925|1001|alice|proj|gpu|RUNNING|swapaware:v1 id=0123456789abcdef why=a|b\n"
-              "42|1796418926|bob(1002)|bob|proj|gpu|PENDING|(null)\n"
-              "43_2|N/A|N/A|carol|(null)|gpu|COMPLETING|x\n")
+    squeue = ("41|1796418925|1001|alice|proj|gpu|RUNNING|1:00:00|swapaware:v1 id=0123456789abcdef why=a|b\n"
+              "42|1796418926|bob(1002)|bob|proj|gpu|PENDING|2-00:00:30|(null)\n"
+              "43_2|N/A|N/A|carol|(null)|gpu|COMPLETING|UNLIMITED|x\n")
     got = parse_commented(squeue, "squeue")
-    assert [(j.job_id, j.submit_time, j.uid, j.state, j.account) for j in got] == [
-        (41, 1796418925, 1001, "RUNNING", "proj"), (42, 1796418926, 1002, "PENDING", "proj"),
-        (43, 0, None, "COMPLETING", "")]
+    assert [(j.job_id, j.submit_time, j.uid, j.state, j.account, j.time_limit_min) for j in got] == [
+        (41, 1796418925, 1001, "RUNNING", "proj", 60), (42, 1796418926, 1002, "PENDING", "proj", 2 * 1440 + 1),
+        (43, 0, None, "COMPLETING", "", None)]
     assert got[0].admin_comment == "swapaware:v1 id=0123456789abcdef why=a|b"  # "|" inside the comment kept
     assert got[1].admin_comment == ""
-    sacct = "7|1796418925|0|root|root|debug|CANCELLED by 0|\n"
+    sacct = "7|1796418925|0|root|root|debug|CANCELLED by 0|30:00|\n"
     (acct,) = parse_commented(sacct, "sacct")
-    assert (acct.job_id, acct.uid, acct.state, acct.admin_comment, acct.source) == (7, 0, "CANCELLED", "", "sacct")
+    assert (acct.job_id, acct.uid, acct.state, acct.admin_comment, acct.source, acct.time_limit_min) == (
+        7, 0, "CANCELLED", "", "sacct", 30)
     with pytest.raises(SlurmError):
         parse_commented("garbage\n", "squeue")
+    assert [limit_minutes(s) for s in ("45", "2-12", "2-12:30", "0:01", "1:00:01", "Partition_Limit", "INVALID",
+                                       "N/A", "")] == [45, 3600, 3630, 1, 61, None, None, None, None]
 
 
 def test_only_table_made_comments_are_caught_up():
@@ -162,7 +175,7 @@ def test_the_queue_poll_catches_up_a_table_made_decision(svc, table):
     archive, ref, tpl = table
     cli = CommentsCli()
     d_id = lua_id(1)
-    cli.live = [job(41, made_comment(tpl, d_id), uid=1234),
+    cli.live = [job(41, made_comment(tpl, d_id), uid=1234, limit=240),
                 job(42, "swapaware:v1 id=00000000000000aa model=m action=share"),  # made over the socket
                 job(43, "")]
     catchup = catchup_of(svc, archive, cli)
@@ -173,6 +186,8 @@ def test_the_queue_poll_catches_up_a_table_made_decision(svc, table):
     assert row is not None and svc.store.decision("00000000000000aa") is None
     assert row.decided_at == SUBMIT + 41  # the job's submit time
     assert row.facts.uid == 1234  # from Slurm, not the template's 1000
+    # the job's own time limit (the class key leaves it out: the template's is another job's)
+    assert row.facts.time_limit_min == 240 != pb.JobFacts.FromString(tpl.facts_pb).time_limit_min
     assert row.keys == {KeyLevel(k): v for k, v in tpl.keys.items()} and row.keys  # the class learns from its run
     d = row.decision
     assert d.decision_id == d_id and d.decided_at == SUBMIT + 41
@@ -198,6 +213,7 @@ def test_sacct_catches_up_a_job_that_ended_between_polls(svc, table):
     rec.run_once()
     svc.handler.flush()
     assert svc.store.decision(d_id).decided_at == SUBMIT + 51
+    assert svc.store.decision(d_id).facts.time_limit_min == 0  # UNLIMITED: no limit recorded, never the template's
     assert caught(svc.handler.metrics, "sacct") == 1
     assert [c[0] for c in cli.calls] == ["squeue", "squeue", "sacct"]  # the poll, then the round's sweep
 

@@ -72,6 +72,9 @@ FEWER_PHASES = ALL_PHASES[:4] + ALL_PHASES[5:]
 RELEASES = (("22.05", 1400, ALL_PHASES, 4), ("24.11", 500, FEWER_PHASES, 3), ("26.05", 500, FEWER_PHASES, 3))
 
 
+# time limits the differential jobs carry in turn (minutes; NO_VAL: none given)
+TIME_LIMITS = (gen.NO_VAL, 1, 60, 240, 1440, 43200)
+
 def pending(gpus_by_qos: dict[str, int]) -> list[PendingJob]:
     out, n = [], 0
     for qos, gpus in gpus_by_qos.items():
@@ -279,7 +282,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
     by_option, by_qos, sources = collections.Counter(), collections.Counter(), collections.Counter()
     mismatches: list = []
     mode = None
-    relearned = dropped = window_jobs = window_hits = 0
+    relearned = dropped = window_jobs = window_hits = other_limit = 0
     t_lua = t_admit = 0.0
     for n, (phase_mode, queue) in enumerate(phases):
         if queue in QUEUES:
@@ -331,7 +334,10 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
                 assert not missing, f"{len(missing)} recorded keys are not in the table"
             idx = order[n * jobs_per_phase:(n + 1) * jobs_per_phase]
             started = time.monotonic()
-            outs, counters = run_lua(tmp_path, conf, [pool[i].job for i in idx])
+            # each job with a time limit of its own: the entry was decided for the spec's (60 min);
+            # the time limit is no part of the key, and Admit must decide the job alike
+            limits = [TIME_LIMITS[(i + n) % len(TIME_LIMITS)] for i in idx]
+            outs, counters = run_lua(tmp_path, conf, [dict(pool[i].job, time_limit=lim) for i, lim in zip(idx, limits)])
             t_lua += time.monotonic() - started
             now = time.time()
             after = json.loads(publisher.gate.read_text())  # the gate did not move while the batch ran
@@ -339,7 +345,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
             if queue in QUEUES:
                 assert (after["views"], after["other"]) == (gate_doc["views"], gate_doc["other"])
             started = time.monotonic()
-            for i, out in zip(idx, outs):
+            for i, out, lim in zip(idx, outs, limits):
                 sp, key = pool[i], pool_keys[i]
                 assert out["key"] == key
                 st = stats[sp.shape]
@@ -360,6 +366,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
                     continue
                 assert decision is not None, (sp, state, "decided by the table without an entry")
                 st["hit"] += 1
+                other_limit += lim != sp.job["time_limit"]
                 window_hits += window == "learned, not rebuilt"
                 by_state[state] += 1
                 by_class[sp.class_state]["hit"] += 1
@@ -385,6 +392,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
 
     print(f"\nadmission differential, Slurm {release}: {len(order)} jobs of {len(pool)} keys, {len(phases)} phases "
           f"(setup {t_setup:.1f} s, lua {t_lua:.1f} s, admit {t_admit:.1f} s)")
+    print(f"table hits with a time limit other than their entry's job's: {other_limit}")
     print(f"entries dropped by observations before the next build: {dropped}; decided again by it: {relearned}; "
           f"jobs in the window between: {window_jobs} ({window_hits} from the table)")
     print(f"{'shape':18} {'jobs':>6} {'held':>6} {'hit':>6} {'rpc':>6} {'hit%':>6}")
@@ -398,6 +406,7 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
     print("actions:", dict(actions))
     print("estimate sources by class state:", dict(sorted(sources.items())))
     assert not mismatches, f"{len(mismatches)} jobs decided differently, first: {mismatches[:3]}"
+    assert other_limit > 0
     assert window_hits > 0 and window_hits < window_jobs  # the window was tried, with entries kept and dropped
     # the table covered a meaningful share: every common shape and class state hit in every gate state
     gpu = sum(stats[sh]["jobs"] for sh in gen.SHAPES if sh not in ("no_gpu", "shards"))
