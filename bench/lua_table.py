@@ -17,7 +17,7 @@ new table behind a lookup function at each read; the calls counted per hit), slu
 with --queue entries before each job as slurmctld does at each submission (its garbage paces Lua's
 collector as there), each job timed alone and split into bench/lua_phases.py's phases.
 
-Runs the same Lua state driver as tests/unit/test_lua_table.py (tests/unit/lua_table_driver.lua).
+Runs the same Lua state driver as tests/unit/plugin/test_lua_table.py (tests/unit/lua_table_driver.lua).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.unit.test_lua_table import Plugin, decision, gpu_job, write_atomic  # noqa: E402
+from tests.unit.plugin.test_lua_table import Plugin, decision, gpu_job, write_atomic  # noqa: E402
 
 PLUGIN = ROOT / "slurm_plugin"
 SHORT_SCRIPT = "#!/bin/bash\n#SBATCH --gres=gpu:1\nsource env/bin/activate\npython train.py --epochs 3\n"

@@ -1,5 +1,5 @@
 """Generated job_desc tables for the admission table's differential test
-(tests/adapter/test_admission_differential.py): seeded, covering every request shape, QoS, class
+(tests/adapter/admission/test_admission_differential.py): seeded, covering every request shape, QoS, class
 state and option the table may hold, spelled as each Slurm release hands them to job_submit.lua
 (tests/golden/<release>/job_desc.jsonl).
 

@@ -99,7 +99,7 @@ class RecordingSlurm:
 
 def child_argv(hold_bytes: int, more_bytes: int, hold_s: float, fake_root: Path | None) -> list[str]:
     """PyTorch on the GPU; with ``fake_root`` the fake NVML's allocator honouring the same share
-    (the CPU rehearsal of this script: tests/unit/test_oom_requeue_bench.py)."""
+    (the CPU rehearsal of this script: tests/unit/bench/test_oom_requeue_bench.py)."""
     if fake_root is None:
         return [sys.executable, "-c", CHILD, str(hold_bytes), str(more_bytes), str(hold_s)]
     alloc = f"{sys.executable} -m slurm_plugin.nvml fake-alloc --root {fake_root} --gpu 0 --honour-limit"

@@ -19,7 +19,7 @@ local T = require("swapaware_table")
 M.load_settings(arg[2])
 -- One Lua state per phase here, where slurmctld keeps one from its start: this state stands for a
 -- slurmctld that started before the queue snapshots the phase decides with (a state started after
--- one sends every job to the RPC path until the next poll: tests/unit/test_lua_table.py).
+-- one sends every job to the RPC path until the next poll: tests/unit/plugin/test_lua_table.py).
 T.started_at = 0
 local rpc = 0
 M.call = function()
