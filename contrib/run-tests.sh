@@ -40,7 +40,7 @@ if ((${#wanted[@]} == 0)); then
 fi
 
 # chromium: the unit and adapter tests render the report's HTML page headless
-# (tests/adapter/test_report_html.py); the integration suites in the release roots do not need it.
+# (tests/adapter/report/test_report_html.py); the integration suites in the release roots do not need it.
 extra=()
 ((only_integration)) || extra=(chromium)
 bash "$ROOT/contrib/dev-cluster/cluster.sh" install "${extra[@]+"${extra[@]}"}"

@@ -1,6 +1,6 @@
 --[[
 swapaware's client-side step mending (Lua 5.1, runs inside srun through cli_filter/lua).
-See cli_filter.lua. Pure helpers are exposed for the tests (tests/adapter/test_cli_filter.py).
+See cli_filter.lua. Pure helpers are exposed for the tests (tests/adapter/plugin/test_cli_filter.py).
 ]]
 
 local M = {}

@@ -42,8 +42,8 @@ MUNGE_SOCKET=$STATE/node/munge/munge.socket.2  # per node: see nodes.sh
 MYSQL_SOCKET=$MYSQL/mysqld.sock
 export SLURM_CONF=$SLURM_CONF_PATH
 
-# munge + libmunge2: also the tests' private munged (tests/adapter/test_munge.py); openssl: the
-# TLS tests' certificates (tests/adapter/test_tls.py); lua-posix: job_submit's admission table
+# munge + libmunge2: also the tests' private munged (tests/adapter/trust/test_munge.py); openssl: the
+# TLS tests' certificates (tests/adapter/trust/test_tls.py); lua-posix: job_submit's admission table
 # path stats the table (slurm_plugin/swapaware_table.lua).
 PACKAGES=(munge libmunge2 slurm-client slurmctld slurmd slurmdbd mariadb-server mariadb-client
           lua5.1 lua-socket lua-cjson lua-posix util-linux iproute2 openssl)

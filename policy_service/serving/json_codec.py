@@ -6,7 +6,7 @@ Admit's time on the socket (slurmctld waits for that answer holding its job lock
 doubles, nested messages, repeated fields, proto3 ``optional``) from a per-message plan built
 once, and hand anything else (enums, bytes, real oneofs, maps, well-known types, integers as
 strings, nulls, a field named twice, any value of an unexpected type) to ``json_format``, which
-then also produces the error message. tests/adapter/test_json_codec.py checks both functions
+then also produces the error message. tests/adapter/serving/test_json_codec.py checks both functions
 against ``json_format`` on generated messages and malformed input.
 """
 from __future__ import annotations

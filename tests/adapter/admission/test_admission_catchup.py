@@ -30,6 +30,7 @@ from policy_service.serving.decision_proto import decision_to_proto
 from policy_service.serving.metrics import ServiceMetrics
 from policy_service.serving.server import start_service
 
+from tests.commented_rows import commented_row
 from tests.waiting import wait_for
 
 from tests.adapter.conftest import SlurmJobs
@@ -37,20 +38,6 @@ from tests.adapter.serving.test_service import facts
 
 VERSION, OTHER = "0123456789abcdef", "fedcba9876543210"
 SUBMIT = 1_796_418_925
-
-
-def limit_text(minutes: int | None) -> str:
-    """A time limit as squeue and sacct print it ("UNLIMITED", "4:00:00", "2-00:00:00")."""
-    if minutes is None:
-        return "UNLIMITED"
-    days, rest = divmod(minutes, 24 * 60)
-    return (f"{days}-" if days else "") + f"{rest // 60}:{rest % 60:02d}:00"
-
-
-def line(j: CommentedJob, empty: str) -> str:
-    """One row as squeue -O (empty AdminComment: "(null)") or sacct -P (empty: "") prints it."""
-    return "|".join([str(j.job_id), str(j.submit_time), str(j.uid), j.user, j.account, j.partition, j.state,
-                     limit_text(j.time_limit_min), j.admin_comment or empty])
 
 
 class CommentsCli(CliSlurm):
@@ -69,9 +56,9 @@ class CommentsCli(CliSlurm):
         if self.fail:
             raise SlurmError(f"{argv[0]} exited 1: {self.fail}")
         if argv == squeue_argv():
-            return "".join(line(j, "(null)") + "\n" for j in self.live)
+            return "".join(commented_row(j, "(null)") + "\n" for j in self.live)
         assert argv[:-10] == sacct_argv(0)[:-10] and argv[-1] == sacct_argv(0)[-1], argv
-        return "".join(line(j, "") + "\n" for j in self.accounted)
+        return "".join(commented_row(j, "") + "\n" for j in self.accounted)
 
 
 def lua_id(n: int) -> str:

@@ -23,6 +23,7 @@ from policy_service.core.policy import admin_comment
 from policy_service.core.types import Action, DemandEstimate, EstimateSource, Reason, ReasonCode
 
 from tests.unit.doctor_layout import SUBMIT_FILES, install_lua, open_dir  # noqa: F401  (fixture)
+from tests.commented_rows import commented_row
 from tests.unit.admin.test_doctor import GOOD_SLURM_CONF
 
 NOW = 1_796_418_925.0
@@ -51,11 +52,6 @@ def job(job_id: int, comment: str, age_s: float, state="RUNNING") -> CommentedJo
     return CommentedJob(job_id, int(NOW - age_s), 1001, "alice", "proj", "gpu", state, comment, "squeue")
 
 
-def row(j: CommentedJob, empty: str) -> str:
-    return "|".join([str(j.job_id), str(j.submit_time), str(j.uid), j.user, j.account, j.partition, j.state,
-                     j.admin_comment or empty])
-
-
 class CommentsCli(CliSlurm):
     """``CliSlurm`` whose squeue shows ``live`` and whose sacct shows ``accounted``; ``fail``: every
     command exits 1 with it."""
@@ -70,9 +66,9 @@ class CommentsCli(CliSlurm):
         if self.fail:
             raise SlurmError(f"{' '.join(argv)} exited 1: {self.fail}")
         if argv == squeue_argv():
-            return "".join(row(j, "(null)") + "\n" for j in self.live)
+            return "".join(commented_row(j, "(null)") + "\n" for j in self.live)
         assert argv[:-10] == sacct_argv(0)[:-10], argv
-        return "".join(row(j, "") + "\n" for j in self.accounted)
+        return "".join(commented_row(j, "") + "\n" for j in self.accounted)
 
 
 CFG = Config()  # [admission] table_path = "auto": /run/swapaware/admission.json
