@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from policy_service.config import AgentConfig, NvmlBackend
-from slurm_plugin.agent import Agent
-from slurm_plugin.nvml_fake import FakeNvmlTelemetry, create_fake_gpus, fake_alloc
+from slurm_plugin.agent.daemon import Agent
+from slurm_plugin.gpu.nvml_fake import FakeNvmlTelemetry, create_fake_gpus, fake_alloc
 
 GIB = 1024**3
 

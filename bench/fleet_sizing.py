@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_plugin.nvml_fake import FakeNvmlTelemetry  # noqa: E402
+from slurm_plugin.gpu.nvml_fake import FakeNvmlTelemetry  # noqa: E402
 from tests.slurm_stack import decision_of, job_field, start_stack  # noqa: E402
 
 GIB = 1 << 30
@@ -53,7 +53,7 @@ class Result:
 
 def _script(state: Path, hold_s: float) -> str:
     return f"""#!/bin/bash
-exec {Path(sys.executable)} -m slurm_plugin.nvml fake-alloc --root {state}/node/fake-nvml \\
+exec {Path(sys.executable)} -m slurm_plugin.gpu.nvml fake-alloc --root {state}/node/fake-nvml \\
     --gpu "${{CUDA_VISIBLE_DEVICES%%,*}}" --bytes "$SWAPAWARE_GPU_MEM_LIMIT_BYTES" --hold-seconds {hold_s}
 """
 

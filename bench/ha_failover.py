@@ -29,7 +29,7 @@ from policy_service.history.store import HistoryStore  # noqa: E402
 from policy_service.config import HaConfig, HookConfig, load_config  # noqa: E402
 from policy_service.core.ha import Role  # noqa: E402
 from policy_service.serving.server import start_service  # noqa: E402
-from slurm_plugin.hooks import deliver  # noqa: E402
+from slurm_plugin.hooks.run import deliver  # noqa: E402
 from tests.adapter.conftest import SlurmJobs  # noqa: E402
 
 

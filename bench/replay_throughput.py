@@ -23,8 +23,8 @@ from submit_burst import stack_env  # noqa: E402
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb  # noqa: E402
 from policy_service.config import load_config  # noqa: E402
-from slurm_plugin import hooks, spool  # noqa: E402
-from slurm_plugin.agent import REPLAY_DEADLINE_S  # noqa: E402
+from slurm_plugin.hooks import run as hooks, spool  # noqa: E402
+from slurm_plugin.agent.daemon import REPLAY_DEADLINE_S  # noqa: E402
 
 
 def spool_events(spool_dir: Path, n: int, base: int) -> None:

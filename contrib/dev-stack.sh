@@ -396,7 +396,7 @@ start_agents() {
         mkdir -p "$d"
         "$VENV/bin/python" -c "
 from pathlib import Path
-from slurm_plugin.nvml_fake import create_fake_gpus
+from slurm_plugin.gpu.nvml_fake import create_fake_gpus
 create_fake_gpus(Path('$d/fake-nvml'), 4, [g * 1024**3 for g in ($GPU_GIB,)])"
         start_daemon "agent-$n" "$d/agent.pid" "$CLUSTER" node-exec "$n" "$VENV/bin/swapaware-agent" \
             --config "$CONF" --foreground

@@ -18,7 +18,7 @@ cat >"$JOBDIR/train.sh" <<EOF
 #SBATCH --output=$JOBDIR/slurm-%j.out
 # A stand-in for a training job: holds 3 GiB on its GPU (fake NVML) for 2 seconds.
 echo "CUDA_VISIBLE_DEVICES=\$CUDA_VISIBLE_DEVICES SLURM_SHARDS_ON_NODE=\${SLURM_SHARDS_ON_NODE:-}"
-exec $VENV/bin/python -m slurm_plugin.nvml fake-alloc --root $STATE/node/fake-nvml --gpu "\${CUDA_VISIBLE_DEVICES%%,*}" \
+exec $VENV/bin/python -m slurm_plugin.gpu.nvml fake-alloc --root $STATE/node/fake-nvml --gpu "\${CUDA_VISIBLE_DEVICES%%,*}" \
     --bytes 3221225472 --hold-seconds 2
 EOF
 

@@ -165,7 +165,7 @@ def _readable_token(path: str) -> str | None:
 @click.option("--config", type=click.Path(dir_okay=False))
 def replay_spool(config: str | None) -> None:
     """Send the events the hooks spooled while the service was unreachable."""
-    from slurm_plugin.hooks import replay_main
+    from slurm_plugin.hooks.run import replay_main
 
     cfg = _load(config)
     result = replay_main(cfg.hooks, cfg.auth, cfg.tls, cfg.ha)

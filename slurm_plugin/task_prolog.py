@@ -73,8 +73,8 @@ from typing import Callable, Mapping
 from policy_service.config import Config, ConfigError, Enforcement, load_config
 from slurm_plugin.enforce import Backend, JobCap
 from slurm_plugin.enforce.choose import choose
-from slurm_plugin.job_env import parse_gpu_indices
-from slurm_plugin.nvml import TelemetryError, open_telemetry
+from slurm_plugin.hooks.job_env import parse_gpu_indices
+from slurm_plugin.gpu.nvml import TelemetryError, open_telemetry
 
 MIB = 1024 * 1024
 _QUIET = logging.getLogger("swapaware.task_prolog")

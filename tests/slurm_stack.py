@@ -290,7 +290,7 @@ def fake_alloc_script(stack: Stack, gib: float, hold_s: float = 1.5, extra: str 
     return f"""#!/bin/bash
 env | grep -E '^(CUDA_VISIBLE_DEVICES|SLURM_JOB_GPUS|SLURM_SHARDS_ON_NODE|SLURM_GPUS_ON_NODE|SWAPAWARE_GPU_MEM_LIMIT_BYTES)=' | sort
 {extra}
-exec {py} -m slurm_plugin.nvml fake-alloc --root {stack.state}/node/fake-nvml --gpu "${{CUDA_VISIBLE_DEVICES%%,*}}" \\
+exec {py} -m slurm_plugin.gpu.nvml fake-alloc --root {stack.state}/node/fake-nvml --gpu "${{CUDA_VISIBLE_DEVICES%%,*}}" \\
     --bytes {int(gib * GIB)} --hold-seconds {hold_s}{busy}
 """
 
@@ -298,7 +298,7 @@ exec {py} -m slurm_plugin.nvml fake-alloc --root {stack.state}/node/fake-nvml --
 def grows_script(stack) -> str:
     """Holds 9.6 GiB (96 % of one shard), lets the agent see it, then asks for 1 GiB more: refused
     under a 10 GiB share (exit 2, 'CUDA out of memory (fake)' on stderr), granted on a whole GPU."""
-    alloc = (f"{sys.executable} -m slurm_plugin.nvml fake-alloc --root {stack.state}/node/fake-nvml "
+    alloc = (f"{sys.executable} -m slurm_plugin.gpu.nvml fake-alloc --root {stack.state}/node/fake-nvml "
              '--gpu "${CUDA_VISIBLE_DEVICES%%,*}" --honour-limit')
     return f"""#!/bin/bash
 {alloc} --bytes {int(9.6 * GIB)} || exit $?

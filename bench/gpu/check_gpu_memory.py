@@ -114,9 +114,9 @@ def step_sampler(budget: Budget, free_bytes: int, telemetry: Any = None,
     """Children hold known allocations under synthetic job ids; the agent samples them.
     ``telemetry``/``spawn`` default to real NVML and CUDA children (tests pass fakes)."""
     from policy_service.config import AgentConfig
-    from slurm_plugin.agent import Agent
-    from slurm_plugin.attribution import charged_job
-    from slurm_plugin.nvml import PynvmlTelemetry
+    from slurm_plugin.agent.daemon import Agent
+    from slurm_plugin.agent.attribution import charged_job
+    from slurm_plugin.gpu.nvml import PynvmlTelemetry
 
     limit = budget.slice(90, min_s=20)
     if not limit:

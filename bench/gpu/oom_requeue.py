@@ -12,7 +12,7 @@ against real Slurm in tests/integration/test_requeue.py on every release). Steps
    that honours its share (``torch.cuda.set_per_process_memory_fraction(SWAPAWARE_GPU_MEM_FRACTION)``):
    it holds 96 % of the share, then asks for 1 GiB more and gets a real CUDA out-of-memory error
    (exit 1). The node agent's own code (``Agent`` over ``PynvmlTelemetry``) samples it.
-3. **epilog**: ``slurm_plugin.hooks.finished_request`` builds the JobFinished from the agent's
+3. **epilog**: ``slurm_plugin.hooks.run.finished_request`` builds the JobFinished from the agent's
    summary and exit status 1; the service applies it, infers the OOM and requeues: its Slurm
    access here is a recorder of the calls (``requeuehold``, the restored request, ``release``).
 4. **rerun**: the same child without the share (the whole GPU the requeue gives it) completes.
@@ -102,7 +102,7 @@ def child_argv(hold_bytes: int, more_bytes: int, hold_s: float, fake_root: Path 
     (the CPU rehearsal of this script: tests/unit/bench/test_oom_requeue_bench.py)."""
     if fake_root is None:
         return [sys.executable, "-c", CHILD, str(hold_bytes), str(more_bytes), str(hold_s)]
-    alloc = f"{sys.executable} -m slurm_plugin.nvml fake-alloc --root {fake_root} --gpu 0 --honour-limit"
+    alloc = f"{sys.executable} -m slurm_plugin.gpu.nvml fake-alloc --root {fake_root} --gpu 0 --honour-limit"
     return ["bash", "-c", f"{alloc} --bytes {hold_bytes} || exit $?; sleep {hold_s}; {alloc} --bytes {more_bytes} "
                           "|| exit 1; echo done"]
 
@@ -142,10 +142,11 @@ def main(argv=None) -> int:
     from policy_service.serving.client import PolicyClient
     from policy_service.config import AgentConfig, load_config
     from policy_service.serving.server import start_service
-    from slurm_plugin import hooks, task_prolog
-    from slurm_plugin.agent import Agent
-    from slurm_plugin.nvml import PynvmlTelemetry
-    from slurm_plugin.nvml_fake import FakeNvmlTelemetry
+    from slurm_plugin.hooks import run as hooks
+    from slurm_plugin import task_prolog
+    from slurm_plugin.agent.daemon import Agent
+    from slurm_plugin.gpu.nvml import PynvmlTelemetry
+    from slurm_plugin.gpu.nvml_fake import FakeNvmlTelemetry
 
     result: dict = {"host": socket.gethostname(), "gpu": gpu_name}
     tmp = Path(tempfile.mkdtemp(prefix="swapaware-oom-"))

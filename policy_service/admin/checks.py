@@ -24,7 +24,7 @@ from policy_service.slurm.fleet import node_gpus, shard_counts
 from policy_service.config import Config, Enforcement, Oversubscription
 from policy_service.core.dialect import SlurmDialect
 from slurm_plugin.enforce.choose import choose
-from slurm_plugin.nvml import GpuTelemetry, TelemetryError
+from slurm_plugin.gpu.nvml import GpuTelemetry, TelemetryError
 
 
 GIB = 1024**3

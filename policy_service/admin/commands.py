@@ -17,7 +17,7 @@ from policy_service.admin.host import host_checks
 from policy_service.slurm.slurm_files import parse_slurm_conf
 from policy_service.config import Config, ConfigError, load_config
 from policy_service.core.ha import service_addresses
-from slurm_plugin.nvml import GpuTelemetry, TelemetryError, open_telemetry
+from slurm_plugin.gpu.nvml import GpuTelemetry, TelemetryError, open_telemetry
 
 log = logging.getLogger("swapaware.admin")
 

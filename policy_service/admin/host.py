@@ -104,7 +104,7 @@ def agent_probe(cfg: Config, conf, hostname: str, doctor: Who) -> Check:
     chain, stop = stat_chain(Path(path))
     answered = None
     if not stop and blocker(doctor, chain, WRITE) is None:
-        from slurm_plugin.agent_client import status
+        from slurm_plugin.agent.client import status
 
         answered = status(cfg.hooks) is not None
     node = conf.node(hostname.split(".", 1)[0])

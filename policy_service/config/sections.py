@@ -348,13 +348,13 @@ class AgentConfig:
     job_cgroup: str = "system.slice/slurmstepd.scope/job_{job_id}"
     # CUDA_MPS_PIPE_DIRECTORY of the site's nvidia-cuda-mps-control daemon (enforcement = mps).
     mps_pipe_dir: Path = Path("/tmp/nvidia-mps")
-    # The agent delivers the hooks' spooled events itself (slurm_plugin/replayer.py): it looks at
+    # The agent delivers the hooks' spooled events itself (slurm_plugin/hooks/replayer.py): it looks at
     # hooks.spool_dir every replay_interval_s; while the service cannot take them, the wait doubles
     # up to replay_max_backoff_s (with jitter).
     replay: bool = True
     replay_interval_s: float = 5.0
     replay_max_backoff_s: float = 30.0
-    # host:port of the agent's Prometheus endpoint (slurm_plugin/agent_metrics.py); empty: not served.
+    # host:port of the agent's Prometheus endpoint (slurm_plugin/agent/metrics.py); empty: not served.
     metrics_address: str = ""
 
 

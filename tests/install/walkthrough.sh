@@ -92,7 +92,7 @@ for i in 0 1; do mknod -m 666 "/run/fake-gpu/nvidia$i" c 195 "$i" 2>/dev/null ||
 run_block venv "s|/path/to/wheelhouse|$WH|"
 "$VENV/bin/python" -I -c "
 from pathlib import Path
-from slurm_plugin.nvml_fake import create_fake_gpus
+from slurm_plugin.gpu.nvml_fake import create_fake_gpus
 create_fake_gpus(Path('/run/fake-nvml'), 2, 85899345920)"
 # the jobs (any user) allocate on the fake GPUs: their lock and process files go here
 find /run/fake-nvml -type d -exec chmod 1777 {} +
@@ -213,7 +213,7 @@ install -d -m 1777 "$JOBS"
 cat >"$JOBS/train.sh" <<EOF
 #!/bin/sh
 echo "CUDA_VISIBLE_DEVICES=\$CUDA_VISIBLE_DEVICES"
-exec $VENV/bin/python -I -m slurm_plugin.nvml fake-alloc --root /run/fake-nvml --gpu "\${CUDA_VISIBLE_DEVICES%%,*}" --bytes 3221225472 --hold-seconds 2
+exec $VENV/bin/python -I -m slurm_plugin.gpu.nvml fake-alloc --root /run/fake-nvml --gpu "\${CUDA_VISIBLE_DEVICES%%,*}" --bytes 3221225472 --hold-seconds 2
 EOF
 chmod 755 "$JOBS/train.sh"
 submit() {  # NAME SBATCH-ARGS...: as nobody, in $JOBS; its stdout and stderr kept apart

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.nvml_fake import FakeNvmlTelemetry
+from slurm_plugin.gpu.nvml_fake import FakeNvmlTelemetry
 from tests.slurm_stack import dev_fleet
 from tests.waiting import wait_for
 
@@ -25,7 +25,7 @@ def _charge_script(stack) -> str:
     return f"""#!/bin/bash
 echo "gpu=$CUDA_VISIBLE_DEVICES shards=$SLURM_SHARDS_ON_NODE cap=$SWAPAWARE_GPU_MEM_LIMIT_BYTES \\
 fraction=$SWAPAWARE_GPU_MEM_FRACTION"
-exec {Path(sys.executable)} -m slurm_plugin.nvml fake-alloc --root {stack.state}/node/fake-nvml \\
+exec {Path(sys.executable)} -m slurm_plugin.gpu.nvml fake-alloc --root {stack.state}/node/fake-nvml \\
     --gpu "${{CUDA_VISIBLE_DEVICES%%,*}}" --bytes "$SWAPAWARE_GPU_MEM_LIMIT_BYTES" --hold-seconds {HOLD_S}
 """
 

@@ -24,8 +24,8 @@ from policy_service.config import HaConfig, HookConfig, load_config
 from policy_service.core.admission_format import read_table
 from policy_service.core.ha import Role
 from policy_service.serving.server import start_service
-from slurm_plugin import spool
-from slurm_plugin.hooks import LAST_SERVICE_FILE, deliver, hook_client
+from slurm_plugin.hooks import spool
+from slurm_plugin.hooks.run import LAST_SERVICE_FILE, deliver, hook_client
 from tests.waiting import wait_for
 
 from tests.adapter.conftest import SlurmJobs, socket_call

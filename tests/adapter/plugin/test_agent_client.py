@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from policy_service.config import AgentConfig, HookConfig, NvmlBackend
-from slurm_plugin.agent_client import collect, notify_start, status
-from slurm_plugin.agent_sampler import Agent
-from slurm_plugin.agent_server import AgentServer
-from slurm_plugin.nvml_fake import FakeNvmlTelemetry, create_fake_gpus
+from slurm_plugin.agent.client import collect, notify_start, status
+from slurm_plugin.agent.sampler import Agent
+from slurm_plugin.agent.server import AgentServer
+from slurm_plugin.gpu.nvml_fake import FakeNvmlTelemetry, create_fake_gpus
 
 TIMEOUT_S = 0.3
 

@@ -17,8 +17,8 @@ from typing import Any, Iterator
 import pytest
 
 from policy_service.config import Config, HookConfig
-from slurm_plugin import hooks
-from slurm_plugin.agent_client import notify_start
+from slurm_plugin.hooks import run as hooks
+from slurm_plugin.agent.client import notify_start
 
 from tests.adapter.plugin.test_agent_socket import MirroredRig
 

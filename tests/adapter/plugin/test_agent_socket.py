@@ -21,10 +21,10 @@ from typing import Any, Iterator
 import pytest
 
 from policy_service.config import AgentConfig, NvmlBackend
-from slurm_plugin.agent_client import request
-from slurm_plugin.agent_sampler import Agent
-from slurm_plugin.agent_server import AgentServer
-from slurm_plugin.nvml_fake import FakeNvmlTelemetry, create_fake_gpus
+from slurm_plugin.agent.client import request
+from slurm_plugin.agent.sampler import Agent
+from slurm_plugin.agent.server import AgentServer
+from slurm_plugin.gpu.nvml_fake import FakeNvmlTelemetry, create_fake_gpus
 
 from tests.waiting import wait_for
 
@@ -71,7 +71,7 @@ class Rig:
         if job_id is not None:
             env["SLURM_JOB_ID"] = str(job_id)
         child = subprocess.Popen(
-            [sys.executable, "-m", "slurm_plugin.nvml", "fake-alloc", "--root", str(self.root), "--gpu", str(gpu),
+            [sys.executable, "-m", "slurm_plugin.gpu.nvml", "fake-alloc", "--root", str(self.root), "--gpu", str(gpu),
              "--bytes", str(nbytes), "--hold-seconds", "120"], env=env, stdout=subprocess.DEVNULL)
         self.children.append(child)
         wait_for(lambda: any(p.pid == child.pid for p in self.fake.processes(gpu)), what=f"pid {child.pid} alloc")
@@ -299,7 +299,7 @@ def test_daemon_main_serves_and_exits_cleanly_on_sigterm(short_dir: Path) -> Non
     config = short_dir / "swapaware.toml"
     config.write_text(f'[agent]\nsocket_path = "{short_dir / "unused.sock"}"\nsample_period_s = {PERIOD_S}\n'
                       f'nvml_backend = "fake"\nfake_nvml_dir = "{root}"\n')
-    daemon = subprocess.Popen([sys.executable, "-m", "slurm_plugin.agent", "--config", str(config), "--socket",
+    daemon = subprocess.Popen([sys.executable, "-m", "slurm_plugin.agent.daemon", "--config", str(config), "--socket",
                                str(sock), "--foreground"], env=_agent_env(), stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: sock.exists(), what="socket")
@@ -317,6 +317,6 @@ def test_daemon_main_serves_and_exits_cleanly_on_sigterm(short_dir: Path) -> Non
 def test_daemon_main_rejects_a_bad_config(short_dir: Path) -> None:
     config = short_dir / "bad.toml"
     config.write_text('[agent]\nsample_period_s = -1\n')
-    done = subprocess.run([sys.executable, "-m", "slurm_plugin.agent", "--config", str(config), "--foreground"],
+    done = subprocess.run([sys.executable, "-m", "slurm_plugin.agent.daemon", "--config", str(config), "--foreground"],
                           env=_agent_env(), capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "sample_period_s" in done.stderr

@@ -9,7 +9,7 @@ import pytest
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.config import load_config
 from policy_service.serving.server import start_service
-from slurm_plugin import hooks, spool
+from slurm_plugin.hooks import run as hooks, spool
 
 BIN = Path(sys.executable).parent
 

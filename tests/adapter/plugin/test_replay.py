@@ -13,8 +13,8 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.serving.client import PolicyClient
 from policy_service.config import load_config
 from policy_service.serving.server import start_service
-from slurm_plugin import spool
-from slurm_plugin.replayer import SpoolReplayer, next_delay
+from slurm_plugin.hooks import spool
+from slurm_plugin.hooks.replayer import SpoolReplayer, next_delay
 from tests.waiting import wait_for
 
 
@@ -115,7 +115,7 @@ def test_backoff_doubles_up_to_its_bound_and_resets():
 
 
 def test_hooks_send_the_jobs_sluid(tmp_path):
-    from slurm_plugin import hooks
+    from slurm_plugin.hooks import run as hooks
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_SLUID": "sl0123456789", "SLURMD_NODENAME": "n1"}
     assert hooks.started_request(env, 10.0).sluid == "sl0123456789"
     assert hooks.finished_request(env, 11.0, None).sluid == "sl0123456789"
@@ -124,7 +124,7 @@ def test_hooks_send_the_jobs_sluid(tmp_path):
 
 def test_the_agent_status_shows_the_spool(tmp_path):
     from policy_service.config import AgentConfig
-    from slurm_plugin.agent_sampler import Agent
+    from slurm_plugin.agent.sampler import Agent
     spool_dir = tmp_path / "spool"
     spool_jobs(spool_dir, range(1, 3))
     agent = Agent(AgentConfig(), None, kernel_log=None)

@@ -13,7 +13,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2_grpc
 from policy_service.serving.grpc_server import PolicyServicer, add_servicer
 from policy_service.serving.client import PolicyClient
 from policy_service.trust.limits import MAX_REQUEST_BYTES
-from slurm_plugin import spool
+from slurm_plugin.hooks import spool
 
 
 class OlderServicer(PolicyServicer):
@@ -116,7 +116,7 @@ def test_results_decide_per_event_what_is_taken_kept_or_set_aside(tmp_path):
 def test_the_replayer_reports_its_last_result_and_stops_when_told(service, tmp_path):
     import threading
 
-    from slurm_plugin.replayer import SpoolReplayer
+    from slurm_plugin.hooks.replayer import SpoolReplayer
     from tests.waiting import wait_for
 
     spool_dir = tmp_path / "spool"

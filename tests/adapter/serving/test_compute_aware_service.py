@@ -10,7 +10,7 @@ from policy_service.core.request import history_keys, job_request
 from policy_service.core.types import KeyLevel
 from policy_service.serving.events import gpu_utilisation
 from policy_service.serving.server import start_service
-from slurm_plugin.hooks import apply_telemetry
+from slurm_plugin.hooks.run import apply_telemetry
 from tests.waiting import wait_for
 
 from tests.adapter.serving.test_service import GIB, facts

@@ -9,7 +9,7 @@ from policy_service.serving.grpc_server import authorized
 from policy_service.serving.client import PolicyClient
 from policy_service.config import ConfigError, load_config, read_token
 from policy_service.serving.server import start_service
-from slurm_plugin import hooks, spool
+from slurm_plugin.hooks import run as hooks, spool
 from tests.adapter.conftest import socket_call
 
 

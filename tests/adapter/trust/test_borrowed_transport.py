@@ -14,7 +14,7 @@ from policy_service.cli import _readable_token
 from policy_service.serving.client import PolicyClient
 from policy_service.config import ConfigError, UnsafeTokenFile, load_config, read_token
 from policy_service.serving.server import start_service
-from slurm_plugin import hooks, spool
+from slurm_plugin.hooks import run as hooks, spool
 
 REMOTE = "10.77.0.1"  # the multi-node dev cluster's controller: not this host
 

@@ -24,7 +24,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.serving.client import MUNGE_METADATA, PolicyClient, message_types, method_path, serialised
 from policy_service.config import ConfigError, load_config
 from policy_service.serving.server import start_service
-from slurm_plugin import hooks
+from slurm_plugin.hooks import run as hooks
 from tests.waiting import wait_for
 from tests.adapter.as_user import NOBODY, run_as
 from tests.adapter.conftest import socket_call

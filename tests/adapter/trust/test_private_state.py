@@ -13,7 +13,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.history.store import HistoryOwnerError, HistoryStore
 from policy_service.config import load_config
 from policy_service.serving.server import start_service
-from slurm_plugin.spool import spool_event
+from slurm_plugin.hooks.spool import spool_event
 
 from tests.adapter.conftest import socket_call
 

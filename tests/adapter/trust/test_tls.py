@@ -14,7 +14,7 @@ from policy_service.serving.client import PolicyClient
 from policy_service.config import ConfigError, load_config
 from policy_service.serving.server import start_service
 from policy_service.trust.tls import channel_credentials
-from slurm_plugin import hooks, spool
+from slurm_plugin.hooks import run as hooks, spool
 
 DEADLINE_S = 5.0
 FACTS = pb.JobFacts(user="u", uid=1000, tres_per_node="gres:gpu:1")

@@ -16,8 +16,8 @@ import pytest
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.config import load_config
 from policy_service.serving.server import start_service
-from slurm_plugin import hooks, spool
-from slurm_plugin.replayer import SpoolReplayer
+from slurm_plugin.hooks import run as hooks, spool
+from slurm_plugin.hooks.replayer import SpoolReplayer
 from tests.waiting import wait_for
 
 from tests.adapter.trust.test_tls import make_ca, make_cert, pki  # noqa: F401 - pki: the CA and the service's certificate

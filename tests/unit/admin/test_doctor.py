@@ -20,7 +20,7 @@ from policy_service.admin import (
 from policy_service.admin.billing import billing_checks, format_weight
 from policy_service.admin.check import Check
 from policy_service.config import GIB, Config, GpuConfig
-from slurm_plugin.nvml_fake import FakeNvmlTelemetry, create_fake_gpus
+from slurm_plugin.gpu.nvml_fake import FakeNvmlTelemetry, create_fake_gpus
 
 from tests.unit.doctor_layout import CLI_FILES, install_lua, open_dir  # noqa: F401  (open_dir: a fixture)
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from policy_service.admin import doctor_checks, doctor_command
 from policy_service.admin.grpc_port import PortSeen, grpc_port_check, listening_uids
 from policy_service.config import Config, load_config
-from slurm_plugin.nvml_fake import create_fake_gpus
+from slurm_plugin.gpu.nvml_fake import create_fake_gpus
 
 from tests.unit.doctor_layout import CLI_FILES, install_lua, open_dir  # noqa: F401  (open_dir: a fixture)
 from tests.unit.admin.test_doctor import CFG, GIB, GOOD_GRES_CONF, GOOD_SLURM_CONF, _write_config

@@ -151,7 +151,7 @@ def test_judge_sampler_flags_each_failure(case):
 _FAKE_CHILD = """
 import json, os, sys
 from pathlib import Path
-from slurm_plugin.nvml_fake import fake_alloc, fake_free
+from slurm_plugin.gpu.nvml_fake import fake_alloc, fake_free
 root, nbytes = Path(sys.argv[1]), int(sys.argv[2])
 fake_alloc(root, 0, os.getpid(), nbytes + int(sys.argv[3]))  # the allocation plus a context's overhead
 print(json.dumps({"ok": True, "pid": os.getpid()}), flush=True)
@@ -161,7 +161,7 @@ fake_free(root, 0, os.getpid())
 
 
 def test_step_sampler_through_the_agent_with_fake_nvml(tmp_path):
-    from slurm_plugin.nvml_fake import FakeNvmlTelemetry, create_fake_gpus
+    from slurm_plugin.gpu.nvml_fake import FakeNvmlTelemetry, create_fake_gpus
 
     create_fake_gpus(tmp_path, 1, 141 * GIB)
     ovh = 512 << 20

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slurm_plugin.nvml_fake import create_fake_gpus
+from slurm_plugin.gpu.nvml_fake import create_fake_gpus
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from policy_service.serving.metrics import ServiceMetrics
-from slurm_plugin.agent_metrics import registry_for
+from slurm_plugin.agent.metrics import registry_for
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "contrib" / "grafana" / "swapaware.json"
 SUFFIXES = ("_bucket", "_count", "_sum", "_total")

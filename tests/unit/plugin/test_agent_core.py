@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from policy_service.config import AgentConfig
-from slurm_plugin.agent_sampler import Agent
-from slurm_plugin import agent_state
-from slurm_plugin.agent_state import (
+from slurm_plugin.agent.sampler import Agent
+from slurm_plugin.agent import state as agent_state
+from slurm_plugin.agent.state import (
     GpuObservation,
     Series,
     apply_kernel_event,
@@ -16,8 +16,8 @@ from slurm_plugin.agent_state import (
     new_job,
     summarize,
 )
-from slurm_plugin.nvml import ProcessUsage
-from slurm_plugin.procs import (
+from slurm_plugin.gpu.nvml import ProcessUsage
+from slurm_plugin.agent.procs import (
     EvidenceKind,
     KernelEvent,
     ProcFacts,

@@ -6,7 +6,7 @@ import urllib.request
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_plugin import agent_metrics
+from slurm_plugin.agent import metrics as agent_metrics
 
 
 def samples(text: str) -> dict[str, float]:

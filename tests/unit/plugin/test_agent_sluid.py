@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from policy_service.config import AgentConfig
-from slurm_plugin.agent_sampler import Agent
-from slurm_plugin.agent_state import sluid_map
-from slurm_plugin.procs import (
+from slurm_plugin.agent.sampler import Agent
+from slurm_plugin.agent.state import sluid_map
+from slurm_plugin.agent.procs import (
     EvidenceKind,
     KernelEvent,
     ProcFactsCache,

@@ -1,4 +1,4 @@
-"""Which job a GPU process is charged to (slurm_plugin/attribution.py): only the kernel's word.
+"""Which job a GPU process is charged to (slurm_plugin/agent/attribution.py): only the kernel's word.
 
 The attack these rules close (issue 32): an ordinary user ran ``env SLURM_JOB_ID=<victim's job>
 <GPU process>`` and the agent charged the process to the victim's job (87 GB on a GPU the victim
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_plugin.agent_state import GpuObservation, apply_tick, new_job, summarize
-from slurm_plugin.attribution import charged_job_of, sample_owners
-from slurm_plugin.nvml import ProcessUsage
-from slurm_plugin.procs import ProcFacts
+from slurm_plugin.agent.state import GpuObservation, apply_tick, new_job, summarize
+from slurm_plugin.agent.attribution import charged_job_of, sample_owners
+from slurm_plugin.gpu.nvml import ProcessUsage
+from slurm_plugin.agent.procs import ProcFacts
 
 VICTIM, ATTACKER = 1001, 1002  # uids
 SLUID = "s0a7kq3m9x2vd"

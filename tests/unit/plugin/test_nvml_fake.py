@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from policy_service.config import AgentConfig, NvmlBackend
-from slurm_plugin.nvml import (GpuTelemetry, MemoryInfo, ProcessUsage, PynvmlTelemetry, TelemetryError, open_telemetry,
+from slurm_plugin.gpu.nvml import (GpuTelemetry, MemoryInfo, ProcessUsage, PynvmlTelemetry, TelemetryError, open_telemetry,
                                pid_alive)
-from slurm_plugin.nvml_fake import FakeNvmlTelemetry, FakeOutOfMemory, create_fake_gpus, fake_alloc, fake_free
-from slurm_plugin.nvml_fake import main as nvml_main
+from slurm_plugin.gpu.nvml_fake import FakeNvmlTelemetry, FakeOutOfMemory, create_fake_gpus, fake_alloc, fake_free
+from slurm_plugin.gpu.nvml_fake import main as nvml_main
 from tests.waiting import wait_for
 
 TOTAL_BYTES = 1_000_000
@@ -31,7 +31,7 @@ def _nvml_works() -> bool:
 
 
 def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "slurm_plugin.nvml", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "slurm_plugin.gpu.nvml", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -137,7 +137,7 @@ def test_cli_holder_frees_on_sigterm_and_on_timeout(root: Path) -> None:
 
 
 def test_cli_without_hold_allocates_for_the_calling_shell(root: Path) -> None:
-    script = f"{sys.executable} -m slurm_plugin.nvml fake-alloc --root {root} --gpu 0 --bytes 42 >/dev/null && echo $$ && exec sleep 30"
+    script = f"{sys.executable} -m slurm_plugin.gpu.nvml fake-alloc --root {root} --gpu 0 --bytes 42 >/dev/null && echo $$ && exec sleep 30"
     shell = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         pid = int(shell.stdout.readline())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from policy_service.config import DEFAULT_CONFIG_PATH, GIB, AgentConfig, Config, Enforcement, GpuConfig, NvmlBackend
-from slurm_plugin.nvml_fake import create_fake_gpus
+from slurm_plugin.gpu.nvml_fake import create_fake_gpus
 from slurm_plugin import task_prolog
 from slurm_plugin.task_prolog import inherited_gpu_lines, task_prolog_lines
 

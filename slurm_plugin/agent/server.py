@@ -1,6 +1,6 @@
 """The node agent's Unix socket server: ``AgentServer`` listens on ``agent.socket_path`` (mode
 0600), answers each connection's one request line through an ``Agent`` and runs its sampling
-thread (the protocol is in ``slurm_plugin.agent_protocol``).
+thread (the protocol is in ``slurm_plugin.agent.protocol``).
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import socketserver
 import threading
 from pathlib import Path
 
-from slurm_plugin.agent_protocol import MAX_REQUEST_BYTES
-from slurm_plugin.agent_sampler import Agent
+from slurm_plugin.agent.protocol import MAX_REQUEST_BYTES
+from slurm_plugin.agent.sampler import Agent
 
 log = logging.getLogger("swapaware.agent")
 

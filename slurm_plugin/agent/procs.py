@@ -1,8 +1,8 @@
 """What /proc and the kernel log say about a GPU process: the node agent's readers of
 ``/proc/<pid>/cgroup``, ``/proc/<pid>/environ``, ``/proc/<pid>/status``, ``/proc/<pid>/stat`` and
-``/dev/kmsg`` (see slurm_plugin/agent_sampler.py for how they are used). ``ProcFacts`` holds what
+``/dev/kmsg`` (see slurm_plugin/agent/sampler.py for how they are used). ``ProcFacts`` holds what
 they say about one process; which job it is charged to is decided from those facts by
-``slurm_plugin.attribution`` (the kernel's word only: the environment is the user's). The parsers
+``slurm_plugin.agent.attribution`` (the kernel's word only: the environment is the user's). The parsers
 are pure; the readers take the /proc root as a parameter (tests give a mirror)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from slurm_plugin.nvml import PROC_ROOT
+from slurm_plugin.gpu.nvml import PROC_ROOT
 
 MAX_SLUID_CHARS = 255  # a path component's limit
 MAX_KERNEL_LINES_PER_TICK = 1000

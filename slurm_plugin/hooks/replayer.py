@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from slurm_plugin import spool
+from slurm_plugin.hooks import spool
 
 log = logging.getLogger("swapaware.replay")
 

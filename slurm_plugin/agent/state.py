@@ -2,12 +2,12 @@
 
 ``Series`` keeps a running peak and time-weighted mean; ``apply_tick`` folds one sample of all
 devices into a ``JobTrack``, ``apply_kernel_event`` attaches kernel-log evidence and ``summarize``
-builds the ``telemetry`` object of a stop reply. No I/O, clocks or locks: ``slurm_plugin.agent_sampler``
+builds the ``telemetry`` object of a stop reply. No I/O, clocks or locks: ``slurm_plugin.agent.sampler``
 adds those. Per job and GPU it keeps the peak and the time-weighted mean of the job's bytes (a step
 function: each sample holds until the next, over [first sample, last sample]) and the device
 utilisation (device-wide, not per job).
 
-Which job a process's memory belongs to is decided before (``slurm_plugin.attribution``: its
+Which job a process's memory belongs to is decided before (``slurm_plugin.agent.attribution``: its
 cgroup, or its environment only for the job's own user on the job's own GPUs); ``apply_tick``
 takes the result, (GPU, pid) -> job.
 
@@ -31,8 +31,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from slurm_plugin.nvml import ProcessUsage
-from slurm_plugin.procs import EvidenceKind, KernelEvent
+from slurm_plugin.gpu.nvml import ProcessUsage
+from slurm_plugin.agent.procs import EvidenceKind, KernelEvent
 
 NEAR_CAPACITY_FRAC = 0.98
 MAX_EVIDENCE = 16

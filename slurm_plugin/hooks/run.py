@@ -26,8 +26,9 @@ from policy_service.serving.client import (FailoverClient, PolicyClient, configu
                                            token_refusal)
 from policy_service.config import (AuthConfig, Config, ConfigError, HaConfig, HookConfig, TlsConfig, load_config,
                                    read_token)
-from slurm_plugin import agent_client, spool
-from slurm_plugin.job_env import parse_gpu_indices  # noqa: F401  (hooks.parse_gpu_indices: API)
+from slurm_plugin.agent import client as agent_client
+from slurm_plugin.hooks import spool
+from slurm_plugin.hooks.job_env import parse_gpu_indices  # noqa: F401  (hooks.parse_gpu_indices: API)
 
 log = logging.getLogger("swapaware.hooks")
 

@@ -1,6 +1,6 @@
 """GPU telemetry for the node agent: one small Protocol, real NVML (``PynvmlTelemetry``, through
 pynvml) and the choice between it and the file-backed fake (``open_telemetry``); the fake and its
-command line are in ``nvml_fake.py``. ``python -m slurm_plugin.nvml`` runs that command line
+command line are in ``nvml_fake.py``. ``python -m slurm_plugin.gpu.nvml`` runs that command line
 (job scripts on the dev cluster call it so)."""
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def open_telemetry(cfg: AgentConfig, log: logging.Logger) -> GpuTelemetry | None
         return None
     if backend is NvmlBackend.FAKE:
         log.info("GPU telemetry: fake NVML at %s", cfg.fake_nvml_dir)
-        from slurm_plugin.nvml_fake import FakeNvmlTelemetry
+        from slurm_plugin.gpu.nvml_fake import FakeNvmlTelemetry
 
         return FakeNvmlTelemetry(cfg.fake_nvml_dir)
     try:
@@ -160,6 +160,6 @@ def _safe_count(telemetry: GpuTelemetry) -> int:
 
 
 if __name__ == "__main__":
-    from slurm_plugin.nvml_fake import main
+    from slurm_plugin.gpu.nvml_fake import main
 
     sys.exit(main())

@@ -1,12 +1,12 @@
 """Per-node agent: samples GPU memory for the jobs the prolog and epilog announce.
 
 Slurm kills whatever a prolog leaves running, so sampling lives in this daemon. This module is
-its command line (``swapaware-agent``, ``python -m slurm_plugin.agent``): config, daemonizing,
+its command line (``swapaware-agent``, ``python -m slurm_plugin.agent.daemon``): config, daemonizing,
 logging, the hooks' spool replayer and metrics, then the socket until a signal. The rest is
-split by what it does: ``agent_protocol`` (the JSON-lines requests), ``agent_state`` (the pure
-per-job bookkeeping and the stop report, ``oom_suspected`` included), ``agent_sampler`` (``Agent``:
-locks, clocks, device and /proc reads, the sampling loop), ``agent_server`` (``AgentServer``:
-the socket and the threads), ``agent_metrics`` (Prometheus), ``procs`` (the /proc and
+split by what it does, beside it in ``slurm_plugin/agent/``: ``protocol`` (the JSON-lines
+requests), ``state`` (the pure per-job bookkeeping and the stop report, ``oom_suspected`` included),
+``sampler`` (``Agent``: locks, clocks, device and /proc reads, the sampling loop), ``server``
+(``AgentServer``: the socket and the threads), ``metrics`` (Prometheus), ``procs`` (the /proc and
 kernel-log parsers) and ``attribution`` (which job a process's memory is charged to: the kernel's
 word only).
 """
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Sequence
 
 from policy_service.config import ConfigError, load_config
-from slurm_plugin.agent_sampler import Agent
-from slurm_plugin.agent_server import AgentServer
-from slurm_plugin.nvml import TelemetryError, open_telemetry
+from slurm_plugin.agent.sampler import Agent
+from slurm_plugin.agent.server import AgentServer
+from slurm_plugin.gpu.nvml import TelemetryError, open_telemetry
 
 log = logging.getLogger("swapaware.agent")
 
@@ -84,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     agent = Agent(agent_cfg, telemetry)
     done = threading.Event()
     if agent_cfg.replay:
-        from slurm_plugin.hooks import hook_client
-        from slurm_plugin.replayer import SpoolReplayer
+        from slurm_plugin.hooks.run import hook_client
+        from slurm_plugin.hooks.replayer import SpoolReplayer
 
         replay_hooks = dataclasses.replace(cfg.hooks, deadline_s=max(cfg.hooks.deadline_s, REPLAY_DEADLINE_S))
         agent.replayer = SpoolReplayer(cfg.hooks.spool_dir, lambda: hook_client(replay_hooks, cfg.auth, cfg.tls, cfg.ha),
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("delivering the hooks' spool %s every %.0f s (backoff up to %.0f s)", cfg.hooks.spool_dir,
                  agent_cfg.replay_interval_s, agent_cfg.replay_max_backoff_s)
     if agent_cfg.metrics_address:
-        from slurm_plugin.agent_metrics import serve as serve_metrics
+        from slurm_plugin.agent.metrics import serve as serve_metrics
 
         serve_metrics(agent_cfg.metrics_address, agent.status)
     return _serve(agent, agent_cfg.socket_path, done)

@@ -1,4 +1,4 @@
-"""The honest fake of NVML (slurm_plugin/nvml.py's GpuTelemetry) and its command line.
+"""The honest fake of NVML (slurm_plugin/gpu/nvml.py's GpuTelemetry) and its command line.
 
 ``FakeNvmlTelemetry`` reads a directory tree that behaves like a device driver, for tests and for
 the dev cluster without GPUs::
@@ -17,7 +17,7 @@ Utilisation is device-wide, as NVML reports it: the sum of the live processes' b
 capped at 100 (``util_pct`` when no live process declared one; None when neither exists).
 Not modelled: the driver's reserved memory, CUDA contexts, pid reuse between two allocs.
 
-CLI for job scripts (``python -m slurm_plugin.nvml``, or ``-m slurm_plugin.nvml_fake``)::
+CLI for job scripts (``python -m slurm_plugin.gpu.nvml``, or ``-m slurm_plugin.gpu.nvml_fake``)::
 
     fake-create --root R --count 4 --total-bytes 85899345920
     fake-alloc  --root R --gpu N --bytes B [--pid P] [--hold-seconds S] [--busy-pct U] [--honour-limit]
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from slurm_plugin.nvml import PROC_ROOT, MemoryInfo, ProcessUsage, TelemetryError, pid_alive
+from slurm_plugin.gpu.nvml import PROC_ROOT, MemoryInfo, ProcessUsage, TelemetryError, pid_alive
 
 _GPU_DIR = re.compile(r"^gpu(\d+)$")
 
@@ -232,7 +232,7 @@ LIMIT_ENV = "SWAPAWARE_GPU_MEM_LIMIT_BYTES"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m slurm_plugin.nvml", description="fake NVML tools")
+    parser = argparse.ArgumentParser(prog="python -m slurm_plugin.gpu.nvml", description="fake NVML tools")
     sub = parser.add_subparsers(dest="command", required=True)
     create = sub.add_parser("fake-create", help="create fake GPUs")
     create.add_argument("--root", type=Path, required=True)

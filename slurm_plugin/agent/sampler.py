@@ -2,7 +2,7 @@
 them, and the sampling loop that reads the devices, /proc and the kernel log on a clock.
 
 Every ``sample_period_s`` the sampler thread reads each device's processes and charges a
-process's memory to a job only where the kernel ties it to that job (``slurm_plugin.attribution``):
+process's memory to a job only where the kernel ties it to that job (``slurm_plugin.agent.attribution``):
 by its ``/proc/<pid>/cgroup`` path (Slurm's cgroup plugins), a ``job_<id>`` component, or a
 component equal to the SLUID an announced job came with (Slurm 26.05 with cgroup v2 names job
 directories ``.../slurmstepd.scope/<SLUID>/`` unless ``CgroupJobIdPaths=yes``; the prolog sees
@@ -10,8 +10,8 @@ directories ``.../slurmstepd.scope/<SLUID>/`` unless ``CgroupJobIdPaths=yes``; t
 announced one counts. A process whose cgroup names no job is charged by ``SLURM_JOB_ID`` in
 ``/proc/<pid>/environ`` (readable as root) only when its owner (``/proc/<pid>/status``) is the
 job's announced uid and only on the job's own GPUs: anyone can set that variable, nobody can
-change their uid. The parsers are in ``slurm_plugin.procs``, the bookkeeping of each sample in
-``slurm_plugin.agent_state``. Kernel lines are attributed by cgroup (the line's memcg path, or the
+change their uid. The parsers are in ``slurm_plugin.agent.procs``, the bookkeeping of each sample in
+``slurm_plugin.agent.state``. Kernel lines are attributed by cgroup (the line's memcg path, or the
 named pid's cgroup), else by a pid already charged to the job.
 Xid lines are read from ``/dev/kmsg`` when it is readable; Xids without a pid (old drivers) are
 not attributed. Jobs never stopped are forgotten after ``MAX_JOB_AGE_S``; at most ``MAX_JOBS``
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from policy_service.config import AgentConfig
-from slurm_plugin.agent_protocol import RequestError, gpus_field, int_field, optional_int_field, sluid_field
-from slurm_plugin.agent_state import (
+from slurm_plugin.agent.protocol import RequestError, gpus_field, int_field, optional_int_field, sluid_field
+from slurm_plugin.agent.state import (
     GpuObservation,
     JobTrack,
     apply_kernel_event,
@@ -40,9 +40,9 @@ from slurm_plugin.agent_state import (
     summarize,
     unknown_job_telemetry,
 )
-from slurm_plugin.attribution import sample_owners
-from slurm_plugin.nvml import PROC_ROOT, GpuTelemetry, TelemetryError
-from slurm_plugin.procs import (
+from slurm_plugin.agent.attribution import sample_owners
+from slurm_plugin.gpu.nvml import PROC_ROOT, GpuTelemetry, TelemetryError
+from slurm_plugin.agent.procs import (
     KernelEvent,
     KernelLogTail,
     ProcFacts,
@@ -79,7 +79,7 @@ class Agent:
         self._pid_cache = ProcFactsCache(proc_root)
         self._logged: set[str] = set()
         self._kernel = self._open_kernel_log(kernel_log)
-        self.replayer = None  # slurm_plugin.replayer.SpoolReplayer, set by main()
+        self.replayer = None  # slurm_plugin.hooks.replayer.SpoolReplayer, set by main()
 
     def _open_kernel_log(self, path: Path | None) -> KernelLogTail | None:
         if path is None or self.telemetry is None:
@@ -157,7 +157,7 @@ class Agent:
             jobs = [{"job_id": j.job_id, "gpus": list(j.gpus), "uid": j.uid, "samples": j.total.samples,
                      "started_at": j.started_at_s, "sluid": j.sluid} for j in self._jobs.values()]
         out = {"ok": True, "source": self.source, "sample_period_s": self.cfg.sample_period_s, "jobs": jobs}
-        if self.replayer is not None:  # the hooks' spool, delivered by this agent (slurm_plugin/replayer.py)
+        if self.replayer is not None:  # the hooks' spool, delivered by this agent (slurm_plugin/hooks/replayer.py)
             out.update(self.replayer.status())
         return out
 

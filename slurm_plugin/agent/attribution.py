@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from slurm_plugin.agent_state import GpuObservation, JobTrack, sluid_map
-from slurm_plugin.procs import ProcFacts, job_id_from_cgroup, job_id_from_environ
+from slurm_plugin.agent.state import GpuObservation, JobTrack, sluid_map
+from slurm_plugin.agent.procs import ProcFacts, job_id_from_cgroup, job_id_from_environ
 
 
 def charged_job(facts: ProcFacts, gpu: int, jobs: Mapping[int, JobTrack]) -> int | None:
