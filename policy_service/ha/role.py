@@ -184,6 +184,9 @@ class RoleKeeper:
                     if got is not None and got.holder == self.holder:
                         self._until = writer_until(started, self.cfg.lease_ttl_s, self.margin_s)
                         self._writer, self._epoch = self.holder, got.epoch
+                        if view is not None and view.holder not in ("", self.holder) and view.expires_at > view.now:
+                            # the holder read a moment ago released it (or let it expire) before the claim
+                            why = f"take the lease {view.holder} let go ({ctl.why})"
                     else:
                         self._until = float("-inf")
                         now_view = got or lease_view(self.store.writer())
