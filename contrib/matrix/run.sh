@@ -110,12 +110,17 @@ source_files() {
     fi
 }
 
+# copy_source DIR: the checkout's files (source_files) copied into DIR.
+copy_source() {
+    source_files | (cd "$REPO" && tar --null -T - -cf -) | tar -xf - -C "$1"
+}
+
 # A fresh copy of this checkout, then the venv: built once (kept while pyproject/setup.py/protos
 # are unchanged), the package reinstalled each time (the stubs are generated at install).
 sync_source() {
     rm -rf "${ROOT:?}$SRC"
     mkdir -p "$ROOT$SRC"
-    source_files | (cd "$REPO" && tar --null -T - -cf -) | tar -xf - -C "$ROOT$SRC"
+    copy_source "$ROOT$SRC"
     in_root env SWAPAWARE_VENV=$VENV bash "$SRC/contrib/dev-stack.sh" venv
     if [[ -f $ROOT$VENV/.swapaware-stamp && ! -d $ROOT$SRC/policy_service/_generated ]]; then
         in_root $VENV/bin/python -m pip install -q --no-deps -e "$SRC" >/dev/null
@@ -139,7 +144,7 @@ build_wheelhouse() {
 fresh_copy() {
     local dir
     dir=$(mktemp -d)
-    source_files | (cd "$REPO" && tar --null -T - -cf -) | tar -xf - -C "$dir"
+    copy_source "$dir"
     echo "$dir"
 }
 

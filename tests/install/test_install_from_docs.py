@@ -15,30 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.release_files import copy_release
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("walkthrough.sh")
 # what this machine cannot give the site: no cgroup file system (proctrack/cgroup cannot run)
 NO_CGROUP = not Path("/sys/fs/cgroup/cgroup.controllers").exists()
 EXPECTED_FAILS = {"proctrack_cgroup"} if NO_CGROUP else set()
-
-
-BUILD_OUTPUTS = {".git", ".venv", "__pycache__", "_generated", "build", "dist", "results", ".pytest_cache"}
-
-
-def _copy_release(dest: Path) -> None:
-    """The release's files alone, as a tarball unpacks them: the tracked ones in a git checkout,
-    else every file but build outputs (contrib/matrix/run.sh's copy in a release root has no .git)."""
-    if shutil.which("git") and (ROOT / ".git").exists():
-        out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, text=True, check=True)
-        names = [n for n in out.stdout.split("\0") if n]
-    else:
-        names = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()
-                 and not BUILD_OUTPUTS & set(p.relative_to(ROOT).parts)
-                 and not any(part.endswith(".egg-info") for part in p.parts)]
-    for name in names:
-        if (ROOT / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, dest / name)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +35,7 @@ def site(tmp_path_factory) -> Path:
                                  "before entering the release's namespace")
         pytest.skip("no wheelhouse (SWAPAWARE_WHEELHOUSE; contrib/matrix/run.sh builds one)")
     work = tmp_path_factory.mktemp("site")
-    _copy_release(work / "src")
+    copy_release(work / "src")
     try:
         r = subprocess.run(
             ["unshare", "--pid", "--fork", "--mount-proc", "--mount", "--net", "--uts", "--propagation", "private",

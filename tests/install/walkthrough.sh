@@ -25,6 +25,8 @@ mkdir -p "$OUT"
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
 
 step() { printf '== %s\n' "$*" >&2; }
+# version_ge A B: version A is B or later (as contrib/dev-cluster/cluster.sh's)
+version_ge() { [[ $(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1) == "$2" ]]; }
 fail() { printf 'FAILED: %s\n' "$*" | tee "$OUT/failed" >&2; exit 1; }
 # until SECONDS CMD...: CMD until it succeeds, at most SECONDS; fails the walk-through after that
 until_ok() {
@@ -119,7 +121,7 @@ if [[ $proctrack == proctrack/linuxproc ]]; then
     # slurmd starts a cgroup plugin even without proctrack/cgroup and dies where none is mounted;
     # from 23.02 cgroup.conf can turn it off (22.05 is fine on this machine's empty /sys/fs/cgroup)
     rel=$(slurmd -V | sed -n 's/^slurm[-a-z]* \([0-9]*\.[0-9]*\).*/\1/p')
-    [[ $(printf '%s\n' 23.02 "$rel" | sort -V | head -1) == 23.02 ]] && echo "CgroupPlugin=disabled" >/etc/slurm/cgroup.conf
+    version_ge "$rel" 23.02 && echo "CgroupPlugin=disabled" >/etc/slurm/cgroup.conf
 fi
 install -d /var/spool/slurmd
 {
@@ -166,7 +168,7 @@ mariadb-install-db --no-defaults --datadir=/var/spool/mysql --user=root --auth-r
 extra=()
 mver=$(mariadbd --version | sed -n 's/.*Ver \([0-9]*\.[0-9]*\).*/\1/p')
 # MariaDB >= 11.6 turns innodb_snapshot_isolation on, which slurmdbd's updates trip over
-[[ $(printf '%s\n' 11.6 "$mver" | sort -V | head -1) == 11.6 ]] && extra+=(--innodb-snapshot-isolation=OFF)
+version_ge "$mver" 11.6 && extra+=(--innodb-snapshot-isolation=OFF)
 # slurmdbd reaches it over TCP on loopback, as on the dev cluster (the client library's default socket
 # path differs between releases)
 mariadbd --no-defaults --user=root --datadir=/var/spool/mysql --socket=/run/mysqld/mysqld.sock \

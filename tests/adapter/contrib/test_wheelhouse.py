@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.release_files import copy_release
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -25,12 +27,7 @@ def wheelhouse(tmp_path_factory) -> Path:
         pytest.skip("needs root and unshare (a network namespace with no network)")
     wh = tmp_path_factory.mktemp("wheelhouse")
     src = tmp_path_factory.mktemp("src") / "swapaware"
-    # a copy of the tracked sources alone, as a release tarball would hold (no .venv, no build output)
-    files = _run("git", "-C", str(ROOT), "ls-files", "-z").stdout.split("\0")
-    for name in filter(None, files):
-        if (ROOT / name).is_file():
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, src / name)
+    copy_release(src)  # the tracked sources alone, as a release tarball holds them
     r = _run(sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wh), str(src), timeout=900)
     if r.returncode != 0:
         if os.environ.get("CI"):
