@@ -4,7 +4,7 @@ Every component (service, hooks, node agent, simulator) reads this same object. 
 validated once at start and logged once (``Config.summary()``).
 
 Sources, later wins:
-  1. the defaults in ``sections.py``;
+  1. the defaults in ``sections.py`` and ``policy_sections.py``;
   2. the TOML file named by ``--config`` / ``SWAPAWARE_CONFIG`` (default
      ``/etc/swapaware/swapaware.toml`` when it exists);
   3. environment variables ``SWAPAWARE_<SECTION>__<KEY>`` (e.g. ``SWAPAWARE_SERVICE__DB_PATH``).
@@ -14,10 +14,11 @@ from __future__ import annotations
 from policy_service.trust.auth_config import (AuthConfig, MungeMode, TlsConfig, auth_errors, bool_spelling,
                                              tls_errors, token_mode_error)
 from policy_service.config.load import load_config, read_token, split_host_port
-from policy_service.config.sections import (
-    DEFAULT_CONFIG_PATH, GIB, AccessClass, AdmissionConfig, AgentConfig, Config, ConfigError, Enforcement,
-    EstimatorConfig, GpuConfig, HaConfig, HookConfig, LinkKind, NvmlBackend, Oversubscription, PolicyConfig,
-    PolicyMode, ServiceConfig, SlurmBackend, SwapCostConfig, UnsafeTokenFile, WholeGpuAsShards)
+from policy_service.config.choices import (AccessClass, Enforcement, LinkKind, NvmlBackend, Oversubscription,
+                                           PolicyMode, SlurmBackend, WholeGpuAsShards)
+from policy_service.config.policy_sections import GIB, EstimatorConfig, GpuConfig, PolicyConfig, SwapCostConfig
+from policy_service.config.sections import (DEFAULT_CONFIG_PATH, AdmissionConfig, AgentConfig, Config, ConfigError,
+                                            HaConfig, HookConfig, ServiceConfig, UnsafeTokenFile)
 from policy_service.history.config import HistoryBackend, HistoryConfig, history_errors
 
 __all__ = [
