@@ -7,7 +7,7 @@ each window one run whose peak is the window's largest sample. For every run in 
 ``estimator.observe`` after it. Definitions (printed by ``bench/estimator_accuracy.py``):
 
   * scored run: the class has >= 1 prior run (the estimator gives an estimate);
-  * charge: what ``core.policy._size_shards`` sizes the shards for: peak + margin, raised to the
+  * charge: what ``core.shard_sizing._size_shards`` sizes the shards for: peak + margin, raised to the
     estimate's observed maximum (``need``), before rounding up to whole shards;
   * whole-GPU run: a scored run the policy keeps on a whole GPU: the estimate is unknown (fewer
     than ``min_samples`` runs), the class is serving its OOM penalty (``whole_gpu_runs_left``) or

@@ -42,7 +42,7 @@ def compute_overcommit(queue: QueueState | None, qos: str, cfg: Config) -> Reaso
 
 def queue_gate_state(queue: QueueState | None, view: str, cfg: Config) -> str:
     """Which branch of the queue rules a job of queue view ``view`` takes (the same predicates
-    ``policy._route`` applies): "unknown" (no fresh snapshot), "short" (kept whole), "long" (sized by
+    ``route._route`` applies): "unknown" (no fresh snapshot), "short" (kept whole), "long" (sized by
     memory alone where the compute floor binds) or "normal"."""
     if not fresh(queue, cfg):
         return "unknown"

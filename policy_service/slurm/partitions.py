@@ -5,7 +5,7 @@ per-GPU defaults (``DefCpuPerGPU``, ``DefMemPerGPU``), the shard counts of its G
 Slurm gives a job that asks for GPUs those CPUs and that memory per GPU unless the job says
 otherwise; a job that holds shards holds no GPU and gets none of them (measured on 22.05: with
 ``DefCpuPerGPU=2`` a ``--gres=gpu:1`` job ran with 2 CPUs, the same job rewritten to a shard with 1).
-Such a job keeps its request (``core/policy.py``, reason ``per_gpu_default``). So does a job whose
+Such a job keeps its request (``core/route.py``, reason ``per_gpu_default``). So does a job whose
 shards would not bill its fraction of the GPU under its partition's weights (``billing_weights.py``,
 reason ``shards_unbilled``), and a whole GPU is held as shards only where all of them bill the GPU.
 
