@@ -16,6 +16,10 @@
 # every job takes the Admit round trip): the service publishes it at $STATE/run/admission.json ([admission] table_path; with
 # SWAPAWARE_DEV_CONTROLLERS=2 at $STATE/spool/admission.json, which both controllers see) and the
 # plugin's swapaware_plugin.conf names it (cluster.sh, SWAPAWARE_TABLE). Runs as root on Debian 12 or 13 (or in a release's root, contrib/matrix/). Running `up` twice is harmless.
+#
+# This file holds the settings, the config it writes and the commands; it sources
+# dev-stack-tls.sh (the private CA and [tls]) and dev-stack-daemons.sh (the service and the node
+# agents started, waited for and stopped).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,6 +52,11 @@ export SLURM_CONF=$STATE/etc/slurm.conf
 log() { printf '[dev-stack] %s\n' "$*" >&2; }
 die() { printf '[dev-stack] ERROR: %s\n' "$*" >&2; exit 1; }
 
+# shellcheck source=dev-stack-tls.sh
+source "$ROOT/contrib/dev-stack-tls.sh"
+# shellcheck source=dev-stack-daemons.sh
+source "$ROOT/contrib/dev-stack-daemons.sh"
+
 ensure_python() {
     local py=${PYTHON:-python3}
     command -v "$py" >/dev/null || die "python3 not found"
@@ -66,68 +75,6 @@ ensure_python() {
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
     (cd "$ROOT" && "$VENV/bin/python" -m pip install -q -e '.[test]')
     echo "$stamp_src" >"$stamp"
-}
-
-# The names clients use for the service: loopback, and the controller's bridge address where
-# the nodes have their own network.
-tls_san() {
-    local san="IP:127.0.0.1,DNS:localhost"
-    if multi_node; then san+=",IP:$(ctld_addr)"; fi
-    local n
-    for n in $(controllers); do san+=",IP:$(ctl_addr "$n")"; done
-    echo "$san"
-}
-
-# A private CA and the service's certificate, signed by it, for every name in tls_san. Kept while
-# they verify, cover those names and last another day; keys 0600, certificates readable by all
-# (`swapaware explain` runs as the user). Made with the openssl CLI (cluster.sh install has it).
-ensure_tls() {
-    local san ok=1
-    san=$(tls_san)
-    command -v openssl >/dev/null || die "openssl not found (contrib/dev-cluster/cluster.sh install adds it)"
-    mkdir -p "$TLSDIR"
-    chmod 0755 "$TLSDIR"
-    if [[ -f $TLSDIR/ca.pem && -f $TLSDIR/ca.key && -f $TLSDIR/server.pem && -f $TLSDIR/server.key ]] &&
-        [[ $(cat "$TLSDIR/server.san" 2>/dev/null) == "$san" ]] &&
-        openssl verify -CAfile "$TLSDIR/ca.pem" "$TLSDIR/server.pem" >/dev/null 2>&1 &&
-        openssl x509 -checkend 86400 -noout -in "$TLSDIR/ca.pem" >/dev/null 2>&1 &&
-        openssl x509 -checkend 86400 -noout -in "$TLSDIR/server.pem" >/dev/null 2>&1; then
-        ok=0
-    fi
-    if ((ok != 0)); then
-        log "making the dev CA and the service's certificate ($san) in $TLSDIR"
-        rm -f "$TLSDIR"/ca.* "$TLSDIR"/server.*
-        (
-            umask 077
-            cd "$TLSDIR"
-            openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=swapaware-dev-ca \
-                -keyout ca.key -out ca.pem
-            openssl req -newkey rsa:2048 -nodes -subj "/CN=swapaware-dev-service" -keyout server.key -out server.csr
-            printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$san" >server.ext
-            openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 825 \
-                -extfile server.ext -out server.pem
-            echo "$san" >server.san
-            rm -f server.csr
-        ) >/dev/null 2>"$TLSDIR/openssl.err" || die "openssl failed: $(cat "$TLSDIR/openssl.err")"
-        rm -f "$TLSDIR/openssl.err"
-    fi
-    chmod 0600 "$TLSDIR/ca.key" "$TLSDIR/server.key"
-    chmod 0644 "$TLSDIR/ca.pem" "$TLSDIR/server.pem"
-}
-
-tls_section() {
-    if [[ $DEV_TLS == 1 ]]; then
-        cat <<EOF
-[tls]
-# The service's certificate from the dev stack's private CA ($TLSDIR, contrib/dev-stack.sh
-# ensure_tls); hooks, agents and the CLI check it against ca before they send anything.
-cert = "$TLSDIR/server.pem"
-key = "$TLSDIR/server.key"
-ca = "$TLSDIR/ca.pem"
-EOF
-    else
-        printf '# [tls] off: SWAPAWARE_DEV_TLS=0 (plaintext gRPC)\n'
-    fi
 }
 
 admission_section() {
@@ -271,142 +218,12 @@ EOF
     chmod 0755 "$STATE/bin/task-prolog"
 }
 
-pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
-
-# The logs hold users' job names and decisions: each 0640 in a 0750 directory (an older one narrowed).
-open_log() {
-    mkdir -p "$LOGDIR"
-    chmod 0750 "$LOGDIR"
-    (umask 027 && : >>"$1")
-    chmod 0640 "$1"
-}
-
-start_daemon() {  # name pidfile command...
-    local name=$1 pidfile=$2
-    shift 2
-    if pid_alive "$pidfile"; then
-        log "$name already running (pid $(cat "$pidfile"))"
-        return 0
-    fi
-    mkdir -p "$(dirname "$pidfile")"
-    open_log "$LOGDIR/$name.log"
-    SWAPAWARE_CONFIG=$CONF setsid "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
-    echo $! >"$pidfile"
-    log "started $name (pid $!), log $LOGDIR/$name.log"
-}
-
-stop_daemon() {
-    local name=$1 pidfile=$2 i
-    pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
-    kill -TERM "$(cat "$pidfile")" 2>/dev/null || true
-    for i in $(seq 1 50); do
-        pid_alive "$pidfile" || break
-        sleep 0.1
-    done
-    if pid_alive "$pidfile"; then
-        kill -KILL "$(cat "$pidfile")" 2>/dev/null || true
-        # SIGKILL is delivered, not done: wait until the process is gone (its port free) before
-        # saying it stopped, so that a start right after finds the port free
-        for i in $(seq 1 50); do
-            pid_alive "$pidfile" || break
-            sleep 0.1
-        done
-    fi
-    rm -f "$pidfile"
-    log "stopped $name"
-}
-
-wait_service() {
-    local i n
-    if ((CONTROLLERS == 2)); then
-        for n in $(controllers); do wait_probe "$(ctl_addr "$n"):$GRPC_PORT" "$(ctl_run "$n")/swapaware.pid" "$(ctl_conf "$n")" "$LOGDIR/swapaware-$n.log"; done
-        return 0
-    fi
-    for i in $(seq 1 100); do
-        # the doctor's probe: over TLS with the config's CA where it has one
-        if [[ -S $SOCK ]] && "$VENV/bin/python" - "$(ctld_addr):$GRPC_PORT" "$CONF" <<'EOF' 2>/dev/null; then
-import sys
-from pathlib import Path
-from policy_service.admin import probe_service
-from policy_service.config import load_config
-sys.exit(0 if probe_service(sys.argv[1], 1.0, load_config(Path(sys.argv[2])).tls) else 1)
-EOF
-            return 0
-        fi
-        pid_alive "$RUN/swapaware.pid" || { log_tail "$LOGDIR/swapaware.log"; die "policy service exited; see $LOGDIR/swapaware.log"; }
-        sleep 0.2
-    done
-    log_tail "$LOGDIR/swapaware.log"
-    die "policy service not healthy after 20 s; see $LOGDIR/swapaware.log"
-}
-
-# log_tail FILE: the end of a daemon's log on stderr, where the caller's output keeps it (a test's
-# teardown purges the state directory, and with it the log that said why the daemon ended).
-log_tail() {
-    [[ -r $1 ]] || { log "no log at $1"; return 0; }
-    log "last lines of $1:"
-    tail -n 40 "$1" | sed 's/^/    /' >&2
-}
-
-# wait_probe ADDRESS PIDFILE CONF LOG: a controller's service answers the doctor's probe.
-wait_probe() {
-    local i
-    for i in $(seq 1 100); do
-        if "$VENV/bin/python" -c '
-import sys
-from pathlib import Path
-from policy_service.admin import probe_service
-from policy_service.config import load_config
-sys.exit(0 if probe_service(sys.argv[1], 1.0, load_config(Path(sys.argv[2])).tls) else 1)' "$1" "$3" 2>/dev/null; then
-            return 0
-        fi
-        pid_alive "$2" || { log_tail "$4"; die "policy service $1 exited; see $4"; }
-        sleep 0.2
-    done
-    log_tail "$4"
-    die "policy service $1 not healthy after 20 s; see $4"
-}
-
-service_start() {
-    local n
-    if ((CONTROLLERS == 2)); then
-        for n in $(controllers); do
-            start_daemon "swapaware-$n" "$(ctl_run "$n")/swapaware.pid" "$CLUSTER" node-exec "$n" \
-                nice -n -5 "$VENV/bin/swapaware" serve --config "$(ctl_conf "$n")"
-        done
-        wait_service
-        return 0
-    fi
-    # Nice -5, as contrib/systemd/swapaware.service: slurmctld waits for Admit holding its job lock.
-    start_daemon swapaware "$RUN/swapaware.pid" nice -n -5 "$VENV/bin/swapaware" serve --config "$CONF"
-    wait_service
-}
-
 # The compute nodes (as cluster.sh knows them) and where the controller listens for them.
 nodes() { "$CLUSTER" nodes; }
 multi_node() { [[ ${NODES:-0} != 0 ]]; }
 ctld_addr() { if multi_node; then echo "${SWAPAWARE_DEV_SUBNET:-10.77.0}.1"; else echo 127.0.0.1; fi; }
 # The directory a node keeps for itself, seen from the controller.
 node_dir() { if multi_node; then echo "$STATE/nodes/$1"; else echo "$NODE"; fi; }
-
-start_agents() {
-    local n d
-    for n in $(nodes); do
-        d=$(node_dir "$n")
-        mkdir -p "$d"
-        "$VENV/bin/python" -c "
-from pathlib import Path
-from slurm_plugin.gpu.nvml_fake import create_fake_gpus
-create_fake_gpus(Path('$d/fake-nvml'), 4, [g * 1024**3 for g in ($GPU_GIB,)])"
-        start_daemon "agent-$n" "$d/agent.pid" "$CLUSTER" node-exec "$n" "$VENV/bin/swapaware-agent" \
-            --config "$CONF" --foreground
-    done
-}
-
-stop_agents() {
-    local n
-    for n in $("$CLUSTER" nodes 2>/dev/null); do stop_daemon "agent-$n" "$(node_dir "$n")/agent.pid"; done
-}
 
 cmd_up() {
     [[ $(id -u) -eq 0 ]] || die "must run as root (it starts Slurm's daemons)"
@@ -436,12 +253,6 @@ swapaware dev stack is up.
   on a node:      bash $CLUSTER node-exec <node> COMMAND...
   stop:           bash $ROOT/contrib/dev-stack.sh down
 EOF
-}
-
-services_stop() {
-    local n
-    for n in ctl1 ctl2; do stop_daemon "swapaware-$n" "$(ctl_run "$n")/swapaware.pid"; done
-    stop_daemon swapaware "$RUN/swapaware.pid"
 }
 
 cmd_down() {
