@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # The dev cluster's configuration, sourced by cluster.sh: its directories, devices and secrets, and
 # slurm.conf, gres.conf, slurmdbd.conf and swapaware's files rendered from templates/ (CHANGED_*:
-# whether a render changed what the running daemons read).
+# whether a render changed what the running daemons read), with the helpers that render them
+# (render, replace_if_changed, node_hw, check_socket_path).
 
 CHANGED_SLURM=0
 CHANGED_DBD=0
@@ -208,4 +209,40 @@ copy_lua() {
         [[ -e $f ]] || continue
         install -m 644 "$f" "$ETC/$(basename "$f")"
     done
+}
+
+check_socket_path() {
+    # sun_path is 108 bytes including the NUL.
+    ((${#1} <= 100)) || die "socket path too long (${#1} > 100 chars): $1; use a shorter SWAPAWARE_DEV_DIR"
+}
+
+# render TEMPLATE DEST: replaces @NAME@ with $R_NAME; writes DEST only if it
+# changed. Returns 0 when DEST changed, 1 when unchanged.
+render() {
+    local tmpl=$1 dest=$2 tmp
+    tmp=$(mktemp "$dest.XXXXXX")
+    perl -pe 's/\@([A-Z_]+)\@/exists $ENV{"R_$1"} ? $ENV{"R_$1"} : die "template $ARGV: undefined \@$1\@\n"/ge' \
+        "$tmpl" >"$tmp"
+    replace_if_changed "$dest" "$tmp"
+}
+
+# replace_if_changed DEST NEW: NEW becomes DEST unless DEST already holds exactly that (then NEW
+# is removed). Returns 0 when DEST changed, 1 when unchanged.
+replace_if_changed() {
+    local dest=$1 new=$2
+    if [[ -f $dest ]] && cmp -s "$new" "$dest"; then
+        rm -f "$new"
+        return 1
+    fi
+    mv -f "$new" "$dest"
+}
+
+node_hw() {
+    # First line of `slurmd -C`, minus NodeName and UpTime: the real hardware,
+    # so we never declare more than the node has (else it gets drained).
+    local line
+    line=$(slurmd -C 2>/dev/null | head -n1)
+    [[ $line == NodeName=* ]] || die "slurmd -C gave no NodeName line: $line"
+    line=${line#NodeName=* }
+    echo "$line"
 }
