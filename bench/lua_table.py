@@ -171,10 +171,12 @@ PHASES = ("gres", "key", "facts", "table")
 
 
 def bench_slurm(d: Path, hits: int, rounds: int, baseline: Path | None, queue: int,
-                checks: tuple[int, ...] = (1000,)) -> None:
+                checks: tuple[int, ...] = (1000,), cold_mb: int = 0) -> None:
     """Table hits as inside slurmctld (the driver's bench_slurm): us per hit, per phase, and the
     job_desc accessor calls per hit; the 20 job names bench/lua_phases.py submits in turn, and one;
-    each table_check_ms of ``checks`` in turn within each round (0: both files stat'ed at every job)."""
+    each table_check_ms of ``checks`` in turn within each round (0: both files stat'ed at every job);
+    ``cold_mb``: that many MB read between jobs, outside the timing (the caches as slurmctld's own
+    work between two submissions leaves them)."""
     path = d / "admission.json"
     burst = [gpu_job(name=f"burst-{k}", script=SHORT_SCRIPT, environment=ENVIRONMENT) for k in range(20)]
     publish(d, path, burst)
@@ -182,12 +184,14 @@ def bench_slurm(d: Path, hits: int, rounds: int, baseline: Path | None, queue: i
         def check(out: dict) -> None:
             assert out["hits"] == hits and out["rpc_calls"] == 0, out
             assert out["job"]["tres_per_node"] == "gres:shard:2" and " tbl=" in out["job"]["admin_comment"]
-        got = in_rounds(d, path, rounds, baseline, checks, check, "bench_slurm", jobs=jobs, n=hits, queue=queue)
+        got = in_rounds(d, path, rounds, baseline, checks, check, "bench_slurm", jobs=jobs, n=hits, queue=queue,
+                        cold_mb=cold_mb)
         for name, outs in got.items():
             calls = outs[0]["calls"]
             phases = {ph: med([o["phases"][ph] for o in outs]) / hits * 1e6 for ph in PHASES}
             total = med([o["seconds"] for o in outs]) / hits * 1e6
-            print(f"table hit as inside slurmctld, {label} (slurm.jobs of {queue})"
+            print(f"table hit as inside slurmctld, {label} (slurm.jobs of {queue}"
+                  + (f", {cold_mb} MB read between jobs" if cold_mb else "") + ")"
                   f"{'' if baseline is None and len(checks) == 1 else f' [{name}]'}: {total:.1f} us/hit, median of {rounds} x {hits} ("
                   + ", ".join(f"{ph} {v:.1f}" for ph, v in phases.items()) + f", rest {total - sum(phases.values()):.1f});"
                   f" job_desc calls per hit: {calls['read'] / hits:.0f} reads + {calls['env'] / hits:.0f} environment "
@@ -212,6 +216,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="rounds per case (the median is printed)")
     ap.add_argument("--baseline", help="another tree's plugin, run beside this one's (see above)")
     ap.add_argument("--queue", type=int, default=200, help="slurm.jobs entries made again before each job")
+    ap.add_argument("--cold", type=int, default=0, metavar="MB",
+                    help="the slurmctld-like part reads MB of other memory between jobs (untimed): caches as cold as "
+                         "slurmctld leaves them (8: a hit costs what it costs inside slurmctld)")
     ap.add_argument("--only", choices=("hits", "slurm", "load"), help="one part of the bench")
     ap.add_argument("--check-ms", default="1000",
                     help="table_check_ms values run in turn by the slurmctld-like part, e.g. 1000,0")
@@ -221,7 +228,7 @@ def main() -> None:
         d = Path(tmp)
         if args.only in (None, "slurm"):
             bench_slurm(d, args.hits, args.rounds, baseline, args.queue,
-                        tuple(int(x) for x in args.check_ms.split(",")))
+                        tuple(int(x) for x in args.check_ms.split(",")), args.cold)
         if args.only in (None, "hits"):
             bench_hits(d, args.hits, args.rounds, baseline)
         if args.only in (None, "load"):
