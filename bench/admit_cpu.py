@@ -50,6 +50,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1500, help="Admits per service per round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pool", type=int, default=400, help="classes in the seeded pool")
+    ap.add_argument("--warm", type=int, default=300,
+                    help="Admits sent before the rounds, not counted (the pool's classes first seen there: "
+                         "--new 0 --warm 2000 measures repeats alone)")
     ap.add_argument("--new", type=float, default=0.15, help="fraction of Admits of a class never seen")
     ap.add_argument("--src", action="append", default=[], help="a source tree to run (repeatable)")
     ap.add_argument("--base", action="append", default=[], help="a git revision to run (repeatable)")
@@ -72,7 +75,7 @@ def main() -> None:
         for name, src in trees:
             services.append(Service(name, src, workdir, history, args.table))
         gen = Classes(2, args.pool, args.new)
-        warm = [admit_line(gen.next()) for _ in range(300)]
+        warm = [admit_line(gen.next()) for _ in range(args.warm)]
         rounds = [[admit_line(gen.next()) for _ in range(args.calls)] for _ in range(args.rounds)]
         for svc in services:
             svc.admit(warm, keep=args.check)

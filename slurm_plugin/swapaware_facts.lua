@@ -6,6 +6,12 @@ admission table decide from: each field read once per job into a plain snapshot 
 reads the class key's fields alone), the batch script's fingerprint (never its text), user-typed
 text capped and made valid UTF-8, and Slurm's own field limits. Pure functions of what they are
 given, but for the memo of the last scripts' fingerprints; nothing here logs or does I/O.
+
+Why one file of ~490 lines: each module is one more file every site copies beside slurm.conf on
+every controller (admin-guide.md, doctor's job_submit_files); this one holds what a job_desc becomes,
+in one reading: the script's fingerprint, user text made valid, the job_desc reads into a snapshot,
+the facts (RPC path) and the class key's facts (table path), then the check against Slurm's own
+field limits (M.SLURM_FIELD_LIMITS, at the top).
 ]]
 
 local M = {}

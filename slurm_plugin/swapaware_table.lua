@@ -24,6 +24,12 @@ time a job uses it, checked as M.validate checks an RPC reply, and kept for the 
 Settings (swapaware_plugin.conf): table=<path> (default "auto": admission.json beside socket=, where
     the service publishes it with its default [admission] table_path = "auto"; empty: off)  table_check_ms=1000  table_uids=0[,uid...] (who may
     own the files; default: root and slurmctld's own user)  slurm_release=<22.05|24.11|26.05> (absent: any)
+
+Why one file of ~590 lines: every module of the plugin is one more file each site copies beside
+slurm.conf on every controller and keeps in step at each upgrade (admin-guide.md, doctor's
+job_submit_files), and this one is a single path that one table hit runs from end to end, in the
+order a reader follows it: Settings, Key, Logging, Files, the class table, the queue gate, decision
+ids, Lookup, T.decide.
 ]]
 
 local T = {}
