@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import sqlite3
 import threading
-import time
 from pathlib import Path
 
 from policy_service.history.db import (SQLITE, MARIADB_SCHEMA, HistoryUnavailable, MyConn,  # noqa: F401
