@@ -38,7 +38,8 @@ log = logging.getLogger("swapaware.decisions")
 _HEADER = struct.Struct("<II")
 MAX_RECORD_BYTES = 4 << 20  # far above any decision (requests are at most 256 KiB)
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
-WRITE_INTERVAL_S = 0.05  # how often the writer looks for decisions to commit
+WRITE_INTERVAL_S = 0.05  # how often the writer looks for decisions to commit while they come in
+IDLE_WAIT_S = 5.0  # the longest an idle writer sleeps unwoken (record() wakes it at once)
 WRITE_BATCH = 256  # decisions per history transaction at most
 
 
@@ -146,7 +147,8 @@ class DecisionLog:
         self.path, self._write, self._fsync = path, write, fsync
         self._lock = threading.Lock()  # journal append + enqueue, and the journal's truncation
         self._queue: queue.Queue = queue.Queue(maxsize=backlog)
-        self._wake = threading.Event()  # flush() and close(): commit now
+        self._wake = threading.Event()  # flush() and close(): commit now; record() when the writer sleeps idle
+        self._idle = False  # the writer found nothing to commit and waits to be woken (not polling)
         self._fd: int | None = None
         self.failing = ""  # why the last history write failed ("" while they succeed)
         self._carry: list[DecisionRecord] = []  # the previous run's, not taken at start (retryable)
@@ -212,6 +214,9 @@ class DecisionLog:
                     raise JournalError(f"cannot journal decision {rec.decision_id}: {exc}") from None
             try:
                 self._queue.put_nowait((rec, note))
+                if self._idle:  # the first decision after a quiet spell wakes the writer; in a burst it polls
+                    self._idle = False
+                    self._wake.set()
             except queue.Full:
                 raise JournalError(f"{self._queue.maxsize} decisions wait for the history ({self.failing or 'slow'}); "
                                    "refusing more until it catches up") from None
@@ -226,9 +231,21 @@ class DecisionLog:
                 return
             self._carry = []
             self._maybe_truncate()
+        found = True
         while True:
-            self._wake.wait(WRITE_INTERVAL_S)
+            if found:
+                self._wake.wait(WRITE_INTERVAL_S)
+            else:
+                # Nothing came in the last interval: sleep until record() (or flush, close) wakes it,
+                # not every WRITE_INTERVAL_S (20 wake-ups a second of an idle service). _idle is set
+                # before the queue is looked at again: a record() in between either is seen here or
+                # sees _idle and wakes it.
+                self._idle = True
+                if self._queue.empty():
+                    self._wake.wait(IDLE_WAIT_S)
+                self._idle = False
             self._wake.clear()
+            found = False
             while True:
                 batch = []
                 while len(batch) < WRITE_BATCH:  # what waits goes into one transaction
@@ -236,6 +253,7 @@ class DecisionLog:
                         batch.append(self._queue.get_nowait())
                     except queue.Empty:
                         break
+                found = found or bool(batch)
                 items = [r for r in batch if r is not None]
                 records = [rec for rec, _ in items]
                 if records and not self._commit(records):  # closed while standby: they stay journaled

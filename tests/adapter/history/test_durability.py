@@ -259,6 +259,39 @@ def test_the_decision_log_line_is_written_once_the_decision_is_in_the_history(se
         svc.stop(0)
 
 
+def test_an_idle_writer_sleeps_until_a_decision_comes_and_then_commits_it_at_once(service_env):
+    """The writer polls every WRITE_INTERVAL_S while decisions come in, and once an interval found
+    none it sleeps until record() wakes it (an idle service no longer wakes 20 times a second): the
+    decision after a quiet spell reaches the history well before IDLE_WAIT_S."""
+    from policy_service.history import decision_log
+
+    cfg = load_config(env=service_env)
+    svc = start_service(cfg, use_slurm=False)
+    log = svc.handler.decisions
+    waits: list[float | None] = []
+    real_wait = log._wake.wait
+
+    def counted(timeout=None):
+        waits.append(timeout)
+        return real_wait(timeout)
+    log._wake.wait = counted
+    try:
+        sock, db = cfg.service.socket_path, Path(cfg.service.db_path)
+        first = admit(sock, "before-quiet")["response"]["decision"]["decisionId"]
+        wait_for(lambda: first in recorded(db), 5, "the first decision in the history")
+        wait_for(lambda: log._idle, 5, "the writer idle")
+        waits.clear()
+        time.sleep(1.0)  # a quiet second: at most the one idle wait (IDLE_WAIT_S), not 20 polls
+        assert len(waits) <= 1 and all(w == decision_log.IDLE_WAIT_S for w in waits), waits
+        t0 = time.monotonic()
+        second = admit(sock, "after-quiet")["response"]["decision"]["decisionId"]
+        wait_for(lambda: second in recorded(db), decision_log.IDLE_WAIT_S - 1, "the decision after the quiet spell")
+        assert time.monotonic() - t0 < decision_log.IDLE_WAIT_S / 2
+    finally:
+        log._wake.wait = real_wait
+        svc.stop(0)
+
+
 @pytest.mark.parametrize("how", ["removed", "replaced"])
 def test_a_history_removed_or_replaced_under_the_service_is_restored(service_env, how, caplog):
     env = {**service_env, "SWAPAWARE_SERVICE__HISTORY_CHECK_S": "0.1"}
