@@ -57,7 +57,7 @@ from submit_overhead import CLUSTER, STACK, set_mode, sh  # noqa: E402  (the mod
 from table_mode import (BATCH, NOOP_LUA, lua_us, log_size, rewrite_lua, set_table, table_on,  # noqa: E402
                         table_sets, timed_lua_dir, wait_gate_after, warm)
 
-from proc_cpu import cpu_s  # noqa: E402
+from proc_cpu import cpu_s, user_cpu_s  # noqa: E402
 
 from policy_service.config import PolicyConfig  # noqa: E402
 
@@ -124,9 +124,14 @@ def ctld_pid(env: dict[str, str]) -> int:
     return int((Path(env["SWAPAWARE_DEV_DIR"]) / "run" / "slurmctld.pid").read_text())
 
 
-def controller_cpu(env: dict[str, str]) -> tuple[float, float]:
-    """(slurmctld's, the service's) CPU seconds so far: their own pids' utime + stime."""
-    return cpu_s(ctld_pid(env)), cpu_s(service_pid(env))
+def controller_cpu(env: dict[str, str]) -> tuple[float, float, float]:
+    """(slurmctld's, the service's) CPU seconds so far: their own pids' utime + stime; then
+    slurmctld's utime alone. Its stime is mostly the kernel creating each job's state files, and
+    swings 2x from block to block on ext4 (measured with perf on the dev cluster: inode allocation
+    stepping over the inodes of jobs purged in the last minute, ext4's recently_deleted), whatever
+    the plugin does; its utime holds the plugin's Lua and Slurm's own work."""
+    ctld = ctld_pid(env)
+    return cpu_s(ctld), cpu_s(service_pid(env)), user_cpu_s(ctld)
 
 
 SUBMIT_RPC_RE = re.compile(r"REQUEST_SUBMIT_BATCH_JOB\s*\(\s*\d+\)\s*count:(\d+)\s+ave_time:(\d+)")
@@ -171,7 +176,7 @@ def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int, cat
     sampler = threading.Thread(target=squeue_sampler, args=(env, stop, sq), daemon=True)
     if sample_squeue:
         sampler.start()
-    cpu0 = controller_cpu(env)
+    cpu0, t_cpu0 = controller_cpu(env), time.monotonic()
     # off: a cluster without swapaware, so the service does not run either (its queue poll's
     # squeue calls load slurmctld); hung: the plugin on and the service stopped; noop: a plugin
     # that is not swapaware's.
@@ -207,10 +212,11 @@ def block(env: dict[str, str], mode: str, n: int, tag: str, submitters: int, cat
                    by_table=by_table, catchup_s=[caught], ids=frozenset(comments))
     while time.monotonic() < ended + window_s:
         time.sleep(0.2)
-    cpu1 = controller_cpu(env)
+    cpu1, t_cpu1 = controller_cpu(env), time.monotonic()
     if resume_late:
         os.kill(service_pid(env), signal.SIGCONT)
-    out.update(ctld_cpu=cpu1[0] - cpu0[0], svc_cpu=cpu1[1] - cpu0[1], submitted=n)
+    out.update(ctld_cpu=cpu1[0] - cpu0[0], svc_cpu=cpu1[1] - cpu0[1], ctld_user=cpu1[2] - cpu0[2], submitted=n,
+               window_s=(t_cpu1 - t_cpu0) if mode not in STOPPED else 0.0)
     subprocess.run(["scancel", "--user=root", "--state=PENDING"], env=env, timeout=300)
     return out
 
@@ -224,6 +230,8 @@ def main() -> None:
                     help=f"modes to run, from {MODES + ('noop', 'rewrite', 'tnull', *TABLE)}; off first")
     ap.add_argument("--queue-poll-s", type=float, default=PolicyConfig().queue_poll_s,
                     help="the service's policy.queue_poll_s during the burst (default: the product's)")
+    ap.add_argument("--idle-s", type=float, default=30,
+                    help="seconds the service's CPU is read with nothing submitted, before the rounds")
     ap.add_argument("--baseline", default="", help="mode tbase: the git revision (or directory) whose plugin files it runs")
     ap.add_argument("--no-squeue", action="store_true",
                     help="no squeue sampled during the blocks (its calls load slurmctld alike in every mode)")
@@ -276,7 +284,7 @@ def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: 
     per_block = max(1, args.jobs // (len(modes) * args.rounds))
     stats = {m: {"lat": [], "errors": [], "squeue": [], "rpc_us": [], "comments": 0, "recorded": 0, "lost": 0,
                  "extra": 0, "lua_n": 0, "lua_us": 0.0, "by_table": 0, "catchup_s": [], "ctld_cpu": 0.0,
-                 "svc_cpu": 0.0, "submitted": 0}
+                 "svc_cpu": 0.0, "ctld_user": 0.0, "submitted": 0, "window_s": 0.0}
              for m in modes}
     tag = f"burst{int(time.time()) % 100000}"   # every block submits the job names {tag}-0 .. -{NAMES - 1}
     rewrite = ""
@@ -287,6 +295,15 @@ def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: 
         print(f"table warm: the published table held the {NAMES} job classes {took:.1f} s after their "
               f"round-trip decisions", file=sys.stderr)
         rewrite = rewrite_lua(table_sets(env, keys))
+    # the service's CPU with nothing submitted (its queue polls, the catch-up's squeue, the table's
+    # publisher): what it spends per second whatever the submissions, taken out of a block's share below
+    switch("on", env, lua_dir)
+    settle(env)
+    c0, t0 = cpu_s(service_pid(env)), time.monotonic()
+    time.sleep(args.idle_s)
+    idle_rate = (cpu_s(service_pid(env)) - c0) / (time.monotonic() - t0)
+    print(f"service idle: {1e3 * idle_rate:.1f} ms CPU per s over {args.idle_s:g} s (queue polls every "
+          f"{args.queue_poll_s:g} s)", file=sys.stderr)
     for r in range(args.rounds):
         for mode in (modes if r % 2 == 0 else tuple(reversed(modes))):
             switch(mode, env, lua_dir, rewrite, base_dir, null_dir)
@@ -305,10 +322,10 @@ def run(args: argparse.Namespace, env: dict[str, str], lua_dir: Path, base_dir: 
             print(f"round {r + 1}/{args.rounds} {mode:6s}: p50 {1e3 * percentile(res['lat'], 0.5):.1f} ms, "
                   f"p99 {1e3 * percentile(res['lat'], 0.99):.1f} ms, errors {len(res['errors'])}{catchup}",
                   file=sys.stderr)
-    report(args, modes, per_block, stats)
+    report(args, modes, per_block, stats, idle_rate)
 
 
-def report(args: argparse.Namespace, modes: tuple[str, ...], per_block: int, stats: dict) -> None:
+def report(args: argparse.Namespace, modes: tuple[str, ...], per_block: int, stats: dict, idle_rate: float) -> None:
     base50, base99 = percentile(stats["off"]["lat"], 0.5), percentile(stats["off"]["lat"], 0.99)
     rpc_off = mean(stats["off"]["rpc_us"])
     print(f"{per_block * args.rounds} sbatch per mode from {args.submitters} submitters, {args.rounds} interleaved rounds; "
@@ -329,15 +346,23 @@ def report(args: argparse.Namespace, modes: tuple[str, ...], per_block: int, sta
               f"{len(s['errors']):7d} {sq:>18s} {rpc:14.0f} {rpc / rpc_off:8.3f} {lua}{tail}")
         for e in sorted(set(s["errors"]))[:3]:
             print(f"      error: {e[:200]}")
-    print(f"{'mode':6s} {'slurmctld CPU us/job':>21s} {'service CPU us/job':>19s} {'sum us/job':>11s} {'sum/off':>8s}")
-    off_cpu = (stats["off"]["ctld_cpu"] + stats["off"]["svc_cpu"]) / max(1, stats["off"]["submitted"])
+    print(f"{'mode':6s} {'slurmctld CPU us/job':>21s} {'service CPU us/job':>19s} {'sum us/job':>11s} {'sum/off':>8s} "
+          f"{'slurmctld user us/job':>22s} {'user+service/off':>17s} {'service less idle us/job':>25s}")
+    off = stats["off"]
+    off_cpu = (off["ctld_cpu"] + off["svc_cpu"]) / max(1, off["submitted"])
+    off_user = (off["ctld_user"] + off["svc_cpu"]) / max(1, off["submitted"])
     for mode in modes:
         s = stats[mode]
-        per = [1e6 * s[k] / max(1, s["submitted"]) for k in ("ctld_cpu", "svc_cpu")]
-        print(f"{mode:6s} {per[0]:21.0f} {per[1]:19.0f} {sum(per):11.0f} {sum(per) / 1e6 / off_cpu:8.3f}")
+        per = [1e6 * s[k] / max(1, s["submitted"]) for k in ("ctld_cpu", "svc_cpu", "ctld_user")]
+        print(f"{mode:6s} {per[0]:21.0f} {per[1]:19.0f} {per[0] + per[1]:11.0f} {(per[0] + per[1]) / 1e6 / off_cpu:8.3f} "
+              f"{per[2]:22.0f} {(per[2] + per[1]) / 1e6 / max(off_user, 1e-9):17.3f} "
+              f"{1e6 * (s['svc_cpu'] - idle_rate * s['window_s']) / max(1, s['submitted']):25.0f}")
     print(f"CPU: utime + stime of slurmctld's and the service's own pids (/proc), per submission, from a block's first "
           f"sbatch until the history held its decisions and at least queue_poll_s + 1 = {args.queue_poll_s + 1:g} s "
-          "after its last (every mode alike); off: the service stopped throughout (a cluster without swapaware)")
+          "after its last (every mode alike); off: the service stopped throughout (a cluster without swapaware); "
+          "slurmctld user: its utime alone (its stime, the kernel writing each job's state files, swings 2x between "
+          "blocks on ext4 whatever the plugin does); service less idle: its CPU less what it spends idle "
+          f"({1e3 * idle_rate:.1f} ms/s, measured before the rounds) over the block's window")
     print("submit RPC us: mean time of a submission inside slurmctld (sdiag), job_submit and lock waits included; "
           "Lua us/job: swapaware.submit timed inside slurmctld")
     print("targets: table: submit RPC/off <= 1.15, p50/off and p99/off <= 1.05, Lua <= 100 us/job; lost = extra = 0")
