@@ -56,6 +56,7 @@ from policy_service.core.admission import LETTER_STATE, MAX_ENTRY, STATE_LETTER,
 from policy_service.history.config import HistoryBackend, HistoryConfig
 
 CHUNK = 1024  # entries per chunk
+MADE_MAX = 4096  # templates lookup() keeps made (forgotten all at once when full)
 _TRIPLE = struct.Struct("<IBq")  # entry, state letter, blob id
 _SLOT = struct.Struct("<Iq")  # chunk number, chunk id
 _FRAME = struct.Struct("<BI")  # state letter, length of the template that follows
@@ -145,6 +146,12 @@ class TableArchive:
         self._blob_ids: dict[bytes, int] = {}
         self._chunk_ids: dict[bytes, int] = {}
         self._cache: OrderedDict[tuple[str, int], dict[tuple[int, str], int]] = OrderedDict()
+        # (template row id, version, entry, state) -> the template lookup() made of it, for its own
+        # file only (a shared database's rows another service prunes must read as gone): a row's
+        # body never changes (rows are content-addressed), and the catch-up looks the same slot up
+        # for every job a class's burst made (decoding it was half its CPU per job); cleared with
+        # the chunks by prune
+        self._made: dict[tuple[int, str, int, str], DecisionRecord] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -242,19 +249,27 @@ class TableArchive:
                 blob_id = slots.get((entry, state)) if slots is not None else None
                 if blob_id is None:
                     return None
+                made = self._made.get((blob_id, version, entry, state)) if self._own else None
+                if made is not None:  # (own file: only this process prunes it, and forgets them then)
+                    return made
                 row = self._conn.execute(f"SELECT body FROM {self._t.blobs} WHERE id = ?", (blob_id,)).fetchone()
                 if row is not None or self._own:
                     break
                 self._forget(version)
-        if row is None:
-            return None
-        letter = STATE_LETTER[state]
-        plain = next((frame for g, frame in _frames(bytes(row[0])) if g == letter), None)
-        if plain is None:
-            return None
-        rec = DecisionRecord.decode(plain)
-        token = TableRef(version, entry, state).token.encode()
-        return dataclasses.replace(rec, decision_pb=rec.decision_pb.replace(_PLACEHOLDER, token))
+            if row is None:
+                return None
+            letter = STATE_LETTER[state]
+            plain = next((frame for g, frame in _frames(bytes(row[0])) if g == letter), None)
+            if plain is None:
+                return None
+            rec = DecisionRecord.decode(plain)
+            token = TableRef(version, entry, state).token.encode()
+            made = dataclasses.replace(rec, decision_pb=rec.decision_pb.replace(_PLACEHOLDER, token))
+            if self._own:
+                if len(self._made) >= MADE_MAX:
+                    self._made.clear()
+                self._made[(blob_id, version, entry, state)] = made
+            return made
 
     def _chunk(self, version: str, number: int) -> dict[tuple[int, str], int] | None:
         key = (version, number)
@@ -279,6 +294,8 @@ class TableArchive:
     def _forget(self, version: str) -> None:
         for key in [k for k in self._cache if k[0] == version]:
             del self._cache[key]
+        for key in [k for k in self._made if k[1] == version]:
+            del self._made[key]
 
     # ------------------------------------------------------------------ prune
     def prune(self, older_than: float) -> int:
@@ -295,6 +312,7 @@ class TableArchive:
                     c.execute(f"DELETE FROM {t.versions} WHERE put_at < ?", (older_than,))
                     self._collect(c)
                 self._cache.clear()
+                self._made.clear()
         finally:
             if gone:
                 self._blob_ids.clear()

@@ -39,7 +39,7 @@ from policy_service.history.decision_log import DecisionLog, DecisionRecord, Jou
 from policy_service.history.store import HistoryStore
 from policy_service.slurm.slurm_comments import CommentedJob
 from policy_service.slurm.slurm_text import JobInstance, SlurmError
-from policy_service.core.admission import PLACEHOLDER_ID, TableRef, parse_table_ref
+from policy_service.core.admission import PLACEHOLDER_ID, TableRef, table_ref_of
 from policy_service.core.policy import parse_admin_comment
 from policy_service.core.types import Action, ReasonCode
 
@@ -47,16 +47,19 @@ log = logging.getLogger("swapaware.decisions")
 
 _ID = re.compile(r"[0-9a-f]{8,32}")
 KNOWN_MAX = 200_000  # decision ids this process knows are recorded (beyond: asked of the history again)
+PARSED_MAX = 65_536  # AdminComments whose table_made() is remembered (forgotten all at once when full)
+_UNPARSED = object()
 SWEEP_OVERLAP_S = 600.0  # a sweep's sacct reaches this far before the previous sweep began
 
 
 def table_made(admin_comment: str) -> tuple[str, TableRef] | None:
     """(decision id, table reference) of a decision the plugin made from the table; None for any
     other AdminComment."""
-    ref = parse_table_ref(admin_comment)
+    fields = parse_admin_comment(admin_comment)
+    ref = table_ref_of(fields)
     if ref is None:
         return None
-    d_id = parse_admin_comment(admin_comment).get("id", "")
+    d_id = fields.get("id", "")
     return (d_id, ref) if _ID.fullmatch(d_id) else None
 
 
@@ -127,6 +130,7 @@ class AdmissionCatchup:
         self.store, self.decisions, self.archive, self.slurm = store, decisions, archive, slurm
         self.metrics, self.clock, self.window_s, self.overlap_s = metrics, clock, window_s, overlap_s
         self._known: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._parsed: dict[str, tuple[str, TableRef] | None] = {}  # AdminComment -> table_made(it)
         self._lock = threading.Lock()
         self._swept_at: float | None = None  # when the last sweep that read Slurm began
         self._failing = ""
@@ -136,8 +140,15 @@ class AdmissionCatchup:
     def learn(self, jobs: Iterable[CommentedJob]) -> int:
         """Record each table-made decision among ``jobs`` the history lacks; how many were."""
         candidates: dict[str, tuple[CommentedJob, TableRef]] = {}
+        parsed = self._parsed
         for job in jobs:
-            made = table_made(job.admin_comment)
+            # every poll reads every job Slurm holds again: each AdminComment is parsed once
+            made = parsed.get(job.admin_comment, _UNPARSED)
+            if made is _UNPARSED:
+                made = table_made(job.admin_comment)
+                if len(parsed) >= PARSED_MAX:
+                    parsed.clear()
+                parsed[job.admin_comment] = made
             if made is not None and made[0] not in self._known:
                 candidates.setdefault(made[0], (job, made[1]))
         if not candidates:

@@ -108,7 +108,12 @@ def publishable(facts: pb.JobFacts) -> bool:
 
 def parse_table_ref(admin_comment: str) -> TableRef | None:
     """The table reference an AdminComment carries (``tbl=<version>:<i><g>``); None when none."""
-    m = _TBL.match(parse_admin_comment(admin_comment).get("tbl", ""))
+    return table_ref_of(parse_admin_comment(admin_comment))
+
+
+def table_ref_of(fields: dict[str, str]) -> TableRef | None:
+    """``parse_table_ref`` of an AdminComment already parsed (``parse_admin_comment``)."""
+    m = _TBL.match(fields.get("tbl", ""))
     if m is None:
         return None
     return TableRef(m.group(1), int(m.group(2)), LETTER_STATE[m.group(3)])
