@@ -26,6 +26,7 @@ import enum
 from typing import Sequence
 
 from policy_service.config import AccessClass, SwapCostConfig
+from policy_service.core.interference import knee_slowdown
 from policy_service.core.types import CoJob, JobSlowdown, SwapCost
 
 
@@ -40,8 +41,7 @@ def interference_slowdown(own_util: float, others_util: float, cfg: SwapCostConf
     utilisation stays within one GPU, steep above it (docs/model.md, interference)."""
     if others_util <= 0:
         return 1.0
-    return (1.0 + cfg.compute_interference_base * others_util
-            + cfg.compute_interference_knee_slope * max(0.0, own_util + others_util - 1.0))
+    return knee_slowdown(own_util, others_util, cfg.compute_interference_base, cfg.compute_interference_knee_slope)
 
 
 def compute_slowdown(n_jobs: int, cfg: SwapCostConfig, own_util: float | None = None,

@@ -1,7 +1,7 @@
 """Fits of the simulator's compute-interference model to measured co-located GPU job pairs.
 
-The model (``swapcost.interference_slowdown``): a job with solo utilisation ``u`` (0..1) next to
-co-runners whose solo utilisations sum to ``v`` is slowed
+The model (``core.interference``, evaluated by ``swapcost.interference_slowdown``): a job with
+solo utilisation ``u`` (0..1) next to co-runners whose solo utilisations sum to ``v`` is slowed
 
     s(u, v) = 1 + base x v + slope x max(0, u + v - 1)
 
@@ -27,6 +27,11 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from policy_service.core.interference import KneeParams, knee_slowdown, mae, uniform_pairs
+
+__all__ = ["KneeFit", "KneeParams", "PairFit", "PairObs", "Score", "fit_knee", "fit_pairs", "knee_slowdown",
+           "mae", "predict", "quantile", "ranks", "score_distribution", "score_pairs", "spearman",
+           "uniform_pairs"]
 
 @dataclass(frozen=True)
 class PairObs:
@@ -36,12 +41,6 @@ class PairObs:
     u_self: float
     u_other: float
     slowdown: float
-
-
-@dataclass(frozen=True)
-class KneeParams:
-    base: float
-    slope: float
 
 
 @dataclass(frozen=True)
@@ -79,19 +78,8 @@ class KneeFit:
     quantiles_model: dict[str, float]
 
 
-def knee_slowdown(u_self: float, u_others: float, base: float, slope: float) -> float:
-    """The model's slowdown of a job with solo utilisation u_self next to co-runners summing u_others."""
-    return 1.0 + base * u_others + slope * max(0.0, u_self + u_others - 1.0)
-
-
 def predict(params: KneeParams, pairs: Sequence[PairObs]) -> list[float]:
     return [knee_slowdown(p.u_self, p.u_other, params.base, params.slope) for p in pairs]
-
-
-def mae(pred: Sequence[float], meas: Sequence[float]) -> float:
-    if len(pred) != len(meas) or not pred:
-        raise ValueError("mae needs two non-empty sequences of the same length")
-    return sum(abs(a - b) for a, b in zip(pred, meas)) / len(pred)
 
 
 def ranks(xs: Sequence[float]) -> list[float]:
@@ -126,12 +114,6 @@ def score_pairs(params: KneeParams, pairs: Sequence[PairObs]) -> Score:
     meas = [p.slowdown for p in pairs]
     return Score(n=len(pairs), mae=mae(pred, meas), spearman=spearman(pred, meas),
                  mean_measured=sum(meas) / len(meas), mean_predicted=sum(pred) / len(pred), per_pair=True)
-
-
-def uniform_pairs(lo: float, n: int = 24) -> list[tuple[float, float]]:
-    """A grid of n x n (u_self, u_other) pairs, each uniform on [lo, 1] (midpoints)."""
-    us = [lo + (1.0 - lo) * (i + 0.5) / n for i in range(n)]
-    return [(a, b) for a in us for b in us]
 
 
 def quantile(sorted_xs: Sequence[float], p: float) -> float:
