@@ -92,6 +92,10 @@ def test_archive_keeps_one_copy_across_versions_and_prunes_what_no_version_names
         assert admission.parse_table_ref(comment_of(rec)) == admission.TableRef(v, i, "normal")
         assert parse_admin_comment(comment_of(rec))["action"] == action and rec.job_name == f"job{i}"
     assert arc.lookup(v2, 5, "long") is None and arc.lookup(v3, 5, "normal") is None
+    # its own file: a template made once per slot (the catch-up looks one up per job); on a shared
+    # database each lookup reads the row again (another service may have pruned it)
+    same = arc.lookup(v1, 5, "normal") is arc.lookup(v1, 5, "normal")
+    assert same == (home.backend.name == "sqlite")
     now[0] = 3000.0
     arc.put(v3, {(0, "*"): _template(v3, 0, "*")})
     assert arc.touch(v2, 2500.0) and arc.touch(v2, 2500.0) and not arc.touch("4" * 16)
