@@ -13,7 +13,7 @@ the family of ``core.interference`` is fitted to them, ``s(u, v) = 1 + a v + b m
   observation far off moves it no further than one a little off. The objective is convex in
   (a, b); for a fixed ``a`` the best ``b`` is a weighted median (exact), the profile in ``a`` is
   convex again, so a golden-section search on ``a`` finds the optimum: ~30 weighted medians,
-  ~40 ms for a full window of 2,000 observations in CPython (refit every few runs, not per run).
+  ~37 ms for a full window of 2,000 observations in CPython (refit every few runs, not per run).
 * **Bounds.** One user's observations together weigh at most ``r x`` (everyone else's
   observations + the prior's weight), ``r = max_user_share / (1 - max_user_share)``; likewise
   one class's (``max_class_share``). With the default 0.1 a user is at most a tenth of the total
