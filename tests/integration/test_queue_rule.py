@@ -54,13 +54,25 @@ def test_learned_job_stays_whole_while_nothing_waits_and_shares_once_gpu_work_qu
     assert "high|100" in stack.run("sacctmgr", "-n", "-P", "show", "qos", "format=name,priority").stdout
     fillers: list[int] = []
     with stack.service_with(SWAPAWARE_POLICY__SHARE_MIN_QUEUE="0.05", SWAPAWARE_POLICY__QUEUE_POLL_S="0.5"):
+        log = stack.state / "log" / "swapaware.log"
+
+        def from_fresh_queue(*options: str) -> dict | None:
+            """A held job's decision, None when it was made without a fresh queue snapshot
+            (queue_unknown: with a poll every 0.5 s, a snapshot is stale past 1.5 s, which a poll's
+            squeue, sinfo and catch-up calls can take on a loaded 2-core machine)."""
+            got = decision_of(job_field(stack.held(script, "--gres=gpu:1", *options, f"--job-name={name}"),
+                                        "AdminComment"))
+            return None if "queue_unknown" in got.get("why", "") else got
+
+        def fresh_decision(*options: str) -> dict:
+            return wait_for(lambda: from_fresh_queue(*options), 30, lambda: "a decision from a fresh queue "
+                            "snapshot; service log:\n" + log.read_text()[-2000:], 0.5)
         try:
-            d = decision_of(job_field(stack.held(script, "--gres=gpu:1", f"--job-name={name}"), "AdminComment"))
+            d = fresh_decision()
             assert d["action"] == "whole_gpu" and "queue_short" in d["why"], d
 
             fillers = _fill_all_gpus(stack, name)
             fillers.append(stack.sbatch(SLEEP, stack.fill_gres(0), f"--job-name=fill-{name}"))  # waits: 1 of 4 GPUs
-            log = stack.state / "log" / "swapaware.log"
 
             def shared() -> tuple | None:
                 info = stack.held(script, "--gres=gpu:1", f"--job-name={name}")
@@ -72,9 +84,8 @@ def test_learned_job_stays_whole_while_nothing_waits_and_shares_once_gpu_work_qu
             assert tres == stack.gres("shard", 1) and "queue_short" not in d2["why"]
 
             # the waiting filler is normal QoS: nothing waits ahead of a job of QoS high
-            d3 = decision_of(job_field(stack.held(script, "--gres=gpu:1", "--qos=high", f"--job-name={name}"),
-                                       "AdminComment"))
-            assert d3["action"] == "whole_gpu" and "queue_short" in d3["why"], d3
+            d3 = fresh_decision("--qos=high")
+            assert d3["action"] == "whole_gpu" and "queue_short" in d3["why"], (d3, log.read_text()[-2000:])
             explained = stack.swapaware("explain", "--decision", d3["id"]).stdout
             assert "at or above QoS 'high' ask for 0.00 of 4 GPUs" in explained, explained
         finally:
