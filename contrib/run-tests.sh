@@ -11,12 +11,15 @@
 #                         SWAPAWARE_RELEASES="24.11 26.05" does the same. --release none: no
 #                         integration suite.
 #       SWAPAWARE_TEST_PARALLEL=N  run N releases' integration suites at a time (default 3: all; 1: one
-#                         after another, their output streamed)
+#                         after another, their output streamed, the unit tests first)
+#       SWAPAWARE_TEST_LANES=2     with more than one release at a time, each release's suites in two
+#                         lanes side by side (default; 1: one after another in one namespace)
+#       With more than one at a time the unit and adapter tests run beside the integration suites.
 #   run-tests.sh --integration-only [PYTEST ARGS...]
 #       the integration suites (tests/install: the admin guide's install on a site of its own,
-#       tests/integration on one node, tests/multinode on a controller
-#       and three nodes, then tests/multinode_ha on two controllers and two nodes) against the Slurm installed here (what run.sh calls inside a release's
-#       namespace)
+#       tests/integration on one node, tests/multinode on a controller and three nodes, then
+#       tests/multinode_ha on two controllers and two nodes) against the Slurm installed here (what
+#       run.sh calls inside a release's namespace); SWAPAWARE_SUITES="integration multinode": some
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=matrix/releases.sh
@@ -48,34 +51,67 @@ bash "$ROOT/contrib/dev-stack.sh" venv
 cd "$ROOT"
 
 if ((only_integration)); then
-    # The single-node suite, then the multi-node one (a controller and three nodes); one cluster at
-    # a time, each from an empty state.
+    # One cluster at a time, each from an empty state: tests/install (a new site's install from the
+    # admin guide alone, in namespaces of its own), tests/integration (one node), tests/multinode (a
+    # controller and three nodes), tests/multinode_ha (issue 23: ctl1 and ctl2 sharing
+    # StateSaveLocation, one MariaDB history). SWAPAWARE_SUITES: some of them, in this order.
     rc=0
-    # A new site's install from the admin guide alone, in namespaces of its own (tests/install).
-    "$VENV/bin/python" -m pytest tests/install "${args[@]+"${args[@]}"}" || rc=$?
-    "$VENV/bin/python" -m pytest tests/integration "${args[@]+"${args[@]}"}" || rc=$?
-    "$VENV/bin/python" -m pytest tests/multinode "${args[@]+"${args[@]}"}" || rc=$?
-    # Two controllers (issue 23): ctl1 and ctl2 sharing StateSaveLocation, one MariaDB history.
-    "$VENV/bin/python" -m pytest tests/multinode_ha "${args[@]+"${args[@]}"}" || rc=$?
+    for s in ${SWAPAWARE_SUITES:-install integration multinode multinode_ha}; do
+        case $s in
+            install | integration | multinode | multinode_ha) ;;
+            *) mdie "SWAPAWARE_SUITES: unknown suite '$s' (install, integration, multinode, multinode_ha)" ;;
+        esac
+        "$VENV/bin/python" -m pytest "tests/$s" "${args[@]+"${args[@]}"}" || rc=$?
+    done
     exit $rc
 fi
 
 declare -A took=() result=()
 t_all=$SECONDS
-t0=$SECONDS
 rc=0
-"$VENV/bin/python" -m pytest tests/unit tests/adapter "${args[@]+"${args[@]}"}" || rc=$?
-took[unit]=$((SECONDS - t0))
-result[unit]=$([[ $rc == 0 ]] && echo passed || echo "FAILED (rc $rc)")
+host=$(host_release)
+parallel=${SWAPAWARE_TEST_PARALLEL:-3}
+[[ $parallel =~ ^[1-9][0-9]*$ ]] || mdie "SWAPAWARE_TEST_PARALLEL must be a positive number, got '$parallel'"
+logs=$ROOT/results/matrix
+mkdir -p "$logs"
+
+# The unit and adapter tests: with the integration suites in parallel (the default), beside them
+# from the start (the suites mostly wait for Slurm's daemons and timers, these use the CPUs; they
+# share no port, state directory or namespace: the suites run in namespaces of their own), their
+# output in results/matrix/unit.log, printed whole once they ended; else first, streamed.
+unit_tests() {
+    "$VENV/bin/python" -m pytest tests/unit tests/adapter "${args[@]+"${args[@]}"}"
+}
+unit_ended() {  # RC
+    took[unit]=$((SECONDS - t_all))
+    result[unit]=$([[ $1 == 0 ]] && echo passed || echo "FAILED (rc $1)")
+    [[ $1 == 0 ]] || rc=1
+}
+unit_pid=""
+if ((parallel > 1)) && [[ " ${wanted[*]} " != " none " ]]; then
+    mlog "unit and adapter tests started beside the integration suites (output: $logs/unit.log)"
+    unit_tests >"$logs/unit.log" 2>&1 &
+    unit_pid=$!
+else
+    r=0
+    unit_tests || r=$?
+    unit_ended "$r"
+fi
+unit_wait() {  # the unit and adapter tests' end, their output printed whole
+    [[ -n $unit_pid ]] || return 0
+    local r=0
+    wait "$unit_pid" || r=$?
+    unit_pid=""
+    unit_ended "$r"
+    mlog "unit and adapter tests ended (${result[unit]}, ${took[unit]} s); their output:"
+    cat "$logs/unit.log"
+}
 
 # The releases' integration suites, SWAPAWARE_TEST_PARALLEL (default 3: all) at a time: each in its own
 # network namespace, Debian root and state directories (contrib/matrix/run.sh), so they share
 # nothing but the CPUs, which they mostly leave idle (waiting for Slurm's daemons and timers).
 # With more than one at a time each suite's output goes to results/matrix/<release>.log and is
 # printed whole once that suite ended. The roots are built first, one after another.
-host=$(host_release)
-parallel=${SWAPAWARE_TEST_PARALLEL:-3}
-[[ $parallel =~ ^[1-9][0-9]*$ ]] || mdie "SWAPAWARE_TEST_PARALLEL must be a positive number, got '$parallel'"
 suites=()
 for rel in "${wanted[@]}"; do
     [[ $rel == none ]] && continue
@@ -94,10 +130,41 @@ for rel in "${wanted[@]}"; do
     fi
 done
 
-suite() {  # RELEASE: its integration suite, in its namespace
+suite() {  # RELEASE: its integration suites, one after another in its namespace
     mlog "Slurm $1: integration suite"
     bash "$ROOT/contrib/matrix/run.sh" "$1" bash contrib/run-tests.sh --integration-only "${args[@]+"${args[@]}"}"
 }
+
+# A release's suites in two lanes side by side (SWAPAWARE_TEST_LANES, default 2; 1: one lane, as
+# suite): lane a runs install, integration and multinode, lane ha the two-controller suite, each in
+# a network namespace of its own (contrib/matrix/run.sh SWAPAWARE_MATRIX_LANE) on the root, copy,
+# venv and wheelhouse that run.sh --prepare made once; their state directories, ports and node
+# namespaces differ (tests/slurm_stack.py state_dir, each suite's PORTS). The root is unmounted once
+# both ended. Each lane's output in results/matrix/<release>-<lane>.log, printed whole at the end.
+suite_lanes() {  # RELEASE
+    local rel=$1 ra=0 rh=0 pa ph
+    mlog "Slurm $rel: integration suites in two lanes"
+    bash "$ROOT/contrib/matrix/run.sh" "$rel" --prepare || return $?
+    SWAPAWARE_MATRIX_LANE=a SWAPAWARE_MATRIX_KEEP_ROOT=1 SWAPAWARE_MATRIX_NODES="test mn" \
+        SWAPAWARE_SUITES="install integration multinode" \
+        bash "$ROOT/contrib/matrix/run.sh" "$rel" bash contrib/run-tests.sh --integration-only \
+        "${args[@]+"${args[@]}"}" >"$logs/$rel-a.log" 2>&1 &
+    pa=$!
+    SWAPAWARE_MATRIX_LANE=ha SWAPAWARE_MATRIX_KEEP_ROOT=1 SWAPAWARE_MATRIX_NODES=ha SWAPAWARE_SUITES=multinode_ha \
+        bash "$ROOT/contrib/matrix/run.sh" "$rel" bash contrib/run-tests.sh --integration-only \
+        "${args[@]+"${args[@]}"}" >"$logs/$rel-ha.log" 2>&1 &
+    ph=$!
+    wait "$pa" || ra=$?
+    wait "$ph" || rh=$?
+    bash "$ROOT/contrib/matrix/run.sh" "$rel" --cleanup || true
+    printf '\n===== Slurm %s, lane a (install, integration, multinode): rc %s\n' "$rel" "$ra"
+    cat "$logs/$rel-a.log"
+    printf '\n===== Slurm %s, lane ha (multinode_ha): rc %s\n' "$rel" "$rh"
+    cat "$logs/$rel-ha.log"
+    ((ra == 0 && rh == 0))
+}
+lanes=${SWAPAWARE_TEST_LANES:-2}
+[[ $lanes == 1 || $lanes == 2 ]] || mdie "SWAPAWARE_TEST_LANES must be 1 or 2, got '$lanes'"
 
 ended() {  # RELEASE RC STARTED
     took[$1]=$((took[$1] + SECONDS - $3))
@@ -113,8 +180,6 @@ if ((parallel == 1 || ${#suites[@]} <= 1)); then
         ended "$rel" "$r" "$t0"
     done
 else
-    logs=$ROOT/results/matrix
-    mkdir -p "$logs"
     declare -A pid_of=() started=()
     tree() {  # PID: its descendants, deepest first
         local c
@@ -124,7 +189,7 @@ else
         local p i left   # namespace and mounts (a TERM to run.sh alone waits for its running
         for i in $(seq 1 30); do   # command, and a suite's shell may start its next pytest)
             left=""
-            for p in "${pid_of[@]}"; do left+=" $(tree "$p")"; done
+            for p in "${pid_of[@]}" $unit_pid; do left+=" $(tree "$p")"; done
             [[ -n ${left// /} ]] || break
             # shellcheck disable=SC2086
             kill -TERM $left 2>/dev/null || true
@@ -152,7 +217,11 @@ else
         done
         mlog "Slurm $rel: integration suite started (output: $logs/$rel.log)"
         started[$rel]=$SECONDS
-        suite "$rel" >"$logs/$rel.log" 2>&1 &
+        if ((lanes == 2)); then
+            suite_lanes "$rel" >"$logs/$rel.log" 2>&1 &
+        else
+            suite "$rel" >"$logs/$rel.log" 2>&1 &
+        fi
         pid_of[$rel]=$!
     done
     while ((${#pid_of[@]} > 0)); do
@@ -161,6 +230,7 @@ else
     done
     trap - TERM INT
 fi
+unit_wait
 
 echo
 echo "swapaware test matrix (host: Debian $(host_suite), Slurm ${host:-none of the supported})"

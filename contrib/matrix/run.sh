@@ -6,6 +6,16 @@
 #
 #   run.sh RELEASE [COMMAND...]      default COMMAND: bash contrib/run-tests.sh --integration-only
 #   run.sh RELEASE --cleanup         remove the namespace and the mounts of RELEASE
+#   run.sh RELEASE --prepare         only what a run does before its command: the root mounted, the
+#                                    checkout copied in, the venv and the wheelhouse built (for lanes)
+#
+# Lanes (contrib/run-tests.sh runs two per release, so that the release's suites run side by side):
+#   SWAPAWARE_MATRIX_LANE=NAME       a network namespace and run lock of its own (swa-<release>-NAME);
+#                                    the root's copy, venv and wheelhouse are the ones --prepare made
+#   SWAPAWARE_MATRIX_KEEP_ROOT=1     the run leaves the root mounted at its end (another lane may be
+#                                    using it; run-tests.sh runs --cleanup once every lane ended)
+#   SWAPAWARE_MATRIX_NODES="mn ha"   the suites' state directories whose compute nodes the run's end
+#                                    may stop (default: all: swapaware-*-<release>)
 #
 # One run per release at a time: a run holds $MATRIX_STATE/<release>.lock (flock) until it has
 # cleaned up, and a second run of that release (or --cleanup) while it holds it refuses, naming the
@@ -25,7 +35,9 @@ REL=${1:?usage: run.sh RELEASE [COMMAND...]}
 shift
 release_ok "$REL" || mdie "unknown release $REL (supported: ${RELEASES[*]})"
 ROOT=$(root_dir "$REL")
-NS=$(ns_name "$REL")
+LANE=${SWAPAWARE_MATRIX_LANE:-}
+[[ -z $LANE || $LANE =~ ^[a-z0-9]{1,8}$ ]] || mdie "SWAPAWARE_MATRIX_LANE must be 1-8 of a-z0-9, got '$LANE'"
+NS=$(ns_name "$REL")${LANE:+-$LANE}
 ON_HOST=0
 [[ $REL == "$(host_release)" ]] && ON_HOST=1
 SRC=/opt/swapaware/src      # inside the root
@@ -74,17 +86,22 @@ netns_down() {
 
 # Compute nodes of a multi-node cluster (contrib/dev-cluster/nodes.sh) live in namespaces of their
 # own, not in $NS: whatever the suite left running in them ends here too, found by the pid files of
-# the nodes' namespace holders under this release's state directories.
+# the nodes' namespace holders under this release's state directories (SWAPAWARE_MATRIX_NODES: those
+# of these suites alone, e.g. "mn" or "ha", when another lane's suites may still run).
 nodes_down() {
-    local f pid want p
-    for f in "$1"/var/tmp/swapaware-*-"${REL//./}"/nodes/*.pid; do
-        [[ -e $f ]] || continue
-        pid=$(tr -dc '0-9' <"$f")
-        want=$(readlink "/proc/$pid/ns/net" 2>/dev/null) || continue
-        for p in /proc/[0-9]*; do
-            [[ $(readlink "$p/ns/net" 2>/dev/null) == "$want" ]] && kill -KILL "${p#/proc/}" 2>/dev/null
+    local f pid want p kind
+    for kind in ${SWAPAWARE_MATRIX_NODES:-all}; do
+        [[ $kind =~ ^[a-z0-9]+$ ]] || continue
+        [[ $kind == all ]] && kind='*'
+        for f in "$1"/var/tmp/swapaware-$kind-"${REL//./}"/nodes/*.pid; do
+            [[ -e $f ]] || continue
+            pid=$(tr -dc '0-9' <"$f")
+            want=$(readlink "/proc/$pid/ns/net" 2>/dev/null) || continue
+            for p in /proc/[0-9]*; do
+                [[ $(readlink "$p/ns/net" 2>/dev/null) == "$want" ]] && kill -KILL "${p#/proc/}" 2>/dev/null
+            done
+            mlog "ended the processes of node $(basename "$f" .pid) left by the suite"
         done
-        mlog "ended the processes of node $(basename "$f" .pid) left by the suite"
     done
     return 0
 }
@@ -92,7 +109,7 @@ nodes_down() {
 cleanup() {
     if ((ON_HOST)); then nodes_down ""; else nodes_down "$ROOT"; fi
     netns_down || true
-    ((ON_HOST)) || umount_root "$ROOT" || true
+    ((ON_HOST)) || [[ -n ${SWAPAWARE_MATRIX_KEEP_ROOT:-} ]] || umount_root "$ROOT" || true
 }
 
 in_root() {  # COMMAND...: in the root with the host's network (package registries)
@@ -149,22 +166,34 @@ fresh_copy() {
 }
 
 [[ $(id -u) -eq 0 ]] || mdie "must run as root"
-release_lock "$REL" "run.sh $REL $*"
+release_lock "$REL${LANE:+-$LANE}" "run.sh $REL${LANE:+ (lane $LANE)} $*"
 if [[ ${1:-} == --cleanup ]]; then
     cleanup
     exit 0
 fi
+PREPARE_ONLY=0
+if [[ ${1:-} == --prepare ]]; then
+    [[ -z $LANE ]] || mdie "--prepare is the release's, not a lane's"
+    PREPARE_ONLY=1
+    shift
+fi
 (($#)) || set -- bash contrib/run-tests.sh --integration-only
-trap cleanup EXIT
+# prepare: unless a lane runs on what --prepare made
+prepare=1
+[[ -z $LANE ]] || prepare=0
+((PREPARE_ONLY)) || trap cleanup EXIT
 if ((ON_HOST)); then
     # The namespace reaches no package registry: the checkout's venv is built (or found current)
     # here first, as sync_source does for a release's root.
     HOST_VENV=${SWAPAWARE_VENV:-$REPO/.venv}
-    SWAPAWARE_VENV=$HOST_VENV bash "$REPO/contrib/dev-stack.sh" venv >/dev/null ||
-        mdie "the venv $HOST_VENV could not be built (it needs the package registries, before the namespace)"
-    copy=$(fresh_copy)
-    build_wheelhouse "$HOST_VENV/bin/python" "$copy" "$REPO/build/wheelhouse"
-    rm -rf "$copy"
+    if ((prepare)); then
+        SWAPAWARE_VENV=$HOST_VENV bash "$REPO/contrib/dev-stack.sh" venv >/dev/null ||
+            mdie "the venv $HOST_VENV could not be built (it needs the package registries, before the namespace)"
+        copy=$(fresh_copy)
+        build_wheelhouse "$HOST_VENV/bin/python" "$copy" "$REPO/build/wheelhouse"
+        rm -rf "$copy"
+    fi
+    ((PREPARE_ONLY)) && exit 0
     netns_up
     mlog "Slurm $REL: $(dpkg-query -W -f='${Version}' slurmctld 2>/dev/null || echo 'not installed') on the host, namespace $NS"
     in_ns env SWAPAWARE_VENV="$HOST_VENV" SWAPAWARE_WHEELHOUSE="$REPO/build/wheelhouse" CI="${CI:-}" \
@@ -174,13 +203,16 @@ fi
 [[ -f $ROOT/.swapaware-root ]] || mdie "no root for $REL: run contrib/matrix/root.sh build $REL"
 ensure_hosts "$ROOT"
 mount_root "$ROOT"
-# A root built before ROOT_PACKAGES grew gets the new packages (root.sh build does the same).
-if [[ $(cat "$ROOT/.swapaware-root") != "$(stamp_text "$REL")" ]] &&
-    grep -qx "suite=${SUITE_OF[$REL]}" "$ROOT/.swapaware-root"; then
-    root_add_packages "$ROOT" "$REL"
+if ((prepare)); then
+    # A root built before ROOT_PACKAGES grew gets the new packages (root.sh build does the same).
+    if [[ $(cat "$ROOT/.swapaware-root") != "$(stamp_text "$REL")" ]] &&
+        grep -qx "suite=${SUITE_OF[$REL]}" "$ROOT/.swapaware-root"; then
+        root_add_packages "$ROOT" "$REL"
+    fi
+    sync_source
+    build_wheelhouse $VENV/bin/python "$SRC" /var/cache/swapaware-wheelhouse in_root
 fi
-sync_source
-build_wheelhouse $VENV/bin/python "$SRC" /var/cache/swapaware-wheelhouse in_root
+((PREPARE_ONLY)) && exit 0
 netns_up
 mlog "Slurm $REL: $(chroot "$ROOT" dpkg-query -W -f='${Version}' slurmctld) in $ROOT, namespace $NS"
 in_ns chroot "$ROOT" "${ROOT_ENV[@]}" SWAPAWARE_VENV=$VENV SWAPAWARE_WHEELHOUSE=/var/cache/swapaware-wheelhouse CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$SRC" "$@" 9>&-
