@@ -197,7 +197,7 @@ if ((ON_HOST)); then
     netns_up
     mlog "Slurm $REL: $(dpkg-query -W -f='${Version}' slurmctld 2>/dev/null || echo 'not installed') on the host, namespace $NS"
     in_ns env SWAPAWARE_VENV="$HOST_VENV" SWAPAWARE_WHEELHOUSE="$REPO/build/wheelhouse" CI="${CI:-}" \
-        SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$REPO" "$@" 9>&-
+        SWAPAWARE_RELEASE="$REL" SWAPAWARE_SUITES="${SWAPAWARE_SUITES:-}" bash -c 'cd "$0" && exec "$@"' "$REPO" "$@" 9>&-
     exit $?
 fi
 [[ -f $ROOT/.swapaware-root ]] || mdie "no root for $REL: run contrib/matrix/root.sh build $REL"
@@ -215,4 +215,4 @@ fi
 ((PREPARE_ONLY)) && exit 0
 netns_up
 mlog "Slurm $REL: $(chroot "$ROOT" dpkg-query -W -f='${Version}' slurmctld) in $ROOT, namespace $NS"
-in_ns chroot "$ROOT" "${ROOT_ENV[@]}" SWAPAWARE_VENV=$VENV SWAPAWARE_WHEELHOUSE=/var/cache/swapaware-wheelhouse CI="${CI:-}" SWAPAWARE_RELEASE="$REL" bash -c 'cd "$0" && exec "$@"' "$SRC" "$@" 9>&-
+in_ns chroot "$ROOT" "${ROOT_ENV[@]}" SWAPAWARE_VENV=$VENV SWAPAWARE_WHEELHOUSE=/var/cache/swapaware-wheelhouse CI="${CI:-}" SWAPAWARE_RELEASE="$REL" SWAPAWARE_SUITES="${SWAPAWARE_SUITES:-}" bash -c 'cd "$0" && exec "$@"' "$SRC" "$@" 9>&-
