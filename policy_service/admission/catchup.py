@@ -10,8 +10,9 @@ that decision's AdminComment), its submit time as the decision's time and the jo
 Slurm (a hook event's job, which correlation reads without it: the template's, 0, which
 authz.owns reads as "no uid": the job's user is then its user name), and records it through the handler's DecisionLog: journaled, then in the history, like every decision.
 
-Sources: ``from_live`` after every queue poll (``squeue -t all``: pending, running, and jobs that
-ended within MinJobAge); ``sweep`` at start and with every reconcile round (the same squeue and
+Sources: after every queue poll, the jobs that poll read (``squeue -t all``, one for the queue
+monitor and the catch-up: QueueMonitor.take_live; pending, running, and jobs that ended within
+MinJobAge), or ``from_live`` where no monitor reads them; ``sweep`` at start and with every reconcile round (the same squeue and
 ``sacct`` over the window since the last sweep: jobs that started and ended between polls, or
 while the service was down); ``of_instances`` when a hook event names a job whose decision is not
 in the history yet (the event then ties to it as to any decision).
@@ -131,6 +132,7 @@ class AdmissionCatchup:
         self.metrics, self.clock, self.window_s, self.overlap_s = metrics, clock, window_s, overlap_s
         self._known: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._parsed: dict[str, tuple[str, TableRef] | None] = {}  # AdminComment -> table_made(it)
+        self.live_from: Callable[[], list[CommentedJob] | None] | None = None  # the queue poll's jobs
         self._lock = threading.Lock()
         self._swept_at: float | None = None  # when the last sweep that read Slurm began
         self._failing = ""
@@ -219,8 +221,13 @@ class AdmissionCatchup:
         return 0 if jobs is None else self.learn(jobs)
 
     def on_queue_poll(self, _pending=None, _state=None) -> None:
-        """QueueMonitor.on_poll: after every queue poll."""
-        self.from_live()
+        """QueueMonitor.on_poll: after every queue poll, from the jobs that poll read with their
+        AdminComments (``live_from``: QueueMonitor.take_live), else from an squeue of its own."""
+        jobs = self.live_from() if self.live_from is not None else None
+        if jobs is None:
+            self.from_live()
+        else:
+            self.learn(jobs)
 
     def sweep(self, since: float | None = None) -> set[str]:
         """The jobs slurmctld holds and the accounting's since ``since`` (None: since the previous
@@ -293,6 +300,7 @@ def attach(handler, slurm, monitor, archive, stop: threading.Event, *, poll_s: f
         catchup.learn = gate(catchup.learn)
     handler.correlation.catch_up = catchup.of_instances
     if monitor is not None:  # first: a pending job's re-decision (serving/redecide.py) reads its decision
+        monitor.live_wanted, catchup.live_from = True, monitor.take_live  # one squeue per poll for both
         monitor.on_poll = chain(catchup.on_queue_poll, monitor.on_poll)
     catchup.start(None if monitor is not None else poll_s, stop)
     return catchup

@@ -96,6 +96,11 @@ class QueueMonitor:
         self._qos: dict[str, int] = {}
         self._polls = 0
         self._attempted = threading.Event()  # set once the first poll succeeded or failed
+        # live_wanted: a follower of each poll (the admission catch-up) reads every job Slurm holds
+        # with its AdminComment: the poll then reads them with the pending jobs in one squeue
+        # (Slurm's queue_with_comments), and take_live() hands them over once
+        self.live_wanted = False
+        self._live: list | None = None
         self._last_error = ""
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -147,8 +152,12 @@ class QueueMonitor:
         with self._lock:
             change = self._changes
         began_wall = self.wall()
+        live = None
         try:
-            pending = self.slurm.pending_jobs()
+            if self.live_wanted and hasattr(self.slurm, "queue_with_comments"):
+                pending, live = self.slurm.queue_with_comments()
+            else:
+                pending = self.slurm.pending_jobs()
             nodes = self.slurm.cluster_nodes()
             state = queue_state(pending, nodes.gpus, self.cfg.gpu.shards_per_gpu, self._qos_priorities())
             state = dataclasses.replace(state, live_shards=LiveShards(nodes.shards, unregistered=nodes.unregistered))
@@ -170,6 +179,7 @@ class QueueMonitor:
                 log.exception("preparing the queue snapshot")
         with self._lock:
             self._state, self._taken_at, self._polled_change = state, self.clock(), change
+            self._live = live
             self._began_wall = max(self._began_wall, began_wall)
             first_read = self._first_read_after_change(change)
         if first_read:
@@ -208,6 +218,13 @@ class QueueMonitor:
                 self._qos = {}
         self._polls += 1
         return self._qos
+
+    def take_live(self) -> list | None:
+        """Every job the last poll read with its AdminComment (live_wanted), once; None when that
+        poll did not read them or they were taken."""
+        with self._lock:
+            live, self._live = self._live, None
+        return live
 
     def snapshot(self) -> QueueState | None:
         """The last snapshot with its age; None before the first successful poll."""

@@ -43,6 +43,8 @@ from policy_service.slurm.slurm_comments import (
     TIME_ENV,
     CommentedJob,
     parse_commented,
+    parse_queue,
+    queue_argv,
     sacct_argv,
     squeue_argv,
 )
@@ -97,6 +99,9 @@ class SlurmAccess(Protocol):
 
     # Every job's AdminComment (the admission catch-up, admission/catchup.py).
     def live_commented_jobs(self) -> list[CommentedJob]: ...
+
+    # Both from one squeue (the queue monitor's poll when the catch-up follows it).
+    def queue_with_comments(self) -> tuple[list[PendingJob], list[CommentedJob]]: ...
 
     def accounted_commented_jobs(self, since: float) -> list[CommentedJob]: ...
 
@@ -202,6 +207,11 @@ class CliSlurm:
         AdminComment, one sacct. The states are named: without ``-s`` sacct lists only jobs that
         became eligible, and a job held and cancelled never did (measured on 22.05)."""
         return parse_commented(self._run(sacct_argv(since), TIME_ENV), "sacct")
+
+    def queue_with_comments(self) -> tuple[list[PendingJob], list[CommentedJob]]:
+        """``pending_jobs()`` and ``live_commented_jobs()`` from one squeue: slurmctld packs every job
+        it holds once per poll, not twice."""
+        return parse_queue(self._run(queue_argv(), TIME_ENV))
 
     def pending_jobs(self) -> list[PendingJob]:
         return parse_squeue_pending(self._run(["squeue", "-h", "-a", "-t", "PENDING", "-O", SQUEUE_PENDING_FORMAT]))

@@ -10,7 +10,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from policy_service.slurm.slurm_text import SQUEUE_TIME_ENV, SlurmError
+from policy_service.slurm.slurm_text import SQUEUE_TIME_ENV, PendingJob, SlurmError
 
 # Every job state sacct knows (the short codes of 22.05 to 26.05), for "any state" queries:
 # without -s sacct lists only jobs that became eligible, and a job held and cancelled never did
@@ -92,15 +92,53 @@ def parse_commented(text: str, source: str) -> list[CommentedJob]:
     width = len(SQUEUE_FIELDS)
     out = []
     for line in text.splitlines():
+        if line.strip():
+            out.append(_commented(line, line.split("|", width - 1), width, source))
+    return out
+
+
+def _commented(line: str, cols: list[str], width: int, source: str) -> CommentedJob:
+    """The CommentedJob of a row's columns: SQUEUE_FIELDS' first eight, the AdminComment last."""
+    job = cols[0].strip().split("_")[0].split("+")[0]
+    if len(cols) < width or not job.isdigit():
+        raise SlurmError(f"unexpected {source} line: {line!r}")
+    state = cols[6].strip().split()[0] if cols[6].strip() else ""
+    comment = cols[-1].strip()
+    return CommentedJob(int(job), _seconds(cols[1]), _uid(cols[2]), _na(cols[3]), _na(cols[4]), _na(cols[5]),
+                        state, "" if comment == "(null)" else comment, source, limit_minutes(cols[7]))
+
+
+# One squeue for both the queue monitor and the catch-up (queue_argv): SQUEUE_FIELDS with the
+# pending jobs' fields (slurm_text.SQUEUE_PENDING_FORMAT's) before the AdminComment, which stays
+# last (it may hold "|"). A reason holding "|" (none of Slurm's own does) is cut there and the rest
+# goes before the AdminComment: such a job is no waiting one (queue.WAITING_REASONS), and the
+# AdminComment is read from its "swapaware:" prefix on (core/policy.parse_admin_comment).
+QUEUE_FIELDS = SQUEUE_FIELDS[:-1] + ("tres-per-node", "tres-per-job", "tres-per-task", "NumNodes", "NumTasks",
+                                     "QOS", "Reason", SQUEUE_FIELDS[-1])
+
+
+def queue_argv() -> list[str]:
+    return ["squeue", "-h", "-a", "-t", "all", "-O", ",".join(f"{f}:|" for f in QUEUE_FIELDS[:-1])
+            + f",{QUEUE_FIELDS[-1]}:"]
+
+
+def parse_queue(text: str) -> tuple[list[PendingJob], list[CommentedJob]]:
+    """Rows of ``queue_argv()`` output: (the pending jobs, as ``squeue -t PENDING`` with
+    SQUEUE_PENDING_FORMAT gives them; every job with its AdminComment, source "squeue")."""
+    width = len(QUEUE_FIELDS)
+    pending, commented = [], []
+    for line in text.splitlines():
         if not line.strip():
             continue
         cols = line.split("|", width - 1)
-        job = cols[0].strip().split("_")[0].split("+")[0]
-        if len(cols) < width or not job.isdigit():
-            raise SlurmError(f"unexpected {source} line: {line!r}")
-        state = cols[6].strip().split()[0] if cols[6].strip() else ""
-        comment = cols[-1].strip()
-        out.append(CommentedJob(int(job), _seconds(cols[1]), _uid(cols[2]), _na(cols[3]), _na(cols[4]),
-                                _na(cols[5]), state, "" if comment == "(null)" else comment, source,
-                                limit_minutes(cols[7])))
-    return out
+        job = _commented(line, cols, width, "squeue")
+        commented.append(job)
+        if job.state != "PENDING":
+            continue
+        try:
+            nodes, tasks = int(cols[11] or 1), int(cols[12] or 1)
+        except ValueError:
+            raise SlurmError(f"unexpected squeue line: {line!r}") from None
+        pending.append(PendingJob(job.job_id, _na(cols[8]), _na(cols[9]), _na(cols[10]), max(1, nodes), max(1, tasks),
+                                  cols[14].strip(), _na(cols[13])))
+    return pending, commented

@@ -38,6 +38,13 @@ def test_cli_reads_pending_gpu_jobs_and_gpus_from_the_real_cluster(stack):
         assert pending[held].reason == "JobHeldUser"
         state = queue_state(pending.values(), slurm.cluster_gpus(), 8)
         assert state.pending_gpus == 2.0 and state.total_gpus == 4  # the held job does not count
+        # one squeue for both (the queue poll when the admission catch-up follows it): the same jobs
+        # as the two squeues it replaces read, on this release's squeue
+        both, commented = slurm.queue_with_comments()
+        mine = {*fillers, waiting, held}
+        assert {j.job_id: j for j in both if j.job_id in mine} == {i: j for i, j in pending.items() if i in mine}
+        assert {j for j in commented if j.job_id in mine} == {j for j in slurm.live_commented_jobs() if j.job_id in mine}
+        assert {j.job_id for j in commented} >= mine
     finally:
         stack.run("scancel", *(str(j) for j in (*fillers, waiting, held)))
 
