@@ -82,15 +82,16 @@ mkdir -p "$logs"
 unit_tests() {
     "$VENV/bin/python" -m pytest tests/unit tests/adapter "${args[@]+"${args[@]}"}"
 }
-unit_ended() {  # RC
-    took[unit]=$((SECONDS - t_all))
+unit_ended() {  # RC [SECONDS]
+    took[unit]=${2:-$((SECONDS - t_all))}
     result[unit]=$([[ $1 == 0 ]] && echo passed || echo "FAILED (rc $1)")
     [[ $1 == 0 ]] || rc=1
 }
 unit_pid=""
 if ((parallel > 1)) && [[ " ${wanted[*]} " != " none " ]]; then
     mlog "unit and adapter tests started beside the integration suites (output: $logs/unit.log)"
-    unit_tests >"$logs/unit.log" 2>&1 &
+    rm -f "$logs/unit.took"
+    (t0=$SECONDS; r=0; unit_tests || r=$?; echo $((SECONDS - t0)) >"$logs/unit.took"; exit $r) >"$logs/unit.log" 2>&1 &
     unit_pid=$!
 else
     r=0
@@ -102,7 +103,7 @@ unit_wait() {  # the unit and adapter tests' end, their output printed whole
     local r=0
     wait "$unit_pid" || r=$?
     unit_pid=""
-    unit_ended "$r"
+    unit_ended "$r" "$(cat "$logs/unit.took" 2>/dev/null)"
     mlog "unit and adapter tests ended (${result[unit]}, ${took[unit]} s); their output:"
     cat "$logs/unit.log"
 }
