@@ -38,6 +38,7 @@ log = logging.getLogger("swapaware.decisions")
 _HEADER = struct.Struct("<II")
 MAX_RECORD_BYTES = 4 << 20  # far above any decision (requests are at most 256 KiB)
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
+CLOSE_WAIT_S = 10.0  # close(): how long the writer may go on trying to commit what waits (then it stays journaled)
 WRITE_INTERVAL_S = 0.05  # how often the writer looks for decisions to commit while they come in
 IDLE_WAIT_S = 5.0  # the longest an idle writer sleeps unwoken (record() wakes it at once)
 WRITE_BATCH = 256  # decisions per history transaction at most
@@ -155,6 +156,7 @@ class DecisionLog:
         self._closing = threading.Event()
         self._nudge = threading.Event()  # retry_now() and close(): end a retry's wait
         self._gave_up = False  # closed while not the writer: what waits stays in the journal
+        self._stop_trying = threading.Event()  # close() waited CLOSE_WAIT_S: the history is unreachable
         if path is not None:
             self._recover()
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -282,7 +284,7 @@ class DecisionLog:
                 self._write(records)
                 break
             except Exception as exc:  # locked, full, gone, not the writer: keep them and try again
-                if isinstance(exc, NotWriter) and self._closing.is_set():
+                if self._closing.is_set() and (isinstance(exc, NotWriter) or self._stop_trying.is_set()):
                     self._gave_up = True
                     with self._queue.all_tasks_done:
                         self._queue.all_tasks_done.notify_all()
@@ -295,7 +297,7 @@ class DecisionLog:
                         len(records), why, records[0].decision_id)
                 self.failing = why
                 if self._closing.is_set():
-                    time.sleep(backoff(attempt))
+                    self._stop_trying.wait(backoff(attempt))  # close() cuts it short once it stops waiting
                 else:
                     self._nudge.wait(backoff(attempt))  # close() and retry_now() cut the wait short
                     self._nudge.clear()
@@ -321,20 +323,32 @@ class DecisionLog:
         self._nudge.set()
         self._wake.set()
 
-    def flush(self) -> None:
+    def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every decision recorded so far is in the history (or, once closing, until
-        the history refused them as this service is not the writer)."""
+        the history refused them as this service is not the writer), at most ``timeout_s`` (None:
+        however long it takes). False: some still wait."""
         self._wake.set()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._queue.all_tasks_done:
             while (self._queue.unfinished_tasks or self._carry) and not self._gave_up:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
                 self._queue.all_tasks_done.wait(0.1)
+        return True
 
     def close(self) -> None:
         """Commit what waits and stop; a service that is not the writer stops at once, leaving what
         waits in the journal (read back at its next start)."""
         self._closing.set()
         self._nudge.set()
-        self.flush()
+        if not self.flush(CLOSE_WAIT_S):
+            # the history cannot be reached: stop trying; what waits stays in the journal, and the
+            # next start commits it (as after a crash)
+            log.warning("decision journal %s: the history took no decision for %.0f s while stopping (%s); "
+                        "%d decision(s) stay in the journal for the next start", self.path, CLOSE_WAIT_S,
+                        self.failing or "slow", self.pending())
+            self._stop_trying.set()
+            self.flush(RETRY_MAX_S + 1.0)
         try:
             self._queue.put_nowait(None)
         except queue.Full:

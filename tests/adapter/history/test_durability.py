@@ -329,3 +329,36 @@ def test_journal_records_and_a_torn_tail():
     corrupt[-1] ^= 0xFF
     assert read_journal(bytes(corrupt))[0] == [rec]
     assert [backoff(a) for a in (1, 2, 3, 10, 50)] == [0.05, 0.1, 0.2, 5.0, 5.0]
+
+
+def test_a_stop_while_the_history_cannot_be_reached_ends_and_the_next_start_commits(tmp_path, monkeypatch, caplog):
+    """close() lets the writer try for CLOSE_WAIT_S, then stops it: what waits stays in the journal
+    (committed at the next start, as after a crash), and the stop does not hang on a history that is
+    gone (a MariaDB down while the service is stopped). The retries before it are spaced, not spun."""
+    from policy_service.history import decision_log
+    from policy_service.history.db import HistoryUnavailable
+    from policy_service.history.decision_log import DecisionLog
+    from tests.adapter.history.test_history_backends import record
+
+    monkeypatch.setattr(decision_log, "CLOSE_WAIT_S", 1.0)
+    tries: list[float] = []
+
+    def unreachable(_records):
+        tries.append(time.monotonic())
+        raise HistoryUnavailable("connection to mariadb lost: MySQL server has gone away")
+
+    journal = tmp_path / "history.journal"
+    log = DecisionLog(journal, unreachable)
+    log.record(record(0, "gone"))
+    caplog.set_level("WARNING", logger="swapaware")
+    t0 = time.monotonic()
+    log.close()
+    took = time.monotonic() - t0
+    assert 1.0 <= took < 1.0 + decision_log.RETRY_MAX_S + 2.0, took
+    assert not log._thread.is_alive()
+    assert 2 <= len(tries) <= 20, len(tries)  # backed off, not a tight loop
+    assert "1 decision(s) stay in the journal for the next start" in caplog.text
+    assert [r.decision_id for r in read_journal(journal.read_bytes())[0]] == ["gone0"]
+    committed: list = []
+    DecisionLog(journal, committed.extend).close()  # the next start, with the history back
+    assert [r.decision_id for r in committed] == ["gone0"] and journal.stat().st_size == 0
