@@ -26,6 +26,22 @@ def submit(stack: Stack, name: str, comment: str = HINT) -> tuple[int | None, st
     return job, job_field(line, "TresPerNode"), decision_of(job_field(line, "AdminComment"))
 
 
+# sbatch's own failures to reach the controller while control passes (26.05, in a fresh-clone run:
+# "Batch job submission failed: Connection reset by peer" for the first sbatch after scontrol
+# takeover): Slurm's, as with no plugin at all; a user submits again, and so does the test.
+SWITCH_ERRORS = ("Connection reset by peer", "Unable to contact slurm controller", "Socket timed out",
+                 "Connection refused", "Zero Bytes were transmitted or received")
+
+
+def submit_through_switch(stack: Stack, name: str, comment: str, lost: list) -> tuple[int | None, str, dict]:
+    """submit(), and once more where sbatch failed only to reach the controller (noted in ``lost``)."""
+    job, tres, d = submit(stack, name, comment)
+    if job is None and any(e in tres for e in SWITCH_ERRORS):
+        lost.append((name, tres))
+        job, tres, d = submit(stack, f"{name}-again", comment)
+    return job, tres, d
+
+
 def shards_refused_now(stack: Stack) -> list[str]:
     """The nodes whose shards the controller in control shows as 0 of a type (sinfo %G)."""
     out = stack.run("sinfo", "-h", "-N", "-o", "%N|%G", check=False).stdout
@@ -49,25 +65,27 @@ def test_no_job_is_refused_for_shards_the_controller_in_control_does_not_take(ha
         wait_for(lambda: shares("before"), 60, "a hinted job shared with ctl1 in control", 1.0)
 
         stack.run("scontrol", "takeover")
-        after = []
+        after, lost = [], []
         for i in range(6):  # during and after the switch, with and without a memory hint
-            job, tres, d = submit(stack, f"ha-sh-{tag}-{i}", HINT if i % 2 == 0 else "")
+            job, tres, d = submit_through_switch(stack, f"ha-sh-{tag}-{i}", HINT if i % 2 == 0 else "", lost)
             after.append((job, tres, d))
             if job is not None:
                 jobs.append(job)
         wait_for(lambda: in_control(stack) == "ctl2", 30, "ctl2 in control")
         wait_for(lambda: "writer lease: ctl2" in ha_status(stack), 30, lambda: ha_status(stack), 0.5)
         for i in range(6, 10):
-            job, tres, d = submit(stack, f"ha-sh-{tag}-{i}", HINT if i % 2 == 0 else "")
+            job, tres, d = submit_through_switch(stack, f"ha-sh-{tag}-{i}", HINT if i % 2 == 0 else "", lost)
             after.append((job, tres, d))
             if job is not None:
                 jobs.append(job)
         refused = [(n, tres) for n, (job, tres, _) in enumerate(after) if job is None]
         zero = shards_refused_now(stack)
-        print(f"\n[ha] after scontrol takeover: {len(after)} submissions, {len(refused)} refused; nodes with 0 "
+        print(f"\n[ha] after scontrol takeover: {len(after)} submissions, {len(refused)} refused, "
+              f"{len(lost)} submitted again after sbatch could not reach the controller {lost}; nodes with 0 "
               f"shards on the backup: {zero or 'none'}; decisions: "
               f"{[(d.get('action'), d.get('why', '').split(',')[0], tres) for _, tres, d in after]}")
         assert not refused, f"sbatch refused {refused} after the takeover"
+        assert all(int(name.rsplit("-", 1)[1]) < 6 for name, _ in lost), lost  # only while control passed
         if zero:  # 22.05: every job keeps its request; the writer's decisions say why
             assert all("shard" not in tres for _, tres, _ in after), after
             last = [d for _, _, d in after[6:]]
