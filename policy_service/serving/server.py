@@ -33,7 +33,7 @@ from policy_service.slurm.queue import QueueMonitor, reads_queue
 from policy_service.slurm.reconcile import Reconciler
 from policy_service.serving.redecide import PendingRedecider
 from policy_service.slurm.slurm import ClusterRelease, SlurmAccess, cluster_release, open_slurm
-from policy_service.config import Config, PolicyMode, read_token
+from policy_service.config import Config, read_token
 from policy_service.serving.handler import PolicyHandler
 from policy_service.history.config import history_source
 from policy_service.trust.tls import server_credentials, server_enabled
@@ -264,14 +264,6 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
                 f"this service became {'writer' if writer else 'standby'}", hold_s))
         role.start()
     handler.standby = serving_standby  # events are taken from now on
-    if svc.admission_publisher is not None and role is None and handler.mode is not PolicyMode.OFF:
-        # A gate written while starting says the shards are unread on a release whose backup may
-        # refuse them (the starting service counts as standby): written again as serving, the plugin
-        # decides from the table at once, not from the next queue poll on (a test saw that first gate)
-        try:
-            svc.admission_publisher.write_gate()
-        except OSError as exc:
-            log.warning("admission gate file not written again once serving (%s): the next queue poll writes it", exc)
     return svc
 
 
