@@ -226,7 +226,6 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
         # a recorded observation never leaves its class decided from before it (always safe:
         # dropping entries only sends jobs the round trip, so a standby does it too)
         handler.events.learning = svc.admission_publisher.learning
-        svc.admission_publisher.start()
         if monitor is not None:  # the gate file follows each queue snapshot, first
             monitor.on_poll = chain(svc.admission_publisher.on_queue_poll, monitor.on_poll)
         log.info("admission table: published at %s (gate %s.gate), rebuilt at most every %.0f s",
@@ -264,6 +263,10 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
                 f"this service became {'writer' if writer else 'standby'}", hold_s))
         role.start()
     handler.standby = serving_standby  # events are taken from now on
+    if svc.admission_publisher is not None:
+        # built from here on: a table built while starting would hold decisions made as a standby
+        # (on 22.05's dialect, every shard refused: the shards of the controller unread)
+        svc.admission_publisher.start()
     return svc
 
 

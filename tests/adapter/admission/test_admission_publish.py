@@ -300,6 +300,10 @@ def test_a_table_this_process_did_not_write_goes_at_the_first_observation(svc, s
     job = facts(name="inherited")
     client.admit(job)
     p = s.admission_publisher
+    # the publications here are the test's own: a background tick after became_writer would build
+    # again ("this service is now the writer") between the observation and the check (a fresh-clone
+    # run with the unit tests beside the suites saw the table back)
+    p.stop()
     p.publish("test")
     p.became_writer(True)  # the file may be another writer's from now on
     assert p.table.exists()
@@ -456,5 +460,30 @@ def test_a_stopped_publisher_writes_no_gate_after_the_queue_polls(env, slurm_job
         s.queue_monitor.poll_once()  # a new snapshot (normal, no longer short): no gate file for it
         assert s.queue_monitor.snapshot().pending_gpus == 2.0
         assert p.gate.read_bytes() == before
+    finally:
+        s.stop(0)
+
+
+def test_the_table_is_built_only_once_the_service_serves(env, slurm_jobs, tmp_path, monkeypatch):
+    """A starting service counts as standby (events wait until the catch-up is attached), and on
+    22.05's dialect a standby has not read the controller's shards: a table built then holds every
+    shard refused (whole_gpu, shards_refused), which the plugin would use once the gate lets it. So
+    the publisher starts building once the service serves. (A fresh-clone run whose first build fell
+    in the starting window failed test_queue_rule: every job of a learned class kept whole.)"""
+    from policy_service.admission.publish import AdmissionPublisher
+
+    (tmp_path / "run").mkdir()
+    seen: list = []
+    started = AdmissionPublisher.start
+
+    def start(self):
+        seen.append(self.handler.standby() if self.handler.standby is not None else None)
+        return started(self)
+    monkeypatch.setattr(AdmissionPublisher, "start", start)
+    s = start_service(load_config(env=env), slurm=slurm_jobs)
+    try:
+        assert s.handler.dialect.takeover_zero_shards  # (the tests' release: 22.05)
+        assert seen == [None]  # serving, not "the service is starting ..."
+        wait_for(lambda: s.admission_publisher.table.exists(), 30.0, "the first table")
     finally:
         s.stop(0)
