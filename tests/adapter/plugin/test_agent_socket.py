@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import pytest
 
 from policy_service.config import AgentConfig, NvmlBackend
-from slurm_plugin.agent.client import request
+from slurm_plugin.agent.client import AgentUnavailable, request
 from slurm_plugin.agent.sampler import Agent
 from slurm_plugin.agent.server import AgentServer
 from slurm_plugin.gpu.nvml_fake import FakeNvmlTelemetry, create_fake_gpus
@@ -292,6 +292,13 @@ def _agent_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SWAPAWARE_")}
 
 
+def answers(sock: Path) -> bool:
+    try:
+        return "source" in request(sock, {"op": "status"}, 2.0)
+    except AgentUnavailable:
+        return False
+
+
 def test_daemon_main_serves_and_exits_cleanly_on_sigterm(short_dir: Path) -> None:
     root = short_dir / "gpus"
     create_fake_gpus(root, 1, TOTAL_BYTES)
@@ -302,7 +309,9 @@ def test_daemon_main_serves_and_exits_cleanly_on_sigterm(short_dir: Path) -> Non
     daemon = subprocess.Popen([sys.executable, "-m", "slurm_plugin.agent.daemon", "--config", str(config), "--socket",
                                str(sock), "--foreground"], env=_agent_env(), stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: sock.exists(), what="socket")
+        # the socket file exists from bind(), a moment before listen(): wait until it answers (a
+        # fresh-clone run with the unit tests beside six clusters connected in between: refused)
+        wait_for(lambda: answers(sock), 30, "the agent's socket to answer")
         assert request(sock, {"op": "start", "job_id": 1, "gpus": [0]}, 5.0) == {"ok": True}
         assert request(sock, {"op": "status"}, 5.0)["source"] == "fake-nvml"
         daemon.send_signal(signal.SIGTERM)
