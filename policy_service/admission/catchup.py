@@ -242,11 +242,18 @@ class AdmissionCatchup:
         return {d for j in jobs if (d := parse_admin_comment(j.admin_comment).get("id", "")) and _ID.fullmatch(d)}
 
     def of_instances(self, instances: Sequence[JobInstance | None]) -> int:
-        """Hook events' jobs (correlation.py): their decisions are in the history when this returns."""
-        count = self.learn(instance_job(i) for i in instances if i is not None)
-        if count:
+        """Hook events' jobs (correlation.py): their decisions are in the history when this returns.
+        Whoever recorded one (this call, or a queue poll a moment before, whose record may still
+        wait for the writer: the id is then known here and not recorded again), it is flushed."""
+        jobs = [instance_job(i) for i in instances if i is not None]
+        count = self.learn(jobs)
+        if count or (self.decisions.pending() and any(self._made(j.admin_comment) for j in jobs)):
             self.decisions.flush()
         return count
+
+    def _made(self, admin_comment: str) -> tuple[str, TableRef] | None:
+        made = self._parsed.get(admin_comment, _UNPARSED)
+        return table_made(admin_comment) if made is _UNPARSED else made
 
     # ------------------------------------------------------------------ running
     def start(self, poll_s: float | None, stop: threading.Event) -> threading.Thread:

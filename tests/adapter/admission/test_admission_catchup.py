@@ -21,7 +21,7 @@ from policy_service.history.store import HistoryStore
 from policy_service.slurm.reconcile import Reconciler
 from policy_service.slurm.slurm import CliSlurm
 from policy_service.slurm.slurm_comments import CommentedJob, limit_minutes, parse_commented, sacct_argv, squeue_argv
-from policy_service.slurm.slurm_text import SlurmError
+from policy_service.slurm.slurm_text import JobInstance, SlurmError
 from policy_service.config import load_config
 from policy_service.core.admission import PLACEHOLDER_ID, TableRef, with_table_ref
 from policy_service.core.dialect import dialect_for
@@ -415,3 +415,38 @@ def test_a_reconcile_round_sweeps_once_for_both_catch_up_and_the_held_check(svc,
     h.flush()
     assert svc.store.decision(d_id) is not None and caught(h.metrics, "sacct") == 1
     assert svc.store.decision_status(kept.decision_id) == "held"
+
+
+def test_an_event_waits_for_the_decision_a_queue_poll_recorded_a_moment_before(svc, table):
+    """The queue poll records a table-made decision and the writer has not committed it yet when a
+    hook event names the job: the event's catch-up knows the id (it is not recorded twice) and
+    still waits until the history holds it, so that the observation ties to it (a fresh-clone run
+    on 22.05 tied a table-made job's observation to no decision)."""
+    archive, ref, tpl = table
+    committed = threading.Event()
+
+    def held_write(records):  # the writer thread waits here until the event's flush
+        assert committed.wait(30), "nothing flushed the decision the queue poll recorded"
+        svc.store.record(records)
+
+    decisions = DecisionLog(None, held_write)
+    flush = decisions.flush
+
+    def flush_opens(timeout_s=None):
+        committed.set()
+        return flush(timeout_s)
+
+    decisions.flush = flush_opens
+    try:
+        catchup = AdmissionCatchup(svc.store, decisions, archive, CommentsCli())
+        d_id = lua_id(7)
+        comment = made_comment(tpl, d_id)
+        assert catchup.learn([job(120, comment)]) == 1  # the poll's: journaled, not yet in the history
+        assert svc.store.decision(d_id) is None
+        inst = JobInstance(120, "c", SUBMIT + 120, SUBMIT + 130, 0, comment, "RUNNING", source="squeue")
+        assert catchup.of_instances([inst, None]) == 0  # recorded once, by the poll ...
+        assert svc.store.decision(d_id) is not None  # ... and in the history once the event's catch-up returns
+        assert rows(svc.store, d_id) == 1
+    finally:
+        committed.set()
+        decisions.close()
