@@ -16,7 +16,8 @@ from policy_service.trust.auth_config import (AuthConfig, MungeMode, TlsConfig, 
 from policy_service.config.load import load_config, read_token, split_host_port
 from policy_service.config.choices import (AccessClass, Enforcement, LinkKind, NvmlBackend, Oversubscription,
                                            PolicyMode, SlurmBackend, WholeGpuAsShards)
-from policy_service.config.policy_sections import GIB, EstimatorConfig, GpuConfig, PolicyConfig, SwapCostConfig
+from policy_service.config.policy_sections import (GIB, EstimatorConfig, GpuConfig, InterferenceConfig, PolicyConfig,
+                                                   SwapCostConfig)
 from policy_service.config.sections import (DEFAULT_CONFIG_PATH, AdmissionConfig, AgentConfig, Config, ConfigError,
                                             HaConfig, HookConfig, ServiceConfig, UnsafeTokenFile)
 from policy_service.history.config import HistoryBackend, HistoryConfig, history_errors
@@ -37,6 +38,7 @@ __all__ = [
     "HistoryBackend",
     "HistoryConfig",
     "HookConfig",
+    "InterferenceConfig",
     "LinkKind",
     "MungeMode",
     "NvmlBackend",

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from policy_service.trust.auth_config import auth_errors, tls_errors, token_mode_error
 from policy_service.config.sections import DEFAULT_CONFIG_PATH, Config, ConfigError, UnsafeTokenFile
+from policy_service.config.policy_sections import interference_checks
 from policy_service.core.dialect import is_release
 from policy_service.history.config import history_errors
 
@@ -83,6 +84,10 @@ def _validate(cfg: Config) -> None:
         (cfg.estimator.margin_multiplier_decay >= 1, "estimator.margin_multiplier_decay must be >= 1"),
         (cfg.estimator.wide_key_user_cap >= 1, "estimator.wide_key_user_cap must be >= 1"),
         (cfg.policy.max_victim_slowdown >= 1, "policy.max_victim_slowdown must be >= 1"),
+        (cfg.policy.max_interference_slowdown == 0 or cfg.policy.max_interference_slowdown >= 1,
+         "policy.max_interference_slowdown must be 0 (no budget) or >= 1"),
+        (cfg.policy.interference_min_shared_runs >= 1, "policy.interference_min_shared_runs must be >= 1"),
+        *interference_checks(cfg.interference),
         (0 <= cfg.policy.site_factor_max < 2**31 - 2, "policy.site_factor_max must fit Slurm's site factor"),
         (0 <= cfg.policy.share_min_queue <= 100, "policy.share_min_queue must be in [0, 100]"),
         (cfg.policy.queue_poll_s > 0, "policy.queue_poll_s must be > 0"),

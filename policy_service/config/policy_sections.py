@@ -148,6 +148,13 @@ class PolicyConfig:
     requeue_after_oom: bool = True
     # QoS names whose jobs always keep whole GPUs (no co-runner can slow them down).
     whole_gpu_qos: tuple[str, ...] = ()
+    # The most a shared job may be slowed by its co-runners' compute (the site's interference
+    # model, learned from its own shared runs: [interference]). A job with a learned utilisation is
+    # charged enough shards that co-runners filling the rest of the GPU slow it at most this much
+    # by the model, else it keeps a whole GPU; a class whose shared runs took longer than this
+    # times its solo runs (interference_min_shared_runs of each) keeps a whole GPU. 0: no budget.
+    max_interference_slowdown: float = 2.0
+    interference_min_shared_runs: int = 3
     # How often the service reads the pending GPU jobs from Slurm; a snapshot older than three
     # periods counts as unknown (the queue rule is then skipped, with a reason).
     queue_poll_s: float = 15.0
@@ -158,3 +165,41 @@ class PolicyConfig:
     # capture `sbatch --parsable ... 2>&1` get the job id alone); the rewrite is in the
     # AdminComment and `swapaware explain`.
     tell_users: bool = False
+
+
+@dataclass(frozen=True)
+class InterferenceConfig:
+    """The site's compute interference, learned from its own shared runs (core/interference_learn.py,
+    docs/model.md "Learning the site's interference"). The prior is swap_cost.compute_interference_*."""
+
+    # Learn from the history's shared runs; false: the prior alone decides.
+    learn: bool = True
+    prior_name: str = "gavel"  # what the configured prior is called in reasons
+    refit_s: float = 60.0  # the model is refitted at most this often, when new shared runs came
+    prior_weight: float = 25.0  # the prior counts as this many shared runs
+    min_runs: int = 25  # a GPU type's model is learned from at least this many shared runs ...
+    min_users: int = 3  # ... of at least this many users; before, the prior decides
+    max_user_share: float = 0.1  # one user's runs weigh at most this share of the evidence
+    max_class_share: float = 0.1  # one class's likewise
+    window: int = 2000  # the most recent shared runs per GPU type that count
+    slowdown_min: float = 0.5  # observed slowdowns are clamped to [slowdown_min, slowdown_max]
+    slowdown_max: float = 20.0
+    max_others_util: float = 7.0  # co-runners' summed utilisation above this is refused
+    base_max: float = 3.0  # the fit's bounds: a in [0, base_max], b in [0, slope_max]
+    slope_max: float = 8.0
+
+
+def interference_checks(c: InterferenceConfig) -> list[tuple[bool, str]]:
+    """(holds, message) for each rule [interference] must keep (config/load.py)."""
+    return [
+        (c.refit_s > 0, "interference.refit_s must be > 0"),
+        (c.prior_weight > 0, "interference.prior_weight must be > 0"),
+        (c.min_runs >= 1 and c.min_users >= 1, "interference.min_runs and min_users must be >= 1"),
+        (0 < c.max_user_share < 0.5, "interference.max_user_share must be in (0, 0.5): a user at half the weight "
+                                     "or more could move the fit alone"),
+        (0 < c.max_class_share < 0.5, "interference.max_class_share must be in (0, 0.5)"),
+        (c.window >= c.min_runs, "interference.window must be >= interference.min_runs"),
+        (0 < c.slowdown_min <= 1 <= c.slowdown_max, "interference.slowdown_min must be in (0, 1], slowdown_max >= 1"),
+        (c.max_others_util > 0 and c.base_max > 0 and c.slope_max >= 0,
+         "interference.max_others_util and base_max must be > 0, slope_max >= 0"),
+    ]

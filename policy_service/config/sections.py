@@ -13,7 +13,8 @@ from typing import Any
 from policy_service.trust.auth_config import AuthConfig, TlsConfig
 from policy_service.history.config import HistoryConfig
 from policy_service.config.choices import Enforcement, NvmlBackend, SlurmBackend
-from policy_service.config.policy_sections import EstimatorConfig, GpuConfig, PolicyConfig, SwapCostConfig
+from policy_service.config.policy_sections import (EstimatorConfig, GpuConfig, InterferenceConfig, PolicyConfig,
+                                                   SwapCostConfig)
 
 DEFAULT_CONFIG_PATH = Path("/etc/swapaware/swapaware.toml")
 
@@ -157,6 +158,7 @@ class Config:
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     swap_cost: SwapCostConfig = field(default_factory=SwapCostConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    interference: InterferenceConfig = field(default_factory=InterferenceConfig)
     service: ServiceConfig = field(default_factory=ServiceConfig)
     hooks: HookConfig = field(default_factory=HookConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)

@@ -37,28 +37,14 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from policy_service.config import SwapCostConfig
+from policy_service.config import InterferenceConfig, SwapCostConfig
 from policy_service.core.interference import KneeParams, grid_mae, knee_slowdown, uniform_pairs
 
 PRIOR_GRID = tuple((0.1 + 0.2 * i, 0.1 + 0.2 * j) for i in range(5) for j in range(5))
 # The (u, v) points over which two models are compared: 10 x 10 midpoints of [0.1, 1]^2.
 COMPARE_GRID = tuple(uniform_pairs(0.1, 10))
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
-
-
-@dataclass(frozen=True)
-class LearnConfig:
-    prior_weight: float = 25.0
-    min_runs: int = 25
-    min_users: int = 3
-    max_user_share: float = 0.1
-    max_class_share: float = 0.1
-    window: int = 2000
-    slowdown_min: float = 0.5
-    slowdown_max: float = 20.0
-    max_others_util: float = 7.0  # eight jobs on a GPU, each at full utilisation
-    base_max: float = 3.0
-    slope_max: float = 8.0
+LearnConfig = InterferenceConfig  # the [interference] section: what the learner reads of it
 
 
 class Refusal(enum.Enum):
@@ -126,6 +112,8 @@ class LearnedModel:
 
 
 def prior_from_config(cfg: SwapCostConfig, name: str = "gavel") -> Prior:
+    """The configured fit (swap_cost.compute_interference_*) as the prior; ``name``: what
+    reasons call it ([interference] prior_name)."""
     return Prior(name, KneeParams(cfg.compute_interference_base, cfg.compute_interference_knee_slope))
 
 
@@ -248,7 +236,7 @@ def learn(ev: Evidence, prior: Prior, cfg: LearnConfig) -> LearnedModel:
     users = len({o.user for o in obs})
     base = LearnedModel(ev.gpu_type, Source.PRIOR, prior.params, prior, len(obs), users, 0.0, cfg.prior_weight,
                         None, "")
-    where = f"{ev.gpu_type}"
+    where = "all GPU types" if ev.gpu_type == "*" else ev.gpu_type  # "*": interference_rule.ANY_TYPE
     if len(obs) < cfg.min_runs:
         return replace(base, reason=f"prior ({prior.name}): {len(obs)} shared runs on {where} < min {cfg.min_runs}")
     if users < cfg.min_users:

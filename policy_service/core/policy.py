@@ -16,6 +16,7 @@ from policy_service.config import AccessClass, Config
 from policy_service.core.enforcement import EnforcementView
 from policy_service.core import estimator
 from policy_service.core.dialect import SLURM_22_05, SlurmDialect
+from policy_service.core.interference_rule import InterferenceView, prior_view
 from policy_service.core.request import shard_rewrite
 from policy_service.core.route import _keeps_request, _route, _single_gpu
 from policy_service.core.shard_sizing import _whole_as_shards, solo_utilisation, whole_gpu_as_shards
@@ -47,7 +48,7 @@ def model_version(cfg: Config) -> str:
     known = _VERSIONS.get(id(cfg))
     if known is not None and known[0] is cfg:
         return known[1]
-    params = {k: asdict(getattr(cfg, k)) for k in ("gpu", "estimator", "swap_cost", "policy")}
+    params = {k: asdict(getattr(cfg, k)) for k in ("gpu", "estimator", "swap_cost", "policy", "interference")}
     digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
     if len(_VERSIONS) >= 16:  # tests and the simulator make many configs; a service has one
         _VERSIONS.clear()
@@ -107,20 +108,21 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
            now: float, job_class: str, gres_fields: Mapping[str, str],
            access: AccessClass | None = None, queue: QueueState | None = None, replaces: str = "",
            dialect: SlurmDialect = SLURM_22_05, enforcement: EnforcementView | None = None,
-           whole_because: Reason | None = None) -> Decision:
+           whole_because: Reason | None = None, interference: InterferenceView | None = None) -> Decision:
     """Decide how a job runs. Pure: same inputs, same decision. ``replaces``: the id of the
     decision a still-pending job had (a re-decision). ``dialect``: the running Slurm's (the
     rewrite's GRES spelling, whether a whole GPU is held as shards). ``enforcement``: the nodes'
     reported GPU memory enforcement (gates oversubscription under ``auto``; None: not gated).
     ``whole_because``: the job gets a whole GPU for this reason (a requeue after an OOM), whatever
-    the route would say."""
+    the route would say. ``interference``: the site's learned interference models (None: the
+    configured prior, ``interference_rule.prior_view``)."""
     access = access or cfg.swap_cost.default_access_class
     est = estimator.estimate(req, stats, cfg.estimator, cfg.gpu)
     class_stats = stats.get(KeyLevel.CLASS)
     # An OOM penalty lives with the class; a class never seen yet inherits its user+name's.
     penalty = class_stats if class_stats is not None else stats.get(KeyLevel.USER_NAME)
     action, shards, slow, off, route_reasons = _route(req, est, penalty, access, cfg, queue, solo_utilisation(stats),
-                                                      enforcement)
+                                                      enforcement, interference or prior_view(cfg))
     if whole_because is not None:
         action, shards, slow, off, route_reasons = Action.WHOLE_GPU, 0, 1.0, 0, [whole_because]
     sf, prio_reason = site_factor(class_stats, cfg)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from policy_service.config import AccessClass, Config
 from policy_service.core.enforcement import EnforcementView
 from policy_service.core import queue_rules
+from policy_service.core.interference_rule import InterferenceView, observed_slowdown
 from policy_service.core.shard_sizing import _size_shards, shard_counts, shards_refused_reason
 from policy_service.core.types import (Action, ClassStats, DemandEstimate, GresKind, JobRequest, KeyLevel, QueueState,
                                        Reason, ReasonCode)
@@ -24,7 +25,8 @@ def _single_gpu(req: JobRequest) -> bool:
 
 def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, access: AccessClass,
            cfg: Config, queue: QueueState | None = None, util: tuple[float, KeyLevel] | None = None,
-           enforcement: EnforcementView | None = None) -> tuple[Action, int, float, int, list[Reason]]:
+           enforcement: EnforcementView | None = None, interference: InterferenceView | None = None
+           ) -> tuple[Action, int, float, int, list[Reason]]:
     g = req.gpu
     if g.kind is GresKind.NONE:
         return Action.PASS_THROUGH, 0, 1.0, 0, [Reason(ReasonCode.NO_GPU, "the job asks for no GPU")]
@@ -75,6 +77,14 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
         return *whole, [Reason(ReasonCode.NO_HISTORY,
                                f"no history: whole GPU until estimator.min_samples = {cfg.estimator.min_samples} "
                                f"runs of its class are observed ({est.class_samples} so far)")]
+    budget = cfg.policy.max_interference_slowdown
+    observed = observed_slowdown(penalty, cfg.policy.interference_min_shared_runs) if budget > 0 else None
+    if observed is not None and observed > budget:
+        return *whole, [Reason(ReasonCode.INTERFERENCE_OBSERVED,
+                               f"its class's shared runs took {observed:.2f}x its solo runs ({penalty.shared_runs} "
+                               f"shared, {penalty.solo_runs} solo), more than policy.max_interference_slowdown "
+                               f"{budget:.2f}x: whole GPU")]
+    model = interference.model_for(g.gpu_type) if interference is not None else None
     view = req.qos if cfg.policy.queue_per_qos else ""  # "": the whole queue
     short = queue_rules.queue_gate(queue, view, cfg)
     if short is not None:
@@ -86,7 +96,7 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
         return *whole, [Reason(ReasonCode.NO_SHARD_GPUS,
                                f"no {g.gpu_type + ' ' if g.gpu_type else ''}GPU of partition "
                                f"{req.partition or '(default)'} has shards (gres.conf): whole GPU")]
-    action, shards, slow, off, reasons = _size_shards(est, access, cfg, util, enforcement, counts)
+    action, shards, slow, off, reasons = _size_shards(est, access, cfg, util, enforcement, counts, model)
     long_queue = (queue_rules.compute_overcommit(queue, view, cfg) if util is not None and cfg.policy.compute_aware
                   else None)
     if long_queue is not None:

@@ -10,6 +10,8 @@ from typing import Mapping
 from policy_service.config import AccessClass, Config, Oversubscription, WholeGpuAsShards
 from policy_service.core.enforcement import EnforcementView
 from policy_service.core import estimator, swapcost
+from policy_service.core.interference_learn import LearnedModel
+from policy_service.core.interference_rule import budget_shards, co_runner_room, model_line
 from policy_service.core.dialect import SlurmDialect
 from policy_service.core.types import Action, ClassStats, DemandEstimate, JobRequest, KeyLevel, Reason, ReasonCode
 
@@ -72,12 +74,36 @@ def _of_gpus(counts: tuple[int, ...], shard: int) -> str:
     return f"{' or '.join(map(str, counts))} shards of {estimator.fmt_bytes(shard)}"
 
 
+def _interference_floor(u: float, level: KeyLevel, k: int, spg: int, model: LearnedModel | None, cfg: Config
+                        ) -> tuple[int | None, Reason | None]:
+    """The shards the interference budget asks for (interference_rule.budget_shards): (k, None)
+    when k keeps it within budget or there is no budget or model; (k', reason) when more; (None,
+    reason) when only a whole GPU does."""
+    budget = cfg.policy.max_interference_slowdown
+    if model is None or budget <= 0 or k >= spg:
+        return k, None
+    kk, slow = budget_shards(u, k, spg, model, budget)
+    if kk == k:
+        return k, None
+    if kk is None:
+        return None, Reason(ReasonCode.INTERFERENCE_BUDGET,
+                            f"alone on a GPU it kept it {u:.0%} busy ({level.value} history): beside even one shard's "
+                            f"co-runner the site's model predicts it {slow:.2f}x slower, more than "
+                            f"policy.max_interference_slowdown {budget:.2f}x: whole GPU ({model_line(model)})")
+    return kk, Reason(ReasonCode.INTERFERENCE_SHARDS,
+                      f"charged {kk} of {spg} shards (not {k}) so that co-runners keep the GPU at most "
+                      f"{co_runner_room(kk, spg):.0%} busy: predicted {slow:.2f}x slower <= "
+                      f"policy.max_interference_slowdown {budget:.2f}x ({model_line(model)})")
+
+
 def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config,
                  util: tuple[float, KeyLevel] | None, enforcement: EnforcementView | None,
-                 counts: tuple[int, ...]) -> tuple[Action, int, float, int, list[Reason]]:
+                 counts: tuple[int, ...], model: LearnedModel | None = None
+                 ) -> tuple[Action, int, float, int, list[Reason]]:
     """(action, shards, slowdown, offloaded bytes, reasons) for a single-GPU job with an estimate.
     ``counts``: the shard counts of the GPUs it can land on (shard_counts, not empty). The job is
-    sized against the largest of them; Slurm places k shards only on a GPU that has k free."""
+    sized against the largest of them; Slurm places k shards only on a GPU that has k free.
+    ``model``: the site's interference model for the job's GPU type (None: no interference budget)."""
     reasons = []
     may_oversubscribe, not_enforced = oversubscription_gate(cfg, enforcement)
     need = est.sized_bytes
@@ -107,6 +133,14 @@ def _size_shards(est: DemandEstimate, access: AccessClass, cfg: Config,
                                   f"alone on a GPU it kept it {u:.0%} busy ({level.value} history): charged "
                                   f"{k_compute} of {spg} shards so the jobs on a GPU ask for no more than its compute"))
             k = k_compute
+    if util is not None and cfg.policy.compute_aware:  # co-runners charged for their compute: v is bounded
+        k_interference, why = _interference_floor(util[0], util[1], max(k, k_compute), spg, model, cfg)
+        if k_interference is None:
+            reasons.append(why)
+            return Action.WHOLE_GPU, 0, 1.0, 0, reasons
+        if why is not None:
+            reasons.append(why)
+            k = k_compute = k_interference
     over = _oversubscribe(need, min(k, spg), access, cfg, k_compute) if may_oversubscribe else None
     if not_enforced is not None and _oversubscribe(need, min(k, spg), access, cfg, k_compute) is not None:
         reasons.append(not_enforced)  # it would have been oversubscribed: sized to the need instead

@@ -73,6 +73,9 @@ class ReasonCode(enum.Enum):
     COMPUTE_SHARDS = "compute_shards"
     COMPUTE_BOUND = "compute_bound"
     COMPUTE_OVERCOMMITTED = "compute_overcommitted"
+    INTERFERENCE_SHARDS = "interference_shards"  # charged more shards: co-runners would slow it past the budget
+    INTERFERENCE_BUDGET = "interference_budget"  # whole GPU: any co-runner would slow it past the budget (model)
+    INTERFERENCE_OBSERVED = "interference_observed"  # whole GPU: its class's shared runs were slowed past the budget
     REDECIDED = "redecided"
     OOM_REQUEUED = "oom_requeued"  # the shared run ran out of GPU memory: requeued on a whole GPU
     OOM_NOT_REQUEUED = "oom_not_requeued"  # ... and stays failed (--no-requeue, not batch, turned off)
