@@ -170,7 +170,7 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         enforcement = h.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s)
         parts = h.partitions() if h.partitions else None
         return (h.mode, (enforcement.victim_enforced, enforcement.summary), parts, sum(h.learned.values()),
-                self._newest_rowid())
+                self._newest_rowid(), h.interference.view)
 
     def _why(self, inputs: tuple, now: float) -> str:
         """Why the table is rebuilt now ("" : it is not)."""
@@ -184,7 +184,7 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
             return "valid_s / 2 since the last publication"
         if now - self._built_at < self.cfg.admission.refresh_s:
             return ""
-        names = ("mode", "enforcement", "partitions", "observations learned", "decisions recorded")
+        names = ("mode", "enforcement", "partitions", "observations learned", "decisions recorded", "interference model")
         changed = [n for n, a, b in zip(names, inputs, self._inputs) if a != b]
         return ", ".join(changed) + " changed" if changed else ""
 

@@ -260,3 +260,37 @@ def user_influence(ev: Evidence, user: str, prior: Prior, cfg: LearnConfig) -> f
     """How far one user's observations move the model: ``model_error`` with them against without."""
     without = Evidence(ev.gpu_type, tuple(o for o in ev.obs if o.user != user))
     return model_error(learn(ev, prior, cfg).params, learn(without, prior, cfg).params)
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """What the service knows of one finished run that shared a GPU: the run, its class's solo
+    figures (runtime, utilisation; None: not learned) and each co-runner's learned solo
+    utilisation (None: not learned)."""
+
+    gpu_type: str
+    user: str
+    job_class: str
+    runtime_s: float
+    exit_code: int
+    solo_runtime_s: float
+    solo_runs: int
+    u_self: float | None
+    u_others: tuple[float | None, ...]
+
+
+def from_run(run: SharedRun) -> tuple[InterferenceObs | None, str]:
+    """The run as an observation (its slowdown: its runtime over its class's solo runtime, compared
+    within the class), or None and why it teaches nothing."""
+    if not run.u_others:
+        return None, "no co-runner"
+    if run.exit_code != 0 or not run.runtime_s > 0:
+        return None, "failed, or no runtime"
+    if run.solo_runs < 1 or not run.solo_runtime_s > 0:
+        return None, "its class has no solo runtime yet"
+    if run.u_self is None:
+        return None, "its class's solo utilisation is not learned yet"
+    if any(u is None for u in run.u_others):
+        return None, "a co-runner's solo utilisation is not learned yet"
+    return InterferenceObs(run.gpu_type, run.user, run.job_class, run.u_self, float(sum(run.u_others)),
+                           run.runtime_s / run.solo_runtime_s), ""

@@ -114,6 +114,13 @@ class RunsAndEvents:
                           (level.value, key, stats_to_json(new), obs.received_at))
         return True
 
+    def recent_shared_observations(self, limit: int) -> list[ObservationRow]:
+        """The newest ``limit`` observations of runs that ended well beside co-runners, oldest
+        first (what the interference learner reads at start: interference/learner.py)."""
+        rows = self._read(f"SELECT {OBSERVATION_COLS} FROM observations WHERE co_runners > 0 AND exit_code = 0 "
+                          "AND runtime_s > 0 AND decision_id != '' ORDER BY finished_at DESC LIMIT ?", (int(limit),))
+        return [observation_row(r) for r in reversed(rows)]
+
     def observations(self, *, job_id: int | None = None, decision_id: str | None = None,
                      instance: str | None = None) -> list[ObservationRow]:
         sql = f"SELECT {OBSERVATION_COLS} FROM observations"

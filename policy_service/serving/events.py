@@ -73,6 +73,7 @@ class EventApplier:
         # The partitions' GPUs as gres.conf declares them (slurm/partitions.py); each GPU's shards
         # are checked against the memory the node's NVML reports for it, warned once. None: not checked.
         self.fleet: Callable[[], object] | None = None
+        self.interference = None  # interference/learner.InterferenceLearner: each shared run teaches it
         self._fleet_warned: set[tuple] = set()
 
     def apply(self, events: Sequence[pb.JobEvent]) -> list[pb.EventResult]:
@@ -194,6 +195,8 @@ class EventApplier:
                 self.learned.update(keys.values())  # pending jobs of these keys may share now
         if applied and self.metrics is not None:
             self._count(row, obs, shared)
+        if applied and keys and co and self.interference is not None:
+            self._teach_interference(row, obs, co)
         requeued = ""
         if applied and obs.oom and shared and row is not None and self.on_shared_oom is not None:
             requeued = self.on_shared_oom(req.job_id, row, req.oom_evidence or evidence, now - finished)
@@ -211,6 +214,16 @@ class EventApplier:
             log.warning("job %s (instance %s) finished without a known decision (%s): observation kept, nothing "
                         "learned", req.job_id, res.instance, res.note or "none recorded")
         return pb.EventResult(event_id=req.event_id, code=OK, applied=applied, decision_id=d_id)
+
+    def _teach_interference(self, row, obs: ObservationRow, co: list[RunRow]) -> None:
+        """A run that shared its GPU(s) with others: an observation of the site's interference."""
+        try:
+            run = self.interference.shared_run(self.store, row, obs.gpu_indices, obs.node, obs.runtime_s or 0.0,
+                                               obs.exit_code, co)
+            if run is not None:
+                self.interference.add(run)
+        except Exception:  # noqa: BLE001 - the observation is recorded; the model learns from the next
+            log.exception("job %s: the interference learner could not read its run", obs.job_id)
 
     def co_runners(self, node: str, gpus, start: float, end: float, instance: str) -> list[RunRow]:
         """Other runs on these GPUs during [start, end]. A run whose finish never came counts as

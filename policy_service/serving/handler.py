@@ -21,6 +21,7 @@ import grpc
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.history.decision_log import DecisionLog
 from policy_service.history.store import HistoryStore
+from policy_service.interference.learner import InterferenceLearner
 from policy_service.slurm.queue import QueueMonitor
 from policy_service.slurm.requeue import OomRequeuer
 from policy_service.slurm.slurm import SlurmAccess
@@ -70,6 +71,10 @@ class PolicyHandler(Deciding, Admitting, Redeciding, EventPath, Explaining):
         self.correlation = Correlator(slurm, store, clock=clock, open_run_max_s=cfg.service.open_run_max_s)
         self.events = EventApplier(cfg, store, self.correlation, clock, self.learned, self.metrics)
         self.events.fleet = partitions  # each GPU's gres.conf shards checked against the agents' NVML totals
+        # The site's interference, learned from its shared runs (interference/learner.py): decisions
+        # read its view; each finished shared run teaches it.
+        self.interference = InterferenceLearner(cfg, self._gpu_type_of)
+        self.events.interference = self.interference
         if slurm is not None:  # a shared run that ran out of GPU memory is requeued whole (core/requeue.py)
             self.events.on_shared_oom = OomRequeuer(self, slurm)
         # What each node's GPU memory enforcement is (reported with job starts): gates oversubscription.
@@ -87,6 +92,14 @@ class PolicyHandler(Deciding, Admitting, Redeciding, EventPath, Explaining):
         # service is standby (None: it writes); called when slurmctld's Admit arrives on the local socket.
         self.standby: Callable[[], str | None] | None = None
         self.on_local_admit: Callable[[int | None], None] | None = None
+
+    def _gpu_type_of(self, node: str, index: int) -> str:
+        """The type gres.conf gives a node's GPU ("": not known)."""
+        parts = self.partitions() if self.partitions else None
+        for g in (parts.node_gpus.get(node, ()) if parts else ()):
+            if g.index == index:
+                return (g.type or "").lower()
+        return ""
 
     def set_mode(self, mode: PolicyMode) -> None:
         """Switch policy.mode for the next Admit (the service's SIGHUP)."""

@@ -90,7 +90,8 @@ class Deciding:
         # objects (HistoryStore._checked hands out one per stored text), queue figures, enforcement,
         # config and dialect it decides the same, but for the id and the time. The decision is made
         # once with the placeholder id and time 0, and handed out with the id put in its place.
-        context = (self.cfg, self.dialect, queue, enforcement, replaces, whole_because)
+        interference = self.interference.view
+        context = (self.cfg, self.dialect, queue, enforcement, replaces, whole_because, interference)
         made = last[0]
         if (made is not None and made[1] == context and len(made[0]) == len(stats)
                 and all(stats.get(level) is s for level, s in made[0])):
@@ -100,13 +101,13 @@ class Deciding:
         template = policy.decide(jr, stats, self.cfg, decision_id=_PLACEHOLDER_ID, now=0.0,
                                  job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
                                  queue=queue, replaces=replaces, dialect=self.dialect,
-                                 whole_because=whole_because, enforcement=enforcement)
+                                 whole_because=whole_because, enforcement=enforcement, interference=interference)
         d = _with_id(template, d_id, now)
         if d is None:  # an id the template cannot take (another length, a comment cut inside it)
             return policy.decide(jr, stats, self.cfg, decision_id=d_id, now=now, job_class=keys[KeyLevel.CLASS],
                                  gres_fields=fields, access=access, queue=queue, replaces=replaces,
                                  dialect=self.dialect, whole_because=whole_because,
-                                 enforcement=enforcement), jr, keys, None
+                                 enforcement=enforcement, interference=interference), jr, keys, None
         last[0] = made = (tuple(stats.items()), context, template, [None], [None])
         return d, jr, keys, made
 

@@ -10,10 +10,15 @@ from __future__ import annotations
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.core.interference_learn import Source
+from policy_service.core.interference_rule import model_line
 from policy_service.trust.authz import Owner
 from policy_service.serving.events import MAX_JOB_ID
 from policy_service.serving.handler_error import HandlerError
 from policy_service.trust.proto_bounds import observation_to_proto
+
+
+INTERFERENCE_MODEL = "interference_model"  # Explain's line on the models (not a decision's reason)
 
 
 class Explaining:
@@ -30,8 +35,11 @@ class Explaining:
         see it (``caller``: None, from inside the service: all)."""
         which = req.WhichOneof("target")
         if which == "job":
-            return pb.ExplainResponse(decision=self.admit(pb.AdmitRequest(job=req.job, dry_run=True), caller).decision,
-                                      job=req.job)
+            out = pb.ExplainResponse(decision=self.admit(pb.AdmitRequest(job=req.job, dry_run=True), caller).decision,
+                                     job=req.job)
+            if out.decision.reasons:  # the full answer (a stranger's is the action and shards alone)
+                out.decision.reasons.append(self._interference_reason())
+            return out
         self._may_explain(caller, None)
         job_id = 0
         if which == "job_id":
@@ -59,9 +67,18 @@ class Explaining:
         if self.store.decision_status(d_id) == "never_held":
             out.decision.reasons.add(code="never_held", message="no job in Slurm ever held this decision (the job "
                                      "was refused after the plugin ran, or slurmctld stopped waiting for the answer)")
+        out.decision.reasons.append(self._interference_reason())
         out.job.CopyFrom(row.facts)
         out.observations.extend(observation_to_proto(o) for o in self.store.observations(decision_id=d_id))
         return out
+
+    def _interference_reason(self) -> pb.Reason:
+        """The site's interference models now (the one a decision used, where it bound, is in its
+        own reasons): which, and from how many shared runs."""
+        view = self.interference.view
+        learned = [f"{t}: {m.reason}" for t, m in view.by_type if m.source is Source.LEARNED]
+        return pb.Reason(code=INTERFERENCE_MODEL, message=f"now: {model_line(view.pooled)}" +
+                         "".join(f"; {line}" for line in learned))
 
     def _may_explain(self, caller, facts: pb.JobFacts | None) -> None:
         if caller is None or self.authorizer is None:

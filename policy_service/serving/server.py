@@ -262,12 +262,30 @@ def start_service(cfg: Config, slurm: SlurmAccess | None = None, use_slurm: bool
             role.on_change.append(lambda writer: monitor.controller_changed(
                 f"this service became {'writer' if writer else 'standby'}", hold_s))
         role.start()
+    # the interference learner reads the shared runs back (off the start: a MariaDB history may take
+    # a while; decisions use the prior until then), and again when this service becomes the writer
+    # (the events of the last writer's runs went there)
+    start_interference(handler, role)
     handler.standby = serving_standby  # events are taken from now on
     if svc.admission_publisher is not None:
         # built from here on: a table built while starting would hold decisions made as a standby
         # (on 22.05's dialect, every shard refused: the shards of the controller unread)
         svc.admission_publisher.start()
     return svc
+
+
+def start_interference(handler, role) -> None:
+    """``InterferenceLearner.load`` in a thread now, and whenever ``role`` makes this service the writer."""
+    def load() -> None:
+        try:
+            handler.interference.load(handler.store, handler.events.co_runners)
+        except Exception:  # noqa: BLE001 - the prior decides meanwhile; the next finished shared run teaches
+            log.exception("interference learner: the history's shared runs could not be read")
+
+    threading.Thread(target=load, name="interference-load", daemon=True).start()
+    if role is not None:
+        role.on_change.append(lambda writer: writer and threading.Thread(
+            target=load, name="interference-load", daemon=True).start())
 
 
 def bind_or_say(listener: GrpcListener) -> bool:
