@@ -15,9 +15,11 @@ from policy_service.core.interference_learn import (
     LearnConfig,
     Prior,
     Refusal,
+    SharedRun,
     Source,
     check,
     fit_lad,
+    from_run,
     learn,
     model_error,
     observe,
@@ -202,3 +204,28 @@ def test_convergence_on_a_small_replay_in_seconds():
     assert model_error(GAVEL.params, LUCID) > 0.5  # the prior is far off
     assert m.source is Source.LEARNED and model_error(m.params, LUCID) <= 0.05
     assert len(COMPARE_GRID) == 100
+
+
+# ----------------------------------------------------------------------------- from a finished run
+def shared_run(**kw) -> SharedRun:
+    base = dict(gpu_type="a100", user="ann", job_class="c1", runtime_s=300.0, exit_code=0, solo_runtime_s=100.0,
+                solo_runs=2, u_self=0.3, u_others=(0.25, 0.15))
+    return SharedRun(**{**base, **kw})
+
+
+def test_a_shared_run_is_an_observation_compared_within_its_class():
+    obs, why = from_run(shared_run())
+    assert why == "" and obs == InterferenceObs("a100", "ann", "c1", 0.3, pytest.approx(0.4), 3.0)
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(u_others=()), "no co-runner"),
+    (dict(exit_code=1), "failed, or no runtime"),
+    (dict(runtime_s=0.0), "failed, or no runtime"),
+    (dict(solo_runs=0), "its class has no solo runtime yet"),
+    (dict(solo_runtime_s=0.0), "its class has no solo runtime yet"),
+    (dict(u_self=None), "its class's solo utilisation is not learned yet"),
+    (dict(u_others=(0.2, None)), "a co-runner's solo utilisation is not learned yet"),
+])
+def test_a_run_that_cannot_teach_says_why(kw, why):
+    assert from_run(shared_run(**kw)) == (None, why)
