@@ -152,8 +152,10 @@ class Execution:
         util = (a.job.solo_util if self.imodel is InterferenceModel.UTIL else a.job.compute_share
                 ) if a.corun_int == 0 else None
         self.rd_dirty = True  # the policy learns from this run
-        self.policy.finished(job, a.no, RunOutcome(runtime_s=runtime, peak_bytes=peak,
-                                                   oom=oom, shared=a.shared, co_runners=co, util_frac=util))
+        done = job.duration_s - a.remaining
+        co_util = a.co_util_work / done if done > 0 else a.u_co
+        self.policy.finished(job, a.no, RunOutcome(runtime_s=runtime, peak_bytes=peak, oom=oom, shared=a.shared,
+                                                   co_runners=co, util_frac=util, co_util=co_util))
         rec.attempts = a.no
         rec.gres, rec.action, rec.sized_bytes = a.adm.gres, a.adm.action, a.adm.sized_bytes
         rec.designated_victim = rec.designated_victim or a.adm.designated_victim
@@ -182,6 +184,7 @@ class Execution:
         if dt > 0:
             a.remaining -= dt / a.slowdown
             a.corun_int += a.n_co * dt
+            a.co_util_work += a.u_co * dt / a.slowdown
             a.last_t = t
 
     def _schedule_next(self, a: Attempt) -> None:
@@ -233,6 +236,7 @@ class Execution:
             if a.slowdown > a.max_slowdown:
                 a.max_slowdown = a.slowdown
             a.n_co = n - 1
+            a.u_co = total_u - a.job.solo_util if im is InterferenceModel.UTIL else 0.0
             self._schedule_next(a)
         used = min(res, self.device)
         self.used_sum += used - self.g_used[g]

@@ -6,6 +6,8 @@
 * ``SwapAware``: the service's own policy: ``request.job_request`` -> ``request.history_keys`` ->
   ``policy.decide``; finished runs are folded into per-key ``ClassStats`` with
   ``estimator.observe``, exactly as the service does.
+  ``interference``: the site's interference models it decides with (None: the configured prior;
+  ``sim.interference_policy`` has a learning variant).
 * ``Oracle``: ``policy.decide`` told each run's true peak (as a user hint, margin 0): an upper
   bound for what a perfect estimator could do with the same decision logic.
 
@@ -23,6 +25,7 @@ from typing import Mapping
 
 from policy_service.config import Config
 from policy_service.core import estimator, policy, request
+from policy_service.core.interference_rule import InterferenceView
 from policy_service.core.types import Action, ClassStats, Decision, GresKind, JobObservation, KeyLevel, QueueState
 from policy_service.sim.workload import QOS_TIERS, SimJob
 
@@ -59,6 +62,8 @@ class RunOutcome:
     shared: bool
     co_runners: int
     util_frac: float | None = None  # GPU utilisation while it ran (None: not measured)
+    # Co-runners' summed solo utilisation, averaged over the run's progress (UTIL model; 0: none)
+    co_util: float = 0.0
 
 
 class SimPolicy(abc.ABC):
@@ -134,8 +139,9 @@ class SwapAware(SimPolicy):
     name, label = "swapaware", "swapaware"
     overflow = OverflowMode.VICTIM
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, interference: InterferenceView | None = None):
         super().__init__(cfg)
+        self.interference = interference  # passed to policy.decide (None: the configured prior)
         self.stats: dict[KeyLevel, dict[str, ClassStats]] = {lv: {} for lv in KeyLevel}
         self._keys: dict[tuple, tuple] = {}
         self._learned: dict[str, int] = {}  # history key -> runs folded
@@ -167,7 +173,8 @@ class SwapAware(SimPolicy):
     def _decide(self, job: SimJob, attempt: int, now: float, stats, req, access, fields, keys, cfg,
                 queue: QueueState | None) -> Admission:
         d = policy.decide(req, stats, cfg, decision_id=f"sim-{job.idx}-{attempt}", now=now,
-                          job_class=keys[0][1], gres_fields=fields, access=access, queue=queue)
+                          job_class=keys[0][1], gres_fields=fields, access=access, queue=queue,
+                          interference=self.interference)
         self.decisions[d.action.value] = self.decisions.get(d.action.value, 0) + 1
         for code in {r.code.value for r in d.reasons}:
             self.reasons[code] = self.reasons.get(code, 0) + 1

@@ -24,7 +24,7 @@ class Attempt:
 
     __slots__ = ("job", "no", "adm", "gpus", "submit_t", "start_t", "remaining", "slowdown", "last_t", "version",
                  "alloc", "grown", "charge", "prio", "victim_prio", "swapped", "n_co", "corun_int",
-                 "shared", "max_slowdown", "offloaded", "max_swap_extra", "checked")
+                 "shared", "max_slowdown", "offloaded", "max_swap_extra", "checked", "u_co", "co_util_work")
 
     def __init__(self, job: SimJob, no: int, adm: Admission, submit_t: float):
         self.job, self.no, self.adm, self.submit_t = job, no, adm, submit_t
@@ -46,6 +46,8 @@ class Attempt:
         self.offloaded = 0
         self.max_swap_extra = 0.0
         self.checked: tuple = ()  # what the policy knew when it last re-decided this pending attempt
+        self.u_co = 0.0  # co-runners' summed solo utilisation now (UTIL model)
+        self.co_util_work = 0.0  # its integral over the work done (solo seconds)
 
 
 @dataclass(slots=True)
