@@ -88,7 +88,7 @@ def test_shared_runs_teach_the_model_that_explain_names_and_decisions_follow(lea
         t += 1000
     learner = svc.handler.interference
     assert learner.runs() == 2 * len(pairs) == 12
-    view = learner.view
+    view = learner.settle()  # the fit runs on a timer once refit_s has passed
     assert view.pooled.source is Source.LEARNED and view.pooled.runs == 12 and view.pooled.users == 4
     assert view.pooled.params.base > 1.0  # s(0.3, 0.3) = 3 pulls a far above the prior's 0.58
     said = model_reason(client, light)
@@ -129,7 +129,7 @@ def test_a_restarted_service_reads_the_same_evidence_back(learning, slurm_jobs):
         finish(client, jb, t + 150, 80.0)
         t += 1000
     first = svc.handler.interference
-    assert first.runs() == 12 and first.view.pooled.source is Source.LEARNED
+    assert first.runs() == 12 and first.settle().pooled.source is Source.LEARNED
     svc.handler.flush()
     svc.stop(0)
     again = start_service(load_config(env=env), slurm=slurm_jobs)
