@@ -5,12 +5,15 @@ import collections
 import math
 import statistics
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from policy_service.slurm.slurm import AccountingJob
 from policy_service.core.policy import parse_admin_comment
+from policy_service.config import Config
+from policy_service.report.interference import load_interference
 from policy_service.report.join import join_job, read_history
-from policy_service.report.model import GROUP_KEYS, GroupSummary, HistorySnapshot, HistoryUnavailable, JobReport, RecordStatus, Report
+from policy_service.report.model import (GROUP_KEYS, GroupSummary, HistorySnapshot, HistoryUnavailable,
+                                         InterferenceSection, JobReport, RecordStatus, Report)
 
 def _median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
@@ -45,8 +48,9 @@ def summarize(key: str, jobs: Sequence[JobReport]) -> GroupSummary:
 def build_report(accounting: Iterable[AccountingJob], hist: HistorySnapshot, *, by: str, shards_per_gpu: int,
                  now: float, start: str = "", end: str = "", history_path: str = "", history_error: str = "",
                  slurm_backend: str = "", live_comments: Mapping[int, str] | None = None,
-                 shard_bytes: int = 0) -> Report:
-    """Join every accounting job with the history and aggregate by ``by`` (user/account/partition)."""
+                 shard_bytes: int = 0, interference: InterferenceSection | None = None) -> Report:
+    """Join every accounting job with the history and aggregate by ``by`` (user/account/partition);
+    ``interference``: the shared runs' predicted vs observed slowdowns (report/interference.py)."""
     if by not in GROUP_KEYS:
         raise ValueError(f"by must be one of {', '.join(GROUP_KEYS)}, not {by!r}")
     jobs: list[JobReport] = []
@@ -69,13 +73,18 @@ def build_report(accounting: Iterable[AccountingJob], hist: HistorySnapshot, *, 
     return Report(by=by, start=start, end=end, generated_at=now, shards_per_gpu=shards_per_gpu,
                   groups=tuple(summarize(k, v) for k, v in sorted(groups.items())),
                   total=summarize("(total)", jobs), jobs=tuple(jobs), non_gpu_jobs=skipped,
-                  history_path=history_path, history_error=history_error, slurm_backend=slurm_backend)
+                  history_path=history_path, history_error=history_error, slurm_backend=slurm_backend,
+                  interference=interference)
 
 
 def load_report(accounting: Sequence[AccountingJob], history_path: Path | str, *, by: str, shards_per_gpu: int,
                 now: float, start: str = "", end: str = "", slurm_backend: str = "",
-                live_comments: Mapping[int, str] | None = None, shard_bytes: int = 0) -> Report:
-    """Read the history for these jobs (accounting only, with the reason, when it cannot be read)."""
+                live_comments: Mapping[int, str] | None = None, shard_bytes: int = 0,
+                interference_cfg: Config | None = None,
+                gpu_type_of: Callable[[str, int], str] | None = None) -> Report:
+    """Read the history for these jobs (accounting only, with the reason, when it cannot be read).
+    ``interference_cfg``: also compare the history's shared runs' slowdowns with the model this
+    config fits to them (``gpu_type_of``: a GPU's type, from gres.conf; None: pooled only)."""
     live_comments = live_comments or {}
     ids = [j.job_id for j in accounting]
     comment_ids = [parse_admin_comment(j.admin_comment or live_comments.get(j.job_id, "")).get("id", "")
@@ -85,9 +94,13 @@ def load_report(accounting: Sequence[AccountingJob], history_path: Path | str, *
         hist = read_history(history_path, ids, [c for c in comment_ids if c])
     except HistoryUnavailable as exc:
         hist, error = HistorySnapshot(), str(exc)
+    interference = None
+    if interference_cfg is not None:
+        interference = (InterferenceSection(error=error) if error else
+                        load_interference(history_path, interference_cfg, gpu_type_of))
     return build_report(accounting, hist, by=by, shards_per_gpu=shards_per_gpu, now=now, start=start, end=end,
                         history_path=str(history_path), history_error=error, slurm_backend=slurm_backend,
-                        live_comments=live_comments, shard_bytes=shard_bytes)
+                        live_comments=live_comments, shard_bytes=shard_bytes, interference=interference)
 
 
 # ============================================================================ rendering

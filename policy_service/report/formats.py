@@ -9,7 +9,9 @@ import json
 import time
 from typing import Any
 
-from policy_service.report.model import GIB, GroupSummary, HOUR_S, JobReport, Report
+from policy_service.report.interference import no_runs_line
+from policy_service.report.model import (GIB, HOUR_S, GroupSummary, InterferenceRun, InterferenceSection,
+                                         InterferenceSummary, JobReport, Report)
 
 def _plain(value: Any) -> Any:
     if isinstance(value, enum.Enum):
@@ -25,9 +27,22 @@ def _row(obj: Any) -> dict[str, Any]:
 
 GROUP_COLUMNS = tuple(f.name for f in dataclasses.fields(GroupSummary))
 JOB_COLUMNS = tuple(f.name for f in dataclasses.fields(JobReport))
+RUN_COLUMNS = tuple(f.name for f in dataclasses.fields(InterferenceRun))
 
 
-def report_to_dict(rep: Report, *, with_jobs: bool = False) -> dict[str, Any]:
+def interference_to_dict(sec: InterferenceSection | None, *, with_runs: bool = False) -> dict[str, Any] | None:
+    """The "interference" object of the JSON (None: not read at all)."""
+    if sec is None:
+        return None
+    out: dict[str, Any] = {"available": not sec.error, "error": sec.error or None, "learn": sec.learn,
+                           "prior": sec.prior, "summary": [_row(x) for x in sec.summary],
+                           "refused": dict(sec.refused)}
+    if with_runs:
+        out["runs"] = [_row(r) for r in sec.runs]
+    return out
+
+
+def report_to_dict(rep: Report, *, with_jobs: bool = False, with_runs: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {
         "meta": {
             "by": rep.by, "start": rep.start, "end": rep.end, "generated_at": rep.generated_at,
@@ -42,17 +57,24 @@ def report_to_dict(rep: Report, *, with_jobs: bool = False) -> dict[str, Any]:
     }
     if with_jobs:
         out["jobs"] = [_row(j) for j in rep.jobs]
+    out["interference"] = interference_to_dict(rep.interference, with_runs=with_runs)
     return out
 
 
-def format_json(rep: Report, *, with_jobs: bool = False) -> str:
-    return json.dumps(report_to_dict(rep, with_jobs=with_jobs), indent=2, sort_keys=False)
+def format_json(rep: Report, *, with_jobs: bool = False, with_runs: bool = False) -> str:
+    return json.dumps(report_to_dict(rep, with_jobs=with_jobs, with_runs=with_runs), indent=2, sort_keys=False)
 
 
-def format_csv(rep: Report, *, with_jobs: bool = False) -> str:
-    """Groups plus a '(total)' row; with ``with_jobs``, one row per job instead."""
+def format_csv(rep: Report, *, with_jobs: bool = False, with_runs: bool = False) -> str:
+    """Groups plus a '(total)' row; with ``with_jobs``, one row per job instead; with
+    ``with_runs``, one row per shared run (predicted vs observed slowdown) instead."""
     buf = io.StringIO()
-    if with_jobs:
+    if with_runs:
+        w = csv.DictWriter(buf, fieldnames=RUN_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        for r in rep.interference.runs if rep.interference is not None else ():
+            w.writerow({k: _csv(v) for k, v in _row(r).items()})
+    elif with_jobs:
         w = csv.DictWriter(buf, fieldnames=("group", *JOB_COLUMNS), lineterminator="\n")
         w.writeheader()
         for j in rep.jobs:
@@ -126,7 +148,68 @@ def notes(rep: Report) -> list[str]:
     return lines
 
 
-def format_table(rep: Report, *, with_jobs: bool = False) -> str:
+def _slowdown(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def model_cell(x: InterferenceSummary) -> str:
+    """The model that judges a GPU type's runs, in a few words."""
+    where = "all types" if x.model_type == "*" else x.model_type
+    return (f"{x.model_source} ({where}, {x.model_runs} runs, {x.model_users} users): "
+            f"a {x.model_base:.3f}, b {x.model_slope:.3f}")
+
+
+# The interference summary: header, cell (terminal and HTML)
+INTERFERENCE_TABLE = (
+    ("gpu_type", lambda x: x.gpu_type or "(untyped)"),
+    ("runs", lambda x: str(x.runs)),
+    ("users", lambda x: str(x.users)),
+    ("mae_model", lambda x: _slowdown(x.mae_learned)),
+    ("mae_prior", lambda x: _slowdown(x.mae_prior)),
+    ("model", model_cell),
+)
+RUN_TABLE = (  # header, cell (the runs listed with --interference)
+    ("decision", lambda r: r.decision_id), ("gpu_type", lambda r: r.gpu_type or "-"), ("user", lambda r: r.user),
+    ("u_self", lambda r: f"{r.u_self:.2f}"), ("u_others", lambda r: f"{r.u_others:.2f}"),
+    ("observed", lambda r: _slowdown(r.observed)), ("model", lambda r: _slowdown(r.predicted_learned)),
+    ("prior", lambda r: _slowdown(r.predicted_prior)), ("by", lambda r: r.model_type),
+)
+
+
+def interference_notes(sec: InterferenceSection) -> list[str]:
+    """The lines under the interference table (terminal and HTML)."""
+    lines = [no_runs_line(sec)] if no_runs_line(sec) else []
+    if not sec.error:
+        lines += ["observed: runtime / the class's solo runtime; predicted: s(u, v) = 1 + a v + b max(0, u + v - 1),",
+                  f"u the class's solo utilisation, v the co-runners' summed (as the classes' figures are now); "
+                  f"prior {sec.prior}" + ("" if sec.learn else "; interference.learn is off: the prior decides")]
+    if sec.refused and sec.runs:
+        lines.append("shared runs that could not teach the model: " +
+                     ", ".join(f"{why} {n}" for why, n in sec.refused))
+    return lines
+
+
+def _columns(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned first and last column, the rest right-aligned, each as wide as it needs."""
+    widths = [max(len(c) for c in col) for col in zip(header, *rows)]
+    last = len(header) - 1
+    return ["  ".join(c.ljust(w) if i in (0, last) else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(cells, widths))).rstrip() for cells in (header, *rows)]
+
+
+def format_interference(sec: InterferenceSection, *, with_runs: bool = False) -> list[str]:
+    """The "Interference: predicted vs observed" part of the terminal table."""
+    lines = ["", f"Interference: predicted vs observed slowdowns ({len(sec.runs)} shared runs)"]
+    if sec.summary and sec.runs:
+        lines += _columns(tuple(h for h, _ in INTERFERENCE_TABLE),
+                          [tuple(f(x) for _, f in INTERFERENCE_TABLE) for x in sec.summary])
+    lines += interference_notes(sec)
+    if with_runs and sec.runs:
+        lines += [""] + _columns(tuple(h for h, _ in RUN_TABLE), [tuple(f(r) for _, f in RUN_TABLE) for r in sec.runs])
+    return lines
+
+
+def format_table(rep: Report, *, with_jobs: bool = False, with_runs: bool = False) -> str:
     rows = [*rep.groups, rep.total]
     kw = max([len(rep.by), 9, *(len(g.key) for g in rows)])
     head = rep.by.upper().ljust(kw) + "  " + " ".join(h.rjust(w) for h, w, _ in _TABLE)
@@ -144,6 +227,8 @@ def format_table(rep: Report, *, with_jobs: bool = False) -> str:
     lines.extend(notes(rep))
     if rep.history_error:
         lines.append(f"WARNING: history not read ({rep.history_error}): accounting columns only")
+    if rep.interference is not None:
+        lines += format_interference(rep.interference, with_runs=with_runs)
     if with_jobs and rep.jobs:
         lines += ["", _format_jobs(rep)]
     return "\n".join(lines)

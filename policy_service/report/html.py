@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from policy_service.report.formats import _TABLE, fmt_duration, notes
-from policy_service.report.model import GIB, Report
+from policy_service.report.formats import INTERFERENCE_TABLE, RUN_TABLE, _TABLE, fmt_duration, interference_notes, notes
+from policy_service.report.model import GIB, InterferenceSection, Report
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -46,7 +46,21 @@ def _table(header: Iterable[str], rows: Iterable[tuple[str, list[str]]]) -> str:
     return "\n".join(out)
 
 
-def format_html(rep: Report, *, with_jobs: bool = False, plots: Iterable[Path] = (), plots_note: str = "") -> str:
+def _interference(sec: InterferenceSection, *, with_runs: bool) -> list[str]:
+    """The "Interference: predicted vs observed" section: per GPU type, the notes, the runs (optional)."""
+    parts = ["<h2>Interference: predicted vs observed</h2>"]
+    if sec.runs:
+        parts.append(_table([h for h, _f in INTERFERENCE_TABLE],
+                            [("total" if x is sec.summary[-1] else "", [f(x) for _h, f in INTERFERENCE_TABLE])
+                             for x in sec.summary]))
+    parts += [f'<p class="note">{_e(n)}</p>' for n in interference_notes(sec)]
+    if with_runs and sec.runs:
+        parts.append(_table([h for h, _f in RUN_TABLE], [("", [f(r) for _h, f in RUN_TABLE]) for r in sec.runs]))
+    return parts
+
+
+def format_html(rep: Report, *, with_jobs: bool = False, plots: Iterable[Path] = (), plots_note: str = "",
+                with_runs: bool = False) -> str:
     title = f"swapaware report {rep.start or '?'} .. {rep.end or 'now'}"
     generated = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(rep.generated_at))
     summary = _table([rep.by, *(h for h, _w, _f in _TABLE)],
@@ -62,6 +76,8 @@ def format_html(rep: Report, *, with_jobs: bool = False, plots: Iterable[Path] =
     if rep.history_error:
         parts.append(f'<p class="warn">history not read ({_e(rep.history_error)}): accounting columns only</p>')
     parts += ["<h2>Summary</h2>", summary, *(f'<p class="note">{_e(n)}</p>' for n in notes(rep))]
+    if rep.interference is not None:
+        parts += _interference(rep.interference, with_runs=with_runs)
     figures = []
     for p in plots:
         data = base64.b64encode(Path(p).read_bytes()).decode()

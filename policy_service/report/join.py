@@ -1,6 +1,7 @@
 """The accounting join: each accounting job with the service's history (its decision, its
 observations) and, for unfinished jobs, slurmctld's AdminComment; judged against its allocation.
-``read_history`` is the only reader of the SQLite file."""
+``read_history`` reads the jobs' records from the history (read-only; the shared runs:
+interference.py)."""
 from __future__ import annotations
 
 import json

@@ -164,6 +164,54 @@ class GroupSummary:
     shadow_would_oom: int = 0
 
 
+# ============================================================================ interference
+@dataclass(frozen=True)
+class InterferenceRun:
+    """One finished run that shared its GPU: its slowdown as observed and as predicted
+    (report/interference.py)."""
+
+    decision_id: str
+    gpu_type: str  # "" where gres.conf names none for the GPU it ran on
+    user: str
+    job_class: str
+    u_self: float  # its class's solo utilisation (as learned now)
+    u_others: float  # its co-runners' classes' solo utilisations, summed
+    observed: float  # its runtime / its class's solo runtime (EWMA), not clamped
+    predicted_learned: float  # by the model decisions use for its GPU type (the prior until one is learned)
+    predicted_prior: float  # by the configured prior (swap_cost.compute_interference_*)
+    model_type: str  # the GPU type of the model that predicted it: its own, or "*" (every type's runs)
+
+
+@dataclass(frozen=True)
+class InterferenceSummary:
+    """One GPU type's shared runs (``gpu_type`` "(all)": every run) and the model that judges it."""
+
+    gpu_type: str
+    runs: int
+    users: int
+    mae_learned: float | None  # mean |predicted_learned - observed|; None: no run
+    mae_prior: float | None  # mean |predicted_prior - observed|
+    model_type: str  # "*": the model of every type's runs together
+    model_source: str  # "learned" or "prior"
+    model_runs: int  # shared runs the model was fitted to
+    model_users: int
+    model_base: float  # a of s(u, v) = 1 + a v + b max(0, u + v - 1)
+    model_slope: float  # b
+    model_reason: str
+
+
+@dataclass(frozen=True)
+class InterferenceSection:
+    """Predicted against observed slowdowns of the history's newest shared runs."""
+
+    runs: tuple[InterferenceRun, ...] = ()
+    summary: tuple[InterferenceSummary, ...] = ()
+    refused: tuple[tuple[str, int], ...] = ()  # (why a shared run taught nothing, how many)
+    prior: str = ""  # the prior: its name and parameters
+    learn: bool = True  # interference.learn: false, the prior alone decides
+    error: str = ""  # non-empty: not read, and why
+
+
 @dataclass(frozen=True)
 class Report:
     by: str
@@ -178,6 +226,7 @@ class Report:
     history_path: str = ""
     history_error: str = ""  # non-empty: accounting only, history could not be read
     slurm_backend: str = ""
+    interference: InterferenceSection | None = None  # None: not asked for
 
 
 # ============================================================================ pure parsing

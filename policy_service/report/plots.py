@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from policy_service.report.model import GIB, Report, ReportError
+from policy_service.report.model import GIB, InterferenceSection, Report, ReportError
 
 class PlotsUnavailable(ReportError):
     pass
@@ -25,7 +25,8 @@ def pyplot() -> Any:
 
 def write_plots(out_dir: Path, rep: Report) -> list[Path]:
     """PNG plots: GPU-hours per group, job outcomes per group, predicted vs observed peak per job,
-    queue wait per group. Needs matplotlib (``pip install 'swapaware[plots]'``)."""
+    queue wait per group, and predicted vs observed slowdown per shared run where the report has
+    any (``interference.png``). Needs matplotlib (``pip install 'swapaware[plots]'``)."""
     plt = pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = [g.key for g in rep.groups]
@@ -108,7 +109,33 @@ def write_plots(out_dir: Path, rep: Report) -> list[Path]:
     ax.set_ylabel("queue wait, submit to start (min)")
     ax.set_title(f"queue wait by {rep.by}")
     save(fig, "queue_wait.png")
+    # 5. predicted vs observed slowdown per shared run (none drawn without shared runs)
+    if rep.interference is not None and rep.interference.runs:
+        fig, ax = plt.subplots(figsize=(5.5, 5.5))
+        interference_scatter(ax, rep.interference)
+        save(fig, "interference.png")
     return written
+
+
+def interference_scatter(ax: Any, sec: InterferenceSection) -> None:
+    """Observed slowdown (x) against the site's model's and the prior's predictions (y), the diagonal."""
+    runs = sec.runs
+    observed = [r.observed for r in runs]
+    total = sec.summary[-1]  # every run's
+    learned = sorted({"all types" if x.model_type == "*" else x.model_type
+                      for x in sec.summary[:-1] if x.model_source == "learned"})
+    ax.scatter(observed, [r.predicted_learned for r in runs], marker="o", color="tab:blue",
+               label=f"site's model ({'learned: ' + ', '.join(learned) if learned else 'not learned yet: the prior'};"
+                     f" MAE {total.mae_learned:.2f})")
+    ax.scatter(observed, [r.predicted_prior for r in runs], marker="x", color="tab:orange",
+               label=f"prior {sec.prior.split(':')[0]} (MAE {total.mae_prior:.2f})")
+    lo = min(1.0, *observed, *(r.predicted_prior for r in runs), *(r.predicted_learned for r in runs)) * 0.95
+    hi = max(*observed, *(r.predicted_prior for r in runs), *(r.predicted_learned for r in runs)) * 1.05
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, label="predicted = observed")
+    ax.set_xlabel("observed slowdown (runtime / class's solo runtime)")
+    ax.set_ylabel("predicted slowdown")
+    ax.set_title(f"interference: predicted vs observed ({len(runs)} shared runs)")
+    ax.legend(fontsize=8)
 
 
 # ============================================================================ command
