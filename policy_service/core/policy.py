@@ -16,7 +16,8 @@ from policy_service.config import AccessClass, Config
 from policy_service.core.enforcement import EnforcementView
 from policy_service.core import estimator
 from policy_service.core.dialect import SLURM_22_05, SlurmDialect
-from policy_service.core.interference_rule import InterferenceView, prior_view
+from policy_service.core.interference_learn import LearnedModel
+from policy_service.core.interference_rule import InterferenceView, model_line, predicted, prior_view
 from policy_service.core.request import shard_rewrite
 from policy_service.core.route import _keeps_request, _route, _single_gpu
 from policy_service.core.shard_sizing import _whole_as_shards, solo_utilisation, whole_gpu_as_shards
@@ -65,14 +66,33 @@ def contention_degree(s: ClassStats | None, min_runs: int) -> float | None:
     return max(0.0, (s.ewma_shared_runtime_s - s.ewma_solo_runtime_s) / s.ewma_solo_runtime_s / n)
 
 
-def site_factor(s: ClassStats | None, cfg: Config) -> tuple[int, Reason]:
+def predicted_contention(s: ClassStats | None, model: LearnedModel | None, cfg: Config) -> float | None:
+    """The contention degree the site's interference model predicts for a class whose shared
+    runtimes are not measured yet: its slowdown beside one co-runner of the default utilisation
+    (swap_cost.default_solo_util), less one. None without a learned solo utilisation or a model."""
+    if s is None or model is None or s.util_runs < 1:
+        return None
+    return max(0.0, predicted(model, s.ewma_solo_util, cfg.swap_cost.default_solo_util) - 1.0)
+
+
+def site_factor(s: ClassStats | None, cfg: Config, model: LearnedModel | None = None) -> tuple[int, Reason]:
+    """The seed's priority: the class's measured contention degree, else the one the site's
+    interference model predicts from its solo utilisation, else 0."""
     w = contention_degree(s, cfg.policy.contention_min_runs)
+    cap = cfg.policy.site_factor_max
     if w is None:
-        return 0, Reason(ReasonCode.PRIORITY_DEFAULT, "no shared-vs-solo runtimes yet: site factor 0")
-    value = int(min(cfg.policy.site_factor_max, round(cfg.policy.site_factor_scale * w)))
+        w = predicted_contention(s, model, cfg)
+        if w is None:
+            return 0, Reason(ReasonCode.PRIORITY_DEFAULT, "no shared-vs-solo runtimes yet: site factor 0")
+        value = int(min(cap, round(cfg.policy.site_factor_scale * w)))
+        return value, Reason(ReasonCode.PRIORITY_CONTENTION,
+                             f"predicted contention degree {w:.3f} (alone {s.ewma_solo_util:.0%} busy, beside a "
+                             f"co-runner {cfg.swap_cost.default_solo_util:.0%} busy; {model_line(model)}; no shared "
+                             f"runs measured yet): site factor {value} (cap {cap})")
+    value = int(min(cap, round(cfg.policy.site_factor_scale * w)))
     return value, Reason(ReasonCode.PRIORITY_CONTENTION,
                          f"contention degree {w:.3f} (shared {s.ewma_shared_runtime_s:.0f}s vs solo "
-                         f"{s.ewma_solo_runtime_s:.0f}s): site factor {value} (cap {cfg.policy.site_factor_max})")
+                         f"{s.ewma_solo_runtime_s:.0f}s): site factor {value} (cap {cap})")
 
 
 # The history keys whose learning can change a pending job's decision (class, user+name); the
@@ -121,11 +141,12 @@ def decide(req: JobRequest, stats: Mapping[KeyLevel, ClassStats], cfg: Config, *
     class_stats = stats.get(KeyLevel.CLASS)
     # An OOM penalty lives with the class; a class never seen yet inherits its user+name's.
     penalty = class_stats if class_stats is not None else stats.get(KeyLevel.USER_NAME)
+    view = interference or prior_view(cfg)
     action, shards, slow, off, route_reasons = _route(req, est, penalty, access, cfg, queue, solo_utilisation(stats),
-                                                      enforcement, interference or prior_view(cfg))
+                                                      enforcement, view)
     if whole_because is not None:
         action, shards, slow, off, route_reasons = Action.WHOLE_GPU, 0, 1.0, 0, [whole_because]
-    sf, prio_reason = site_factor(class_stats, cfg)
+    sf, prio_reason = site_factor(class_stats, cfg, view.model_for(req.gpu.gpu_type))
     if (action is Action.WHOLE_GPU and _single_gpu(req) and not _keeps_request(req) and cfg.policy.enable_sharing
             and whole_gpu_as_shards(cfg, dialect)):
         shards, held = _whole_as_shards(req, cfg, dialect)

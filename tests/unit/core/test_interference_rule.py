@@ -126,3 +126,31 @@ def test_the_prior_view_names_the_prior():
     v = prior_view(CFG)
     assert v.pooled.source is Source.PRIOR and v.pooled.params == KneeParams(0.58, 2.9)
     assert v.pooled.reason == "prior (gavel): a 0.580, b 2.900" and prior_view(CFG) is v
+
+
+# ----------------------------------------------------------------------------- priority
+def site_factor_and_reason(d):
+    (r,) = [r for r in d.reasons if r.code in (ReasonCode.PRIORITY_CONTENTION, ReasonCode.PRIORITY_DEFAULT)]
+    return d.site_factor, r
+
+
+def test_the_model_predicts_the_contention_of_a_class_never_measured_shared():
+    # Gavel's prior: s(0.3, 0.5) = 1 + 0.58 x 0.5 = 1.29 beside a co-runner of the default 50 %
+    sf, r = site_factor_and_reason(decide(with_util(0.3)))
+    assert sf == 290 and r.code is ReasonCode.PRIORITY_CONTENTION
+    assert r.message.startswith("predicted contention degree 0.290 (alone 30% busy, beside a co-runner 50% busy; "
+                                "interference model: prior (gavel)")
+    # s(0.8, 0.5) = 1 + 0.29 + 2.9 x 0.3 = 2.16: past the knee
+    assert decide(with_util(0.8)).site_factor == 1000  # 1160, capped at site_factor_max
+    # the site's model: a steeper one predicts more
+    assert decide(with_util(0.3), view=STEEP).site_factor == 800  # 1 + 1.6 x 0.5 = 1.8
+
+
+def test_a_measured_contention_degree_wins_and_no_utilisation_keeps_the_default():
+    stats = with_util(0.3)
+    measured = replace(stats[KeyLevel.CLASS], solo_runs=2, shared_runs=2, ewma_solo_runtime_s=100.0,
+                       ewma_shared_runtime_s=150.0, ewma_corunners=1.0)
+    sf, r = site_factor_and_reason(decide({KeyLevel.CLASS: measured}))
+    assert sf == 500 and r.message.startswith("contention degree 0.500 (shared 150s vs solo 100s)")
+    sf, r = site_factor_and_reason(decide(with_util(None)))
+    assert (sf, r.code) == (0, ReasonCode.PRIORITY_DEFAULT)
