@@ -1,12 +1,14 @@
 """Replacing a file so that a reader sees the old one or the new one, never a part: a temporary
 file beside it (mkstemp: created exclusively, 0600 until its mode is set), written, fsynced,
-renamed over the old one, and the directory fsynced."""
+renamed over the old one, and the directory fsynced. Likewise a Unix socket that appears only
+once it listens (``listening_unix_server``)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 
 def write_atomically(path: Path, data: bytes | Iterable[bytes], mode: int = 0o644, gid: int | None = None) -> int:
@@ -43,3 +45,31 @@ def write_atomically(path: Path, data: bytes | Iterable[bytes], mode: int = 0o64
     finally:
         os.close(dfd)
     return size
+
+
+def listening_unix_server(make: Callable[[str], Any], path: Path, mode: int) -> Any:
+    """A socketserver (``make(address)``, which binds and listens) whose socket appears under
+    ``path`` only once it listens and has ``mode``: bound beside it under a temporary name (created
+    0600 by the umask), then renamed into place. A client never finds the path and is refused (a
+    socket bound but not yet listening refuses connections), and never finds it with the umask's mode."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.binding"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    old_umask = os.umask(0o177)
+    try:
+        server = make(str(tmp))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # bound, then failing to listen
+        raise
+    finally:
+        os.umask(old_umask)
+    try:
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        server.server_close()
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    return server

@@ -23,6 +23,7 @@ import grpc
 from google.protobuf import json_format
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.atomic_file import listening_unix_server
 from policy_service.serving import json_codec
 from policy_service.trust.authz import Caller
 from policy_service.serving.handler import Method, PolicyHandler
@@ -177,8 +178,8 @@ def start_local_socket(handler: PolicyHandler, path: Path, mode: int = 0o660) ->
             except OSError:
                 return False  # the client gave up (its deadline passed)
 
-    server = _Server(str(path), Handler)
-    os.chmod(path, mode)
+    # the path appears once the socket listens with its mode: slurmctld's Lua is never refused meanwhile
+    server = listening_unix_server(lambda address: _Server(address, Handler), path, mode)
     thread = threading.Thread(target=server.serve_forever, name="local-socket", daemon=True)
     thread.start()
     return server, thread

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import socketserver
 import threading
 from pathlib import Path
 
+from policy_service.atomic_file import listening_unix_server
 from slurm_plugin.agent.protocol import MAX_REQUEST_BYTES
 from slurm_plugin.agent.sampler import Agent
 
@@ -73,12 +73,8 @@ class AgentServer:
 
     def start(self) -> None:
         _prepare_socket_path(self.socket_path)
-        old_umask = os.umask(0o177)
-        try:
-            self._server = _UnixServer(str(self.socket_path), _Handler)
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.socket_path, 0o600)
+        # the path appears once the socket listens: a hook connecting in between is never refused
+        self._server = listening_unix_server(lambda address: _UnixServer(address, _Handler), self.socket_path, 0o600)
         self._server.agent = self.agent
         self._threads = [
             threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, name="agent-socket",
