@@ -129,6 +129,13 @@ class SeedSlurm:
     def pending_jobs(self):
         return []
 
+    def queue_with_comments(self):
+        return [], []
+
+    def cluster_nodes(self):
+        from policy_service.slurm.slurm_text import NodeGres
+        return NodeGres(gpus=0, shards={})
+
     def slurm_user(self):
         return "root", 0
 

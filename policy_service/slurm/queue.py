@@ -154,7 +154,7 @@ class QueueMonitor:
         began_wall = self.wall()
         live = None
         try:
-            if self.live_wanted and hasattr(self.slurm, "queue_with_comments"):
+            if self.live_wanted:
                 pending, live = self.slurm.queue_with_comments()
             else:
                 pending = self.slurm.pending_jobs()

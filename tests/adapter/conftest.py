@@ -94,6 +94,11 @@ class SlurmJobs:
             raise SlurmError("squeue: error: slurm_load_jobs error: Unable to contact slurm controller")
         return list(self.pending)
 
+    def queue_with_comments(self):
+        """The queue monitor's one squeue when the catch-up follows it: pending_jobs() and
+        live_commented_jobs() (SlurmAccess.queue_with_comments)."""
+        return self.pending_jobs(), self.live_commented_jobs()
+
     def cluster_gpus(self) -> int:
         return self.gpus
 
