@@ -21,17 +21,19 @@ def stat_cpu_s(stat: Path) -> float:
     return sum(stat_times_s(stat))
 
 
+def pid_times_s(pid: int) -> tuple[float, float]:
+    """(user, system) seconds of CPU ``pid`` (all its threads) has used so far; (0, 0) once it is gone."""
+    try:
+        return stat_times_s(Path(f"/proc/{pid}/stat"))
+    except FileNotFoundError:
+        return 0.0, 0.0
+
+
 def user_cpu_s(pid: int) -> float:
     """Seconds of CPU ``pid`` has used in user space (utime alone); 0.0 once it is gone."""
-    try:
-        return stat_times_s(Path(f"/proc/{pid}/stat"))[0]
-    except FileNotFoundError:
-        return 0.0
+    return pid_times_s(pid)[0]
 
 
 def cpu_s(pid: int) -> float:
     """Seconds of CPU ``pid`` (all its threads) has used so far; 0.0 once it is gone."""
-    try:
-        return stat_cpu_s(Path(f"/proc/{pid}/stat"))
-    except FileNotFoundError:
-        return 0.0
+    return sum(pid_times_s(pid))

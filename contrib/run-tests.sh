@@ -131,9 +131,14 @@ for rel in "${wanted[@]}"; do
     fi
 done
 
+run_suites() {  # RELEASE: contrib/run-tests.sh --integration-only in the release's namespace (the
+    # caller's SWAPAWARE_MATRIX_* and SWAPAWARE_SUITES choose the lane and the suites)
+    bash "$ROOT/contrib/matrix/run.sh" "$1" bash contrib/run-tests.sh --integration-only "${args[@]+"${args[@]}"}"
+}
+
 suite() {  # RELEASE: its integration suites, one after another in its namespace
     mlog "Slurm $1: integration suite"
-    bash "$ROOT/contrib/matrix/run.sh" "$1" bash contrib/run-tests.sh --integration-only "${args[@]+"${args[@]}"}"
+    run_suites "$1"
 }
 
 # A release's suites in two lanes side by side (SWAPAWARE_TEST_LANES, default 2; 1: one lane, as
@@ -147,13 +152,10 @@ suite_lanes() {  # RELEASE
     mlog "Slurm $rel: integration suites in two lanes"
     bash "$ROOT/contrib/matrix/run.sh" "$rel" --prepare || return $?
     SWAPAWARE_MATRIX_LANE=a SWAPAWARE_MATRIX_KEEP_ROOT=1 SWAPAWARE_MATRIX_NODES="test mn" \
-        SWAPAWARE_SUITES="install integration multinode" \
-        bash "$ROOT/contrib/matrix/run.sh" "$rel" bash contrib/run-tests.sh --integration-only \
-        "${args[@]+"${args[@]}"}" >"$logs/$rel-a.log" 2>&1 &
+        SWAPAWARE_SUITES="install integration multinode" run_suites "$rel" >"$logs/$rel-a.log" 2>&1 &
     pa=$!
     SWAPAWARE_MATRIX_LANE=ha SWAPAWARE_MATRIX_KEEP_ROOT=1 SWAPAWARE_MATRIX_NODES=ha SWAPAWARE_SUITES=multinode_ha \
-        bash "$ROOT/contrib/matrix/run.sh" "$rel" bash contrib/run-tests.sh --integration-only \
-        "${args[@]+"${args[@]}"}" >"$logs/$rel-ha.log" 2>&1 &
+        run_suites "$rel" >"$logs/$rel-ha.log" 2>&1 &
     ph=$!
     wait "$pa" || ra=$?
     wait "$ph" || rh=$?
