@@ -153,3 +153,54 @@ def test_runs_that_cannot_teach_are_counted_with_why(learning, slurm_jobs):
     learner = svc.handler.interference
     assert learner.runs() == 0
     assert learner.refused["its class has no solo runtime yet"] == 2
+
+
+def test_a_user_whose_shared_runs_run_long_cannot_steer_the_site_model(service_env, slurm_jobs):
+    """Mallory's three classes run 100 s alone and 2,000 s beside each other (her jobs sleep when
+    shared): two thirds of the site's shared runs, 20x slowdowns. Honest classes are slowed 1.2x.
+    Her weight is capped at max_user_share (0.1) of the evidence: the site's model stays where the
+    honest runs put it; the same evidence fitted without the caps follows her."""
+    from dataclasses import replace
+
+    from policy_service.core.interference_learn import learn, user_influence
+    from policy_service.core.interference_rule import predicted
+
+    env = {**service_env, **LEARN, "SWAPAWARE_INTERFERENCE__MAX_USER_SHARE": "0.1"}
+    svc = start_service(load_config(env=env), slurm=slurm_jobs)
+    client = PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0)
+    try:
+        ids, t = itertools.count(700), 1000.0
+        classes = {u: facts(name=f"m-{u}", user=u) for u in USERS}
+        evil = {f"mallory-{i}": facts(name=f"m-mallory-{i}", user="mallory") for i in range(3)}
+        for job in (*classes.values(), *evil.values()):
+            run_solo(client, slurm_jobs, next(ids), job, util_pct=30.0, start=t, end=t + 100)
+            t += 200
+
+        def pair(a: pb.JobFacts, b: pb.JobFacts, runs_s: float) -> None:
+            nonlocal t
+            ja, jb = next(ids), next(ids)
+            for job_id, job in ((ja, a), (jb, b)):
+                slurm_jobs.comments[job_id] = client.admit(job).decision.rewrite.admin_comment
+            start(client, ja, t)
+            start(client, jb, t)
+            assert finish(client, ja, t + runs_s, 60.0).applied and finish(client, jb, t + runs_s, 60.0).applied
+            t += 5000
+
+        for a, b in itertools.combinations(USERS, 2):
+            pair(classes[a], classes[b], 120.0)
+        for a, b in itertools.combinations(evil, 2):
+            for _ in range(4):
+                pair(evil[a], evil[b], 2000.0)
+        learner = svc.handler.interference
+        view = learner.settle()
+        ev = learner._evidence[ANY_TYPE]
+        assert len(ev.obs) == 36 and sum(o.user == "mallory" for o in ev.obs) == 24
+        assert view.pooled.source is Source.LEARNED
+        assert predicted(view.pooled, 0.3, 0.3) == pytest.approx(1.2, abs=0.05)  # what the honest runs say
+        cfg = svc.handler.cfg.interference
+        assert user_influence(ev, "mallory", learner.prior, cfg) < 0.05
+        unbounded = learn(ev, learner.prior, replace(cfg, max_user_share=0.9, max_class_share=0.9))
+        assert predicted(unbounded, 0.3, 0.3) == pytest.approx(1.9)  # she steers it: a at its bound (3.0)
+    finally:
+        client.close()
+        svc.stop(0)
