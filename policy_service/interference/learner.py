@@ -45,6 +45,7 @@ class InterferenceLearner:
         self._lock = threading.Lock()
         self._new = 0  # observations since the last fit
         self._timer: threading.Timer | None = None  # the fit to come (maybe_refit)
+        self.on_refit: Callable[[InterferenceView, collections.Counter], None] | None = None  # metrics
         self._fitted_at = float("-inf")
 
     # ------------------------------------------------------------------ evidence
@@ -127,6 +128,8 @@ class InterferenceLearner:
         view = InterferenceView(pooled, by_type)
         old = self.view
         self.view = view
+        if self.on_refit is not None:
+            self.on_refit(view, self.refused)
         if (pooled.source, pooled.params) != (old.pooled.source, old.pooled.params) or \
                 [(t, m.source) for t, m in by_type] != [(t, m.source) for t, m in old.by_type]:
             log.info("%s%s", model_line(pooled), "".join(f"; {t}: {m.reason}" for t, m in by_type

@@ -75,6 +75,7 @@ class PolicyHandler(Deciding, Admitting, Redeciding, EventPath, Explaining):
         # read its view; each finished shared run teaches it.
         self.interference = InterferenceLearner(cfg, self._gpu_type_of)
         self.events.interference = self.interference
+        self.interference.on_refit = self.metrics.interference_view
         if slurm is not None:  # a shared run that ran out of GPU memory is requeued whole (core/requeue.py)
             self.events.on_shared_oom = OomRequeuer(self, slurm)
         # What each node's GPU memory enforcement is (reported with job starts): gates oversubscription.

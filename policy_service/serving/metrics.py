@@ -36,11 +36,12 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from policy_service.config import split_host_port
+from policy_service.core.interference_learn import Source
 
 log = logging.getLogger("swapaware.metrics")
 
@@ -87,6 +88,13 @@ class ServiceMetrics:
                                 "while another process holds the port", registry=r)
         self.grpc_bind_failures = Counter("swapaware_grpc_bind_failures", "Tries to bind service.grpc_address "
                                           "that found the port held by another process", registry=r)
+        self.interference = Gauge("swapaware_interference_model", "The site's interference model per GPU type "
+                                  "(gpu_type * : every type's runs together): its parameters a and b (slowdown "
+                                  "1 + a v + b max(0, u + v - 1)), its shared runs, and learned (1) or the prior (0)",
+                                  ("gpu_type", "what"), registry=r)
+        self.interference_untaught = Gauge("swapaware_interference_untaught_runs", "Shared runs that taught the "
+                                           "interference model nothing since the service started, by why",
+                                           ("why",), registry=r)
         # The plugin's counters, by the slurmctld that sent them (its pid): a restart starts them at 0.
         self._plugin_last: dict[tuple[object, str], int] = {}
         self._lock = threading.Lock()
@@ -96,6 +104,15 @@ class ServiceMetrics:
         paths = [history, Path(f"{history}-wal"), Path(f"{history}.journal")]
         self.history_bytes.set_function(lambda: float(sum(_size(p) for p in paths)))
         self.waiting.set_function(lambda: float(waiting()))
+
+    def interference_view(self, view, untaught: Mapping[str, int]) -> None:
+        """After each fit (interference/learner.py ``on_refit``): the models and the untaught runs."""
+        for gpu_type, m in (("*", view.pooled), *view.by_type):
+            for what, value in (("a", m.params.base), ("b", m.params.slope), ("runs", m.runs),
+                                ("learned", float(m.source is Source.LEARNED))):
+                self.interference.labels(gpu_type=gpu_type, what=what).set(value)
+        for why, n in untaught.items():
+            self.interference_untaught.labels(why=why).set(n)
 
     def plugin_report(self, source: object, why: str, total: int) -> None:
         """The plugin's running count of fail-opens for ``why`` (since its slurmctld started)."""

@@ -204,3 +204,23 @@ def test_a_user_whose_shared_runs_run_long_cannot_steer_the_site_model(service_e
     finally:
         client.close()
         svc.stop(0)
+
+
+def test_the_metrics_show_the_model_and_the_untaught_runs(learning, slurm_jobs):
+    svc, client, _ = learning
+    test_shared_runs_teach_the_model_that_explain_names_and_decisions_follow(learning, slurm_jobs)
+    registry = svc.handler.metrics.registry
+    value = lambda what: registry.get_sample_value("swapaware_interference_model",  # noqa: E731
+                                                   {"gpu_type": "*", "what": what})
+    assert (value("learned"), value("runs")) == (1.0, 12.0)
+    assert value("a") == pytest.approx(svc.handler.interference.view.pooled.params.base)
+    a, b = facts(name="new-a2", user="ann"), facts(name="new-b2", user="bob")  # never alone: untaught
+    for job_id, job in ((900, a), (901, b)):
+        slurm_jobs.comments[job_id] = client.admit(job).decision.rewrite.admin_comment
+    start(client, 900, 90000.0)
+    start(client, 901, 90000.0)
+    finish(client, 900, 90300.0, 50.0)
+    finish(client, 901, 90300.0, 50.0)
+    svc.handler.interference.refit()
+    assert registry.get_sample_value("swapaware_interference_untaught_runs",
+                                     {"why": "its class has no solo runtime yet"}) == 2.0
