@@ -1,11 +1,16 @@
 """job_submit's Lua module, run by the real Lua 5.1 with Debian's lua-socket and lua-cjson,
-against the real service's local socket."""
+against the real service's local socket.
+
+This module holds the harness the other plugin tests import (run_lua, gpu_job, teach, valid_utf8...)
+and the decisions: what the service decides for a job and how the plugin applies it (shards, a whole
+GPU, test-only queries, GPU bindings, srun/salloc and het jobs, Slurm's field and script limits,
+per-GPU options and --exclusive). Split by subject: test_lua_plugin_facts.py (the script fingerprint
+and the facts kept bounded and clean), test_lua_plugin_transport.py (the socket: fail-open, the
+breaker, invalid replies, kept connections and retries)."""
 import json
 import os
 import shutil
-import socket
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -58,28 +63,12 @@ def teach(service, client, slurm_jobs, fingerprint, peak):
                                                      event_id="teach", peak_gpu_bytes=peak))
 
 
-def test_fingerprint_matches_python(tmp_path):
-    scripts = ["", "a", SCRIPT, "\x00\xff" * 100, "y" * 70_000]
-    out = run_lua(tmp_path, [{"script": s} for s in scripts], tmp_path / "none.sock")
-    got = [r["fingerprint"] for r in out["results"]]
-    # the driver hands Lua the UTF-8 bytes of each string, as a script file would hold them
-    assert got == [script_fingerprint(s.encode()) for s in scripts]
-
-
-def test_fingerprint_matches_python_at_every_length_and_byte(tmp_path):
-    """The Lua fingerprint works twelve bytes at a time and reduces once per three or four bytes:
-    the same value as Python's byte at a time, for every length around the chunk size and the 4 KiB
-    read limit, and for bytes up to the largest UTF-8 has."""
-    import random
-    rng = random.Random(21)
-    alphabet = [chr(c) for c in range(1, 128)] + ["ÿ", "߿", "￿", "􏿿"]
-    lengths = list(range(0, 40)) + list(range(4080, 4112)) + [5000, 12 * 1000 + 7]
-    scripts = ["".join(rng.choice(alphabet) for _ in range(n)) for n in lengths]
-    scripts += ["􏿿" * 1100, "" * 4097]      # every byte 0xf4/0x8f/0xbf, the limit + 1
-    scripts += scripts[::-1]      # seen again: from the plugin's memo of the last 16, or hashed again
-    out = run_lua(tmp_path, [{"script": s} for s in scripts], tmp_path / "none.sock")
-    got = [r["fingerprint"] for r in out["results"]]
-    assert got == [script_fingerprint(s.encode()) for s in scripts]
+def valid_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8", errors="strict")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 def test_unknown_job_gets_record_and_a_whole_gpu(service, tmp_path):
@@ -165,147 +154,6 @@ def test_non_gpu_job_never_calls_the_service(service, tmp_path):
     assert list(service.store.decisions()) == []
 
 
-def test_service_down_fails_open_and_opens_the_breaker(tmp_path):
-    out = run_lua(tmp_path, [gpu_job(), gpu_job()], tmp_path / "missing.sock")
-    for res in out["results"]:
-        assert res["rc"] == 0 and res["job"]["tres_per_node"] == "gres:gpu:1" and "admin_comment" not in res["job"]
-    assert any("fail-open" in line for line in out["logs"])
-    assert any("circuit open" in line for line in out["logs"])
-
-
-def hung_server(path: Path):
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(str(path))
-    srv.listen(8)
-    held = []
-    stop = threading.Event()
-
-    def loop():
-        srv.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-                held.append(conn)  # read nothing, answer nothing
-            except socket.timeout:
-                pass
-            except OSError:
-                return
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    return srv, stop, held
-
-
-def test_hung_service_costs_one_timeout_then_breaker_skips(tmp_path):
-    path = tmp_path / "hung.sock"
-    srv, stop, held = hung_server(path)
-    try:
-        out = run_lua(tmp_path / "s", [gpu_job(), gpu_job(), gpu_job()], path, timeout_ms=200)
-    finally:
-        stop.set()
-        srv.close()
-    first, *rest = out["results"]
-    assert 0.15 <= first["elapsed_s"] < 1.0
-    assert all(r["elapsed_s"] < 0.05 for r in rest)  # skipped by the open breaker
-    assert all(r["job"]["tres_per_node"] == "gres:gpu:1" for r in out["results"])
-
-
-@pytest.mark.parametrize("reply", [
-    {"response": {"decision": {"rewrite": {"tresPerNode": 5}}}},
-    {"response": {"decision": {"rewrite": {"siteFactor": 2**40}}}},
-    {"response": {"decision": {"rewrite": {"tresPerNode": "gres:shard:1;rm -rf", "adminComment": "x"}}}},
-    {"response": {"decision": {"rewrite": {"tresPerNode": "gres:shard:1", "evil": "x"}}}},
-    {"response": {}},
-    {"error": {"code": "INTERNAL", "message": "boom"}},
-])
-def test_invalid_reply_applies_nothing(tmp_path, reply):
-    path = tmp_path / "fake.sock"
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(str(path))
-    srv.listen(1)
-
-    def answer():
-        conn, _ = srv.accept()
-        conn.makefile("rb").readline()
-        conn.sendall(json.dumps(reply).encode() + b"\n")
-        conn.close()
-
-    t = threading.Thread(target=answer, daemon=True)
-    t.start()
-    out = run_lua(tmp_path / "s", [gpu_job()], path)
-    t.join(5)
-    srv.close()
-    job = out["results"][0]["job"]
-    assert job["tres_per_node"] == "gres:gpu:1" and "admin_comment" not in job and "site_factor" not in job
-    assert any("passes unchanged" in line for line in out["logs"])
-
-
-def unix_server(path: Path, serve) -> tuple[socket.socket, threading.Event, dict]:
-    """A service stand-in on ``path``: each connection handled by ``serve(conn)`` in its own thread;
-    counts connections."""
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(str(path))
-    srv.listen(8)
-    srv.settimeout(0.1)
-    stats = {"connections": 0}
-    stop = threading.Event()
-
-    def loop():
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            stats["connections"] += 1
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=loop, daemon=True).start()
-    return srv, stop, stats
-
-
-def counting_server(path: Path, close_after_each: bool):
-    """Answers every line with a share decision; counts connections and requests."""
-    reply = json.dumps({"response": {"decision": {"decisionId": "x", "rewrite": {"tresPerNode": "gres:shard:2"}}}})
-    requests = {"requests": 0}
-
-    def serve(conn):
-        with conn:
-            for _line in conn.makefile("rb"):
-                requests["requests"] += 1
-                conn.sendall(reply.encode() + b"\n")
-                if close_after_each:
-                    return
-
-    srv, stop, stats = unix_server(path, serve)
-    return srv, stop, (stats, requests)
-
-
-@pytest.mark.parametrize("close_after_each,connections", [(False, 1), (True, 3)])
-def test_connection_is_kept_and_a_stale_one_replaced(tmp_path, close_after_each, connections):
-    path = tmp_path / "svc.sock"
-    srv, stop, stats = counting_server(path, close_after_each)
-    try:
-        out = run_lua(tmp_path / "s", [gpu_job(), gpu_job(), gpu_job()], path)
-    finally:
-        stop.set()
-        srv.close()
-    assert [r["job"]["tres_per_node"] for r in out["results"]] == ["gres:shard:2"] * 3
-    assert (stats[0]["connections"], stats[1]["requests"]) == (connections, 3)
-    assert not any("fail-open" in line for line in out["logs"])
-
-
-def test_service_socket_serves_many_requests_on_one_connection(service):
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(5)
-        s.connect(str(service.socket_path))
-        f = s.makefile("rb")
-        for _ in range(3):
-            s.sendall(b'{"method":"Admit","request":{"job":{"user":"u","tresPerNode":"gres:gpu:1"}}}\n')
-            assert b'"decision"' in f.readline()
-
-
 def test_srun_salloc_allocations_and_het_jobs_keep_their_request(service, tmp_path):
     srun = gpu_job()
     del srun["script"]  # job_desc.script is nil for the allocations srun and salloc create
@@ -352,126 +200,6 @@ def test_a_field_over_slurms_limit_leaves_no_decision(service, tmp_path, field, 
     assert any(f"{field} is {size} bytes" in line and "slurmctld refuses" in line for line in out["logs"]), out["logs"]
     service.handler.flush()
     assert len(list(service.store.decisions())) == 1  # the normal job's alone
-
-
-# ----------------------------------------------------------------------------- bounded, clean facts
-def test_fingerprint_of_any_script_reads_at_most_4_kib(tmp_path):
-    """Scripts up to 4 KiB keep their fingerprint (all of it hashed); a longer one is hashed by its
-    head, tail and length, the same in Lua and Python, stable for one script, and a change in its
-    middle is not seen (the price of a bounded cost) while one in its head, tail or length is."""
-    big = "#!/bin/sh\n" + "echo step\n" * 1_000_000  # 10 MB
-    variants = [big, big, big[:5000] + "Z" + big[5001:], "Z" + big[1:], big[:-1] + "Z", big + "\n",
-                "q" * 4096, "q" * 4097]
-    out = run_lua(tmp_path, [{"script": s} for s in variants], tmp_path / "none.sock")
-    got = [r["fingerprint"] for r in out["results"]]
-    assert got == [script_fingerprint(s.encode()) for s in variants]
-    assert got[0] == got[1] == got[2]
-    assert len({got[0], got[3], got[4], got[5]}) == 4
-    assert got[6] != got[7]
-
-
-def test_a_10_mb_script_costs_what_a_short_one_costs(tmp_path):
-    """The Lua side's time for the fingerprint, measured side by side in one run: a 10 MB script
-    against a 4 KiB one (ratio, not a wall-clock bound: the machine is shared). The plugin's memo of
-    recent scripts is turned off (FP_MEMO_BYTES 0): it would answer the 4 KiB script from memory
-    and not the 10 MB one, which is over its size limit."""
-    lua = ('package.path = arg[1] .. "/?.lua;" .. package.path\n'
-           'local M = require("swapaware"); local socket = require("socket")\n'
-           'require("swapaware_facts").FP_MEMO_BYTES = 0\n'
-           'local function t(s) local t0 = socket.gettime(); for _ = 1, 20 do M.fingerprint(s) end\n'
-           '  return (socket.gettime() - t0) / 20 end\n'
-           'local small, big = string.rep("x", 4096), string.rep("echo step\\n", 1000000)\n'
-           'local a, b, c, d = t(small), t(big), t(small), t(big)\n'
-           'print(string.format("%.6f %.6f", math.min(a, c), math.min(b, d)))\n')
-    script = tmp_path / "t.lua"
-    script.write_text(lua)
-    r = subprocess.run(["lua5.1", str(script), str(ROOT / "slurm_plugin")], capture_output=True, text=True,
-                       timeout=60)
-    small_s, big_s = map(float, r.stdout.split())
-    print(f"\nfingerprint in Lua: 4 KiB script {small_s * 1e3:.3f} ms, 10 MB script {big_s * 1e3:.3f} ms")
-    assert big_s < 3 * small_s + 1e-4
-
-
-def valid_utf8(b: bytes) -> bool:
-    try:
-        b.decode("utf-8", errors="strict")
-        return True
-    except UnicodeDecodeError:
-        return False
-
-
-def test_utf8_clean_replaces_each_stray_byte_and_keeps_valid_text(tmp_path):
-    import random
-    rng = random.Random(7)
-    cases = [b"", b"plain", "caf\u00e9 \u4e2d\u6587 \U0001f600".encode(), b"\xff", b"a\xffb", b"\xc3",
-             b"\xc0\xaf", b"\xe0\x80\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80",
-             "ok\u00e9".encode() + b"\x80" + "\u00e9".encode()]
-    cases += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40))) for _ in range(600)]
-    cases += ["".join(chr(rng.choice([rng.randrange(32, 127), rng.randrange(160, 0xD7FF),
-                                      rng.randrange(0x10000, 0x10FFFF)])) for _ in range(20)).encode()
-              for _ in range(200)]
-    out = run_lua(tmp_path, [{"clean_hex": c.hex()} for c in cases], tmp_path / "none.sock")
-    for raw, res in zip(cases, out["results"]):
-        cleaned = bytes.fromhex(res["cleaned_hex"])
-        assert valid_utf8(cleaned), (raw, cleaned)
-        assert len(cleaned) == len(raw)
-        assert all(c == o or c == ord("?") for c, o in zip(cleaned, raw)), (raw, cleaned)
-        if valid_utf8(raw):
-            assert cleaned == raw
-    assert bytes.fromhex(out["results"][4]["cleaned_hex"]) == b"a?b"
-
-
-def test_invalid_utf8_in_a_jobs_fields_still_gets_a_decision(service, tmp_path):
-    """Before: `--comment $'\\xff'` made the service answer INVALID_ARGUMENT and the job skipped the policy."""
-    job = gpu_job(comment={"hex": b"run \xff\xfe mem=2G".hex()}, name={"hex": b"tr\xc3ain".hex()})
-    out = run_lua(tmp_path, [job], service.socket_path)
-    res = out["results"][0]
-    assert res["facts"]["comment"] == "run ?? mem=2G" and res["facts"]["jobName"] == "tr?ain"
-    assert res["job"]["admin_comment"].startswith("swapaware:v1"), out["logs"]
-    assert not any("passes unchanged" in line for line in out["logs"])
-
-
-@pytest.mark.parametrize("err, stale", [
-    ("receive: closed", True), ("send: closed", True), ("send: Broken pipe", True),
-    ("receive: Connection reset by peer", True),
-    ("timeout", False), ("receive: timeout", False), ("send: timeout", False), ("connect x: refused", False),
-])
-def test_only_a_closed_kept_connection_is_retried(tmp_path, err, stale):
-    """Before: the retry compared the error with "timeout", but a timed-out receive says "receive:
-    timeout": an Admit the service was still deciding was sent twice."""
-    out = run_lua(tmp_path, [{"stale_error": err}], tmp_path / "none.sock")
-    assert out["results"][0]["stale"] is stale
-
-
-def test_a_hung_kept_connection_sends_the_request_once(tmp_path):
-    """The first Admit is answered on a kept connection, then the service hangs: the second Admit
-    times out and is not sent again on a fresh connection (the service would decide it twice)."""
-    path = tmp_path / "s.sock"
-    lines: list[bytes] = []
-    reply = {"response": {"decision": {"decisionId": "d1", "rewrite": {"adminComment": "swapaware:v1 id=d1"}}}}
-
-    def serve(conn):
-        f = conn.makefile("rb")
-        first = True
-        while not stop.is_set():
-            line = f.readline()
-            if not line:
-                return
-            lines.append(line)
-            if first:
-                conn.sendall(json.dumps(reply).encode() + b"\n")
-                first = False  # then hang: read on, answer nothing
-
-    srv, stop, _stats = unix_server(path, serve)
-    try:
-        out = run_lua(tmp_path / "s", [gpu_job(), gpu_job(name="second")], path, timeout_ms=300)
-    finally:
-        stop.set()
-        srv.close()
-    first, second = out["results"]
-    assert first["job"]["admin_comment"] == "swapaware:v1 id=d1"
-    assert "admin_comment" not in second["job"]
-    assert len(lines) == 2 and b"second" in lines[1], lines
 
 
 def test_a_script_slurm_will_refuse_is_not_decided(service, tmp_path):
