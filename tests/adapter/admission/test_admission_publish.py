@@ -1,6 +1,12 @@
 """The admission table publisher through the real service (real gRPC, real SQLite, real files),
 with the Slurm stand-in holding the pending queue: the table's decision for a key is what Admit
-answers for the same facts in the gate state the gate file names."""
+answers for the same facts in the gate state the gate file names.
+
+This module holds the fixtures and helpers the other publisher tests import (env, svc, table,
+gate_state, plain, rpc_set...) and the table itself: its decisions, archived templates, its files
+(replaced whole, readable by slurmctld alone), its version, policy.mode, keys it leaves out. Split by
+subject: test_admission_publish_learning.py (what an observation does to the table),
+test_admission_publish_gate.py (the gate file, and the publisher as the service starts and stops)."""
 import json
 import logging
 import os
@@ -11,7 +17,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -238,153 +243,6 @@ def test_a_key_whose_strings_hold_the_separator_is_not_published(svc, slurm_jobs
     assert admission.table_key(facts(name="a")) in keys and admission.table_key(odd) not in keys
 
 
-def test_a_key_is_decided_again_once_its_class_learned_and_others_are_kept(svc, slurm_jobs):
-    s, client = svc
-    slurm_jobs.pending = queued(2)  # "normal": a learned class shares
-    job = facts(name="fresh")
-    # bob's job has no history at all: its decision read every key of his, none of them alice's
-    other = pb.JobFacts(user="bob", account="bobs", partition="gpu2", job_name="bystander",
-                        tres_per_node="gres:gpu:1", script_fingerprint="00000001deadbeef")
-    same_account = facts(name="neighbour", user="carol")  # carol's read account "proj", which alice's run taught
-    client.admit(job)
-    client.admit(other)
-    client.admit(same_account)
-    p = s.admission_publisher
-    p.publish("test")
-    before = table(s)["entries"]
-    assert parse_admin_comment(before[admission.table_key(job)]["*"]["set"]["admin_comment"])["action"] == "whole_gpu"
-    kept = p._known[admission.table_key(other)]
-    neighbour = p._known[admission.table_key(same_account)]
-    run_job(client, slurm_jobs, 7, job, peak=2 * GIB)  # the class learns one run (min_samples 1 here)
-    wait_for(lambda: gate_state(s) == "normal", 30.0, "gate normal")
-    p.publish("test")
-    entry = table(s)["entries"][admission.table_key(job)]
-    decision = entry.get("normal", entry.get("*"))
-    rpc = client.admit(job, dry_run=True).decision
-    assert rpc.action == pb.ACTION_SHARE and table_set(decision) == rpc_set(rpc)
-    assert p._known[admission.table_key(other)] is kept  # bob's key read nothing alice's run changed
-    assert p._known[admission.table_key(same_account)] is not neighbour
-
-
-def test_an_acknowledged_observation_drops_its_class_from_the_table_at_once(svc, slurm_jobs):
-    """Between an observation and the next build (refresh_s, 1000 s here) the table answers nothing
-    for the classes that learned: the moment JobFinished has answered, their entries are gone from
-    the file and their jobs take the round trip; entries that read nothing it taught stay, under
-    the same version."""
-    s, client = svc
-    job, other = facts(name="fresh"), pb.JobFacts(user="bob", account="bobs", partition="gpu2", job_name="bystander",
-                                                   tres_per_node="gres:gpu:1", script_fingerprint="00000001deadbeef")
-    client.admit(job)
-    client.admit(other)
-    p = s.admission_publisher
-    version = p.publish("test").version
-    key, other_key = admission.table_key(job), admission.table_key(other)
-    assert {key, other_key} <= set(table(s)["entries"])
-    _, finished = run_job(client, slurm_jobs, 7, job, peak=2 * GIB)  # answered: the drop is done
-    assert finished.applied
-    after = table(s)
-    assert key not in after["entries"] and other_key in after["entries"] and after["version"] == version
-    written = p.table.stat().st_ino
-    with p.learning(()):  # nothing named: nothing rewritten
-        pass
-    assert p.table.stat().st_ino == written
-    p.publish("test")  # the next build decides the class again, from what it learned
-    assert key in table(s)["entries"]
-
-
-def test_a_table_this_process_did_not_write_goes_at_the_first_observation(svc, slurm_jobs):
-    """After a restart the file is the last process's (or, after a role change, the last
-    writer's): nothing in this process says which of its entries an observation taught, so the
-    first observation removes it; the next build publishes again."""
-    s, client = svc
-    job = facts(name="inherited")
-    client.admit(job)
-    p = s.admission_publisher
-    # the publications here are the test's own: a background tick after became_writer would build
-    # again ("this service is now the writer") between the observation and the check (a fresh-clone
-    # run with the unit tests beside the suites saw the table back)
-    p.stop()
-    p.publish("test")
-    p.became_writer(True)  # the file may be another writer's from now on
-    assert p.table.exists()
-    assert run_job(client, slurm_jobs, 9, job, peak=2 * GIB)[1].applied
-    assert not p.table.exists()
-    p.publish("test")
-    assert admission.table_key(job) in table(s)["entries"]
-
-
-def test_events_wait_until_the_table_and_its_catch_up_are_attached(env, slurm_jobs, tmp_path, monkeypatch):
-    """The gRPC port serves before the catch-up is attached: an event taken then could miss its
-    table-made decision or leave its class in the table. It is refused as a standby refuses one
-    (the hooks spool it), and taken once the service has started."""
-    import grpc
-
-    from policy_service.serving import server
-    from policy_service.serving.handler import Method
-    from policy_service.serving.handler_error import HandlerError
-
-    seen = []
-    attach = server.attach_catchup
-
-    def attach_after_an_event(handler, *args, **kwargs):
-        fin = pb.JobFinishedRequest(job_id=77, node="n1", gpu_indices=[0], finished_at=1100.0, exit_code=0,
-                                    event_id="f77", telemetry_source="none")
-        try:
-            Method.JOB_FINISHED.call(handler, fin)
-        except HandlerError as exc:
-            seen.append((exc.code, exc.message))
-        return attach(handler, *args, **kwargs)
-
-    monkeypatch.setattr(server, "attach_catchup", attach_after_an_event)
-    (tmp_path / "run").mkdir()
-    s = start_service(load_config(env=env), slurm=slurm_jobs)
-    try:
-        assert seen and seen[0][0] is grpc.StatusCode.UNAVAILABLE and "starting" in seen[0][1]
-        assert s.handler.standby is None  # started: events are taken
-    finally:
-        s.stop(0)
-
-
-def test_a_build_leaves_out_what_was_learned_while_it_decided(svc, slurm_jobs, monkeypatch):
-    """An observation acknowledged while a build is deciding its keys (after it decided the class,
-    before it writes) does not reach the file through that build."""
-    s, client = svc
-    job = facts(name="racing")
-    client.admit(job)
-    p = s.admission_publisher
-    p.publish("test")
-    key = admission.table_key(job)
-    decide = p._decisions
-    learned_during = []
-
-    def decide_then_learn(k, *args):
-        known = decide(k, *args)
-        if k == key and not learned_during:
-            learned_during.append(run_job(client, slurm_jobs, 8, job, peak=2 * GIB)[1].applied)
-        return known
-    monkeypatch.setattr(p, "_decisions", decide_then_learn)
-    p.publish("test: a run of the class ends meanwhile")
-    assert learned_during == [True] and key not in table(s)["entries"]
-
-
-def test_the_gate_file_follows_each_queue_poll_at_once(env, slurm_jobs, tmp_path):
-    (tmp_path / "run").mkdir()
-    # the monitor's own polls 300 s apart: only the test's poll moves the snapshot
-    s = start_service(load_config(env=dict(env, SWAPAWARE_POLICY__QUEUE_POLL_S="300")), slurm=slurm_jobs)
-    try:
-        p = s.admission_publisher
-        wait_for(lambda: p.gate.exists(), 30.0, "first gate file")
-        first = json.loads(p.gate.read_text())
-        assert first["other"] == "short"  # the first snapshot: nothing waits
-        slurm_jobs.pending = queued(2)
-        s.queue_monitor.poll_once()  # returns once the gate file is written (on_poll)
-        gate = json.loads(p.gate.read_text())
-        assert gate["other"] == "normal" and gate["valid_until"] > first["valid_until"]
-        assert gate["valid_until"] == pytest.approx(time.time() + 900.0, abs=2.0)
-    finally:
-        s.stop(0)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the writer as another user")
 def test_a_group_the_service_cannot_give_is_refused_naming_it():
     """A service that is neither root nor in SlurmUser's group writes no table (slurmctld could not
@@ -404,86 +262,3 @@ def test_a_group_the_service_cannot_give_is_refused_naming_it():
         assert os.listdir(d) == []
     finally:
         shutil.rmtree(d)
-
-
-def test_the_gate_sends_jobs_to_the_rpc_path_while_the_controller_refuses_shards(env, slurm_jobs, tmp_path):
-    """The table's decisions assume every GPU of the fleet takes shard jobs; while the controller in
-    control refuses them somewhere (a 22.05 backup after scontrol takeover), the gate says so and
-    the plugin asks the service, which reads the live counts."""
-    (tmp_path / "run").mkdir()
-    conf = Path(env["SWAPAWARE_SERVICE__SLURM_CONF"])
-    conf.write_text("NodeName=n1 CPUs=8 Gres=gpu:a100:2,shard:16\nPartitionName=gpu Nodes=n1 Default=YES\n")
-    (conf.parent / "gres.conf").write_text("Name=gpu Type=a100 File=/dev/nvidia[0-1]\n"
-                                           "Name=shard Count=8 File=/dev/nvidia0\nName=shard Count=8 File=/dev/nvidia1\n")
-    slurm_jobs.node_shards = {"n1": {"a100": 16}}
-    s = start_service(load_config(env=dict(env, SWAPAWARE_POLICY__QUEUE_POLL_S="300")), slurm=slurm_jobs)
-    try:
-        p = s.admission_publisher
-        wait_for(lambda: p.gate.exists(), 30.0, "first gate file")
-        # a gate written while the service was starting may send jobs the round trip: a starting
-        # service counts as standby, and on 22.05's dialect a standby has not read the shards of the
-        # controller in control (so the table built meanwhile is not used); the first poll once
-        # serving writes the gate as serving
-        s.queue_monitor.poll_once()
-        assert "rpc_only" not in json.loads(p.gate.read_text())
-        assert "controller" not in json.loads(p.gate.read_text())  # [ha] off: one controller
-        slurm_jobs.node_shards = {"n1": {"a100": 0}}
-        s.queue_monitor.poll_once()  # returns once the gate file is written (on_poll)
-        gate = json.loads(p.gate.read_text())
-        assert gate["rpc_only"] == ("the controller refuses shards on 1 node(s): n1: the controller in control "
-                                    "reports 0 a100 shards"), gate
-        slurm_jobs.node_shards = {"n1": {"a100": 16}}
-        s.queue_monitor.poll_once()
-        assert "rpc_only" not in json.loads(p.gate.read_text())
-        # after a slurmctld restart or reconfigure (24.11+): typed counts shown, State=UNKNOWN
-        slurm_jobs.node_unregistered = {"n1"}
-        s.queue_monitor.poll_once()
-        assert "n1: the node has not registered with the controller" in json.loads(p.gate.read_text())["rpc_only"]
-        slurm_jobs.node_unregistered = set()
-        s.queue_monitor.poll_once()
-        assert "rpc_only" not in json.loads(p.gate.read_text())
-    finally:
-        s.stop(0)
-
-
-def test_a_stopped_publisher_writes_no_gate_after_the_queue_polls(env, slurm_jobs, tmp_path):
-    """The queue monitor outlives the publisher while a service stops: its polls must not rewrite
-    the gate file of a publisher that stopped (the plugin then ages it out by valid_until)."""
-    (tmp_path / "run").mkdir()
-    s = start_service(load_config(env=dict(env, SWAPAWARE_POLICY__QUEUE_POLL_S="300")), slurm=slurm_jobs)
-    try:
-        p = s.admission_publisher
-        wait_for(lambda: p.gate.exists(), 30.0, "first gate file")
-        p.stop()
-        before = p.gate.read_bytes()
-        slurm_jobs.pending = queued(2)
-        s.queue_monitor.poll_once()  # a new snapshot (normal, no longer short): no gate file for it
-        assert s.queue_monitor.snapshot().pending_gpus == 2.0
-        assert p.gate.read_bytes() == before
-    finally:
-        s.stop(0)
-
-
-def test_the_table_is_built_only_once_the_service_serves(env, slurm_jobs, tmp_path, monkeypatch):
-    """A starting service counts as standby (events wait until the catch-up is attached), and on
-    22.05's dialect a standby has not read the controller's shards: a table built then holds every
-    shard refused (whole_gpu, shards_refused), which the plugin would use once the gate lets it. So
-    the publisher starts building once the service serves. (A fresh-clone run whose first build fell
-    in the starting window failed test_queue_rule: every job of a learned class kept whole.)"""
-    from policy_service.admission.publish import AdmissionPublisher
-
-    (tmp_path / "run").mkdir()
-    seen: list = []
-    started = AdmissionPublisher.start
-
-    def start(self):
-        seen.append(self.handler.standby() if self.handler.standby is not None else None)
-        return started(self)
-    monkeypatch.setattr(AdmissionPublisher, "start", start)
-    s = start_service(load_config(env=env), slurm=slurm_jobs)
-    try:
-        assert s.handler.dialect.takeover_zero_shards  # (the tests' release: 22.05)
-        assert seen == [None]  # serving, not "the service is starting ..."
-        wait_for(lambda: s.admission_publisher.table.exists(), 30.0, "the first table")
-    finally:
-        s.stop(0)
