@@ -12,6 +12,11 @@ from policy_service.history.schema import (LEGACY_PREFIX, OBSERVATION_COLS, RUN_
                                            unresolved_key)
 
 
+# A run with no finish whose decision's facts give a time limit stops counting as a co-runner this
+# long after that limit (Slurm's OverTimeLimit and a slow epilog fit in it): ``co_runners``.
+OPEN_RUN_LIMIT_GRACE_S = 3600.0
+
+
 class RunsAndEvents:
     """``HistoryStore``'s runs, observations and events (uses its _tx and _read)."""
 
@@ -80,6 +85,23 @@ class RunsAndEvents:
                           "AND started_at < ? AND (finished_at > ? OR (finished_at IS NULL AND started_at >= ?))",
                           (node, exclude_instance, end, start, since))
         return [r for r in map(run_row, rows) if wanted & set(r.gpu_indices)]
+
+    def co_runners(self, node: str, gpus: Iterable[int], start: float, end: float, instance: str,
+                   open_run_max_s: float) -> list[RunRow]:
+        """Other runs on these GPUs during [start, end] (``overlapping_runs``). A run whose finish
+        never came counts as running for ``open_run_max_s`` after its start (service.open_run_max_s),
+        or its time limit (from its decision's facts) plus ``OPEN_RUN_LIMIT_GRACE_S`` when that is
+        sooner. The service's events and the report read co-runners here."""
+        out = []
+        for r in self.overlapping_runs(node, gpus, start, end, instance, open_since=start - open_run_max_s):
+            if r.finished_at is None and r.decision_id:
+                facts_row = self.decision(r.decision_id)
+                limit_min = facts_row.facts.time_limit_min if facts_row is not None else 0
+                if limit_min and (r.started_at or 0.0) + min(open_run_max_s, limit_min * 60.0 +
+                                                             OPEN_RUN_LIMIT_GRACE_S) <= start:
+                    continue
+            out.append(r)
+        return out
 
     def record_finish(self, obs: ObservationRow, keys: Mapping[KeyLevel, str],
                       fold: Callable[[KeyLevel, ClassStats], ClassStats]) -> bool:

@@ -43,6 +43,9 @@ class InterferenceLearner:
         self.refused: collections.Counter = collections.Counter()  # why a shared run taught nothing
         self._evidence: dict[str, Evidence] = {}
         self._lock = threading.Lock()
+        # one fit at a time: two fits at once (a timer's and load's, or a second timer started while
+        # the first fits) could publish their views in the wrong order, the older evidence last
+        self._fit_lock = threading.Lock()
         self._new = 0  # observations since the last fit
         self._timer: threading.Timer | None = None  # the fit to come (maybe_refit)
         self.on_refit: Callable[[InterferenceView, collections.Counter], None] | None = None  # metrics
@@ -99,15 +102,16 @@ class InterferenceLearner:
             self._timer.start()
 
     def _timed(self) -> None:
-        with self._lock:
-            self._timer = None
-        try:
-            self.refit()
-        except Exception:  # noqa: BLE001 - the last view stays; the next observation tries again
-            log.exception("interference learner: refit failed")
+        with self._fit_lock:  # held before the timer is cleared: settle() never sees neither
+            with self._lock:
+                self._timer = None
+            try:
+                self._refit()
+            except Exception:  # noqa: BLE001 - the last view stays; the next observation tries again
+                log.exception("interference learner: refit failed")
 
     def settle(self, timeout_s: float = 10.0) -> InterferenceView:
-        """Wait for a pending fit (tests, benches); the view."""
+        """Wait for a pending fit and one in progress (tests, benches); the view."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
@@ -115,10 +119,16 @@ class InterferenceLearner:
             if timer is None:
                 break
             timer.join(max(0.0, deadline - time.monotonic()))
+        if self._fit_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self._fit_lock.release()
         return self.view
 
     def refit(self) -> InterferenceView:
         """Fit every GPU type's model now and publish the view."""
+        with self._fit_lock:
+            return self._refit()
+
+    def _refit(self) -> InterferenceView:
         with self._lock:
             evidence = dict(self._evidence)
             self._new, self._fitted_at = 0, self.clock()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -139,11 +138,10 @@ class _RecordingLearner(InterferenceLearner):
 
 
 def co_runners_of(cfg: Config, store) -> Callable:
-    """The runs beside a run, read as the service reads them (``EventApplier.co_runners``: open
-    runs bounded by service.open_run_max_s and their time limits)."""
-    from policy_service.serving.events import EventApplier  # the service's reader, imported when used
-
-    return EventApplier(cfg, store, None, time.time, collections.Counter()).co_runners
+    """The runs beside a run, read as the service reads them (HistoryStore.co_runners: open runs
+    bounded by service.open_run_max_s and their time limits)."""
+    return lambda node, gpus, start, end, instance: store.co_runners(node, gpus, start, end, instance,
+                                                                     cfg.service.open_run_max_s)
 
 
 def gpu_types(node_gpus) -> Callable[[str, int], str]:

@@ -28,9 +28,6 @@ _SHARED_ACTIONS = {Action.SHARE.value, Action.SHARE_OVERSUBSCRIBED.value}
 OK = grpc.StatusCode.OK.value[0]
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 INTERNAL = grpc.StatusCode.INTERNAL.value[0]
-# A run with no finish whose decision's facts give a time limit stops counting as a co-runner this
-# long after that limit (Slurm's OverTimeLimit and a slow epilog fit in it).
-OPEN_RUN_LIMIT_GRACE_S = 3600.0
 
 
 def gpu_utilisation(req: pb.JobFinishedRequest) -> float | None:
@@ -226,16 +223,5 @@ class EventApplier:
             log.exception("job %s: the interference learner could not read its run", obs.job_id)
 
     def co_runners(self, node: str, gpus, start: float, end: float, instance: str) -> list[RunRow]:
-        """Other runs on these GPUs during [start, end]. A run whose finish never came counts as
-        running for ``service.open_run_max_s`` after its start, or its time limit (from its
-        decision's facts) plus ``OPEN_RUN_LIMIT_GRACE_S`` when that is sooner."""
-        max_s = self.cfg.service.open_run_max_s
-        out = []
-        for r in self.store.overlapping_runs(node, gpus, start, end, instance, open_since=start - max_s):
-            if r.finished_at is None and r.decision_id:
-                facts_row = self.store.decision(r.decision_id)
-                limit_min = facts_row.facts.time_limit_min if facts_row is not None else 0
-                if limit_min and (r.started_at or 0.0) + min(max_s, limit_min * 60.0 + OPEN_RUN_LIMIT_GRACE_S) <= start:
-                    continue
-            out.append(r)
-        return out
+        """Other runs on these GPUs during [start, end] (HistoryStore.co_runners)."""
+        return self.store.co_runners(node, gpus, start, end, instance, self.cfg.service.open_run_max_s)
