@@ -3,25 +3,28 @@ learned from what Slurm shows (squeue after the queue poll, sacct over the recon
 job of a hook event) and recorded in the history once, through the real DecisionLog (journal),
 the real history (SQLite) and the real archive (SQLite). Slurm is the one stand-in: ``CommentsCli``
 is the real ``CliSlurm`` (argv and parsers) with its subprocess answering as squeue and sacct print
-(shapes measured on 24.11: ``squeue -O ...UserId:|...`` prints the uid, ``sacct -P``)."""
+(shapes measured on 24.11: ``squeue -O ...UserId:|...`` prints the uid, ``sacct -P``).
+
+This module holds the stand-in, fixtures and helpers the other catch-up tests import (CommentsCli,
+svc, table, job, lua_id, made_comment, template_of, rows, caught...), the parsing of squeue's and
+sacct's rows, and the sources: the queue poll, sacct, both, a version no longer archived, Slurm
+unreadable, one reconcile round's sweep. Split by subject: test_admission_catchup_once.py (recorded
+once across replays and restarts), test_admission_catchup_events.py (hook events of table-made jobs)."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import threading
-from pathlib import Path
 
 import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.admission.archive import TableArchive, archive_path
 from policy_service.admission.catchup import AdmissionCatchup, chain, table_made
-from policy_service.history.decision_log import DecisionLog, DecisionRecord
+from policy_service.history.decision_log import DecisionRecord
 from policy_service.history.store import HistoryStore
 from policy_service.slurm.reconcile import Reconciler
 from policy_service.slurm.slurm import CliSlurm
 from policy_service.slurm.slurm_comments import CommentedJob, limit_minutes, parse_commented, sacct_argv, squeue_argv
-from policy_service.slurm.slurm_text import JobInstance, SlurmError
+from policy_service.slurm.slurm_text import SlurmError
 from policy_service.config import load_config
 from policy_service.core.admission import PLACEHOLDER_ID, TableRef, with_table_ref
 from policy_service.core.dialect import dialect_for
@@ -31,9 +34,7 @@ from policy_service.serving.metrics import ServiceMetrics
 from policy_service.serving.server import start_service
 
 from tests.commented_rows import commented_row
-from tests.waiting import wait_for
 
-from tests.adapter.conftest import SlurmJobs
 from tests.adapter.serving.test_service import facts
 
 VERSION, OTHER = "0123456789abcdef", "fedcba9876543210"
@@ -224,69 +225,6 @@ def test_a_job_both_sources_show_is_recorded_once(svc, table):
     assert caught(svc.handler.metrics, "squeue") == 5
 
 
-def test_recording_one_decision_twice_leaves_one_row(tmp_path):
-    """HistoryStore.record is idempotent on decision_id: a journal replayed after a crash, or a
-    decision recorded by two sources, is one row."""
-    store = HistoryStore(tmp_path / "h.sqlite3", accept_empty=True)
-    rec = DecisionRecord(decision_id=lua_id(3), decided_at=1.0, job_class="c", user="u", account="a",
-                         partition="p", job_name="j", action="share", shards=2, model_version="m", keys={},
-                         facts_pb=b"", decision_pb=b"")
-    store.record([rec])
-    store.record([rec, rec])
-    assert rows(store, rec.decision_id) == 1
-    store.close()
-
-
-def test_a_restart_between_journal_and_history_leaves_one_row(tmp_path):
-    """The service dies after catch-up journaled a decision and before the writer put it into the
-    history (SIGKILL); the next start replays the journal, sweeps Slurm again, and the decision
-    is one row. Replaying the same journal once more (a crash after the commit, before the
-    journal was emptied) changes nothing."""
-    db = tmp_path / "history.sqlite3"
-    store = HistoryStore(db, accept_empty=True)
-    archive = TableArchive(archive_path(str(db)))
-    ref = TableRef(VERSION, 3, "*")
-    tpl_facts = pb.JobFacts(user="alice", uid=1000, tres_per_node="gres/gpu:1", job_name="x")
-    tpl = DecisionRecord(decision_id=PLACEHOLDER_ID, decided_at=0, job_class="cls", user="alice", account="",
-                         partition="", job_name="x", action="share", shards=2, model_version="m",
-                         keys={"class": "cls"}, facts_pb=tpl_facts.SerializeToString(), decision_pb=pb.Decision(
-                             decision_id=PLACEHOLDER_ID, action=pb.ACTION_SHARE, shards=2, rewrite=pb.JobRewrite(
-                                 admin_comment=f"swapaware:v1 id={PLACEHOLDER_ID} {ref.token} action=share shards=2"
-                             )).SerializeToString())
-    archive.put(VERSION, {(3, "*"): tpl})
-    cli = CommentsCli()
-    ids = [lua_id(20 + i) for i in range(3)]
-    cli.live = [job(70 + i, made_comment(tpl, d)) for i, d in enumerate(ids)]
-    journal = Path(f"{db}.journal")
-    stuck = threading.Event()
-
-    def never(_records):  # the writer of the process that dies: commits nothing
-        stuck.wait()
-
-    dying = DecisionLog(journal, never)
-    assert AdmissionCatchup(store, dying, archive, cli).from_live() == 3
-    assert store.known_decisions(ids) == set()  # journaled only
-    copy = tmp_path / "journal.copy"
-    shutil.copy(journal, copy)
-    # the next start: the journal first (DecisionLog), then a sweep of Slurm
-    log2 = DecisionLog(journal, store.record)
-    assert store.known_decisions(ids) == set(ids)
-    catchup = AdmissionCatchup(store, log2, archive, cli)
-    catchup.sweep()
-    log2.flush()
-    assert sum(catchup.recorded.values()) == 0
-    shutil.copy(copy, journal)
-    log3 = DecisionLog(journal, store.record)
-    assert [rows(store, d) for d in ids] == [1, 1, 1]
-    assert store.decision(ids[0]).decision.decision_id == ids[0]
-    log2.close()
-    log3.close()
-    stuck.set()
-    dying.close()
-    archive.close()
-    store.close()
-
-
 def test_a_version_no_longer_archived_is_recorded_from_its_admin_comment(svc, table):
     archive, _, _ = table
     cli = CommentsCli()
@@ -321,77 +259,6 @@ def test_slurm_unreadable_records_nothing_and_the_next_round_does(svc, table):
     assert catchup.from_live() == 1
 
 
-# ----------------------------------------------------------------------------- events
-def test_an_observation_of_a_table_made_job_ties_to_the_caught_up_decision(svc, table, slurm_jobs):
-    """JobStarted and JobFinished for a job the plugin decided from the table, before any poll saw
-    it: the event's job is caught up first, and the run and the observation name its decision."""
-    archive, ref, tpl = table
-    h = svc.handler
-    h.correlation.catch_up = catchup_of(svc, archive, CommentsCli()).of_instances
-    d_id = lua_id(6)
-    slurm_jobs.comments[101] = made_comment(tpl, d_id)  # what slurmctld holds: the plugin's AdminComment
-    started = h.job_started(pb.JobStartedRequest(job_id=101, node="n1", gpu_indices=[0], started_at=1000.0,
-                                                 event_id="s101"))
-    assert started.decision_id == d_id
-    fin = h.job_finished(pb.JobFinishedRequest(job_id=101, node="n1", gpu_indices=[0], finished_at=1100.0,
-                                               event_id="f101", peak_gpu_bytes=3 << 30, telemetry_source="fake-nvml"))
-    assert fin.applied and fin.decision_id == d_id
-    (obs,) = svc.store.observations(decision_id=d_id)
-    assert obs.job_id == 101
-    row = svc.store.decision(d_id)
-    assert row.decided_at == slurm_jobs.submits[101][1] and row.facts.uid == 1000  # the template's (no uid here)
-    assert caught(h.metrics, "event") == 1
-    assert rows(svc.store, d_id) == 1
-    # the class learned from the run, as from any decision's
-    assert svc.store.stats({k: v for k, v in row.keys.items()})
-
-
-# ----------------------------------------------------------------------------- the service
-@dataclasses.dataclass
-class TableSlurm(SlurmJobs):
-    """The adapter suite's Slurm stand-in, with every job's AdminComment as squeue and sacct show it."""
-
-    shown: list[CommentedJob] = dataclasses.field(default_factory=list)
-    sweeps: int = 0
-
-    def live_commented_jobs(self) -> list[CommentedJob]:
-        return [j for j in self.shown if j.state != "COMPLETED"]
-
-    def accounted_commented_jobs(self, since: float) -> list[CommentedJob]:
-        self.sweeps += 1
-        return [dataclasses.replace(j, source="sacct") for j in self.shown]
-
-
-def test_the_service_catches_up_while_it_runs_and_once_across_a_restart(service_env, tmp_path):
-    env = dict(service_env, SWAPAWARE_ADMISSION__TABLE_PATH=str(tmp_path / "admission.json"),
-               SWAPAWARE_POLICY__QUEUE_POLL_S="0.1", SWAPAWARE_SERVICE__RECONCILE_S="0.1")
-    slurm = TableSlurm()
-    svc = start_service(load_config(env=env), slurm=slurm)
-    try:
-        ref = TableRef(VERSION, 9, "unknown")
-        tpl = template_of(svc.handler, facts(name="svc-job", uid=1000), ref)
-        svc.admission_archive.put(VERSION, {(9, "unknown"): tpl})
-        ids = [lua_id(40 + i) for i in range(6)]
-        slurm.shown = [job(200 + i, made_comment(tpl, d), state="COMPLETED" if i % 2 else "RUNNING")
-                       for i, d in enumerate(ids)]
-        wait_for(lambda: svc.store.known_decisions(ids) == set(ids), 10, "the jobs' decisions in the history")
-        m = svc.handler.metrics
-        assert caught(m, "squeue") == 3 and caught(m, "sacct") == 3  # running ones by the poll, ended ones by sacct
-    finally:
-        svc.stop(0)
-    slurm.sweeps = 0
-    again = start_service(load_config(env=env), slurm=slurm)
-    try:
-        wait_for(lambda: slurm.sweeps >= 2, 10, "two sweeps after the restart")
-        again.handler.flush()
-        assert [rows(again.store, d) for d in ids] == [1] * 6
-        assert sum(again.handler.metrics.registry.get_sample_value(
-            "swapaware_decisions_caught_up_total", {"source": s, "archived": "true"}) or 0
-            for s in ("squeue", "sacct", "event")) == 0
-    finally:
-        again.stop(0)
-
-
 def test_a_reconcile_round_sweeps_once_for_both_catch_up_and_the_held_check(svc, table):
     """With catch-up the round's one squeue and one sacct (over the whole window) serve both: the
     table-made decision is recorded, the Admit-made one Slurm holds is marked held, and one no job
@@ -415,38 +282,3 @@ def test_a_reconcile_round_sweeps_once_for_both_catch_up_and_the_held_check(svc,
     h.flush()
     assert svc.store.decision(d_id) is not None and caught(h.metrics, "sacct") == 1
     assert svc.store.decision_status(kept.decision_id) == "held"
-
-
-def test_an_event_waits_for_the_decision_a_queue_poll_recorded_a_moment_before(svc, table):
-    """The queue poll records a table-made decision and the writer has not committed it yet when a
-    hook event names the job: the event's catch-up knows the id (it is not recorded twice) and
-    still waits until the history holds it, so that the observation ties to it (a fresh-clone run
-    on 22.05 tied a table-made job's observation to no decision)."""
-    archive, ref, tpl = table
-    committed = threading.Event()
-
-    def held_write(records):  # the writer thread waits here until the event's flush
-        assert committed.wait(30), "nothing flushed the decision the queue poll recorded"
-        svc.store.record(records)
-
-    decisions = DecisionLog(None, held_write)
-    flush = decisions.flush
-
-    def flush_opens(timeout_s=None):
-        committed.set()
-        return flush(timeout_s)
-
-    decisions.flush = flush_opens
-    try:
-        catchup = AdmissionCatchup(svc.store, decisions, archive, CommentsCli())
-        d_id = lua_id(7)
-        comment = made_comment(tpl, d_id)
-        assert catchup.learn([job(120, comment)]) == 1  # the poll's: journaled, not yet in the history
-        assert svc.store.decision(d_id) is None
-        inst = JobInstance(120, "c", SUBMIT + 120, SUBMIT + 130, 0, comment, "RUNNING", source="squeue")
-        assert catchup.of_instances([inst, None]) == 0  # recorded once, by the poll ...
-        assert svc.store.decision(d_id) is not None  # ... and in the history once the event's catch-up returns
-        assert rows(svc.store, d_id) == 1
-    finally:
-        committed.set()
-        decisions.close()
