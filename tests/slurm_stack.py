@@ -108,8 +108,27 @@ class Stack:
     def run(self, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         r = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and r.returncode != 0:
-            raise AssertionError(f"{' '.join(argv)} exited {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}")
+            gone = "Unable to contact slurm controller" in r.stderr
+            raise AssertionError(f"{' '.join(argv)} exited {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}"
+                                 + (self._ctld_report() if gone else ""))
         return r
+
+    def _ctld_report(self, keep: int = 60) -> str:
+        """Whether slurmctld runs and its log's end: why the controller cannot be reached."""
+        try:
+            pid = int((self.state / "run" / "slurmctld.pid").read_text().strip() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        try:
+            status = (Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0].strip()
+                      if pid else "no pid file")
+        except (OSError, IndexError):
+            status = "gone"
+        try:
+            tail = (self.state / "log" / "slurmctld.log").read_text(errors="replace").splitlines()[-keep:]
+        except OSError:
+            tail = ["(no slurmctld.log)"]
+        return f"\nslurmctld pid {pid}: {status}\nslurmctld.log (last {keep} lines):\n" + "\n".join(tail)
 
     def stack(self, *args: str) -> subprocess.CompletedProcess:
         return self.run("bash", str(STACK), *args, timeout=600)
