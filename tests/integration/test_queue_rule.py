@@ -1,5 +1,6 @@
 """The queue rule on the real cluster: the service reads squeue/sinfo, keeps a learned job whole
 while nothing waits, and shares it once GPU work queues."""
+import dataclasses
 import uuid
 
 import pytest
@@ -42,7 +43,13 @@ def test_cli_reads_pending_gpu_jobs_and_gpus_from_the_real_cluster(stack):
         # as the two squeues it replaces read, on this release's squeue
         both, commented = slurm.queue_with_comments()
         mine = {*fillers, waiting, held}
-        assert {j.job_id: j for j in both if j.job_id in mine} == {i: j for i, j in pending.items() if i in mine}
+
+        def as_read(jobs) -> dict:  # a pending job's reason may change between two reads (None ->
+            # Resources once the scheduler looked at it: a 24.11 fresh-clone run): all else is the same
+            return {j.job_id: dataclasses.replace(j, reason="") for j in jobs if j.job_id in mine}
+
+        assert as_read(both) == as_read(pending.values())
+        assert {j.job_id: j.reason for j in both}[held] == "JobHeldUser"
         assert {j for j in commented if j.job_id in mine} == {j for j in slurm.live_commented_jobs() if j.job_id in mine}
         assert {j.job_id for j in commented} >= mine
     finally:
