@@ -56,17 +56,24 @@ class InterferenceLearner:
         """One finished shared run (refitted when due); the observation it made, or None."""
         if not self.cfg.interference.learn:
             return None
-        obs, why = from_run(run)
+        obs = self._teachable(run)
         if obs is None:
-            self.refused[why] += 1
-            log.info("interference: a shared run of class %s (user %s) teaches nothing: %s", run.job_class, run.user,
-                     why)
             return None
         with self._lock:
             kept = self._observe(obs)
         if kept:
             self.maybe_refit()
         return obs if kept else None
+
+    def _teachable(self, run: SharedRun, say: bool = True) -> InterferenceObs | None:
+        """``from_run``'s observation; None counted (and logged, with ``say``) with why."""
+        obs, why = from_run(run)
+        if obs is None:
+            self.refused[why] += 1
+            if say:
+                log.info("interference: a shared run of class %s (user %s) teaches nothing: %s", run.job_class,
+                         run.user, why)
+        return obs
 
     def _observe(self, obs: InterferenceObs, into: dict[str, Evidence] | None = None) -> bool:
         """Into its GPU type's evidence and the pooled one (``into``: those, else the learner's)."""
@@ -154,7 +161,7 @@ class InterferenceLearner:
         cls = keys.get(KeyLevel.CLASS)
         if not cls:
             return None
-        own = store.stats({KeyLevel.CLASS: cls}).get(KeyLevel.CLASS)
+        own = self._class_stats(store, row)
         gpus = tuple(gpus)
         types = {self.gpu_type_of(node, g) for g in gpus} - {""}
         return SharedRun(
@@ -164,17 +171,20 @@ class InterferenceLearner:
             u_others=tuple(self._solo_util(store, r.decision_id) for r in co_runners))
 
     @staticmethod
-    def _solo_util(store, decision_id: str) -> float | None:
-        row = store.decision(decision_id) if decision_id else None
+    def _class_stats(store, row):
+        """The statistics of decision ``row``'s class key (None: no row, key or statistics)."""
         cls = dict(row.keys).get(KeyLevel.CLASS) if row is not None else None
-        s = store.stats({KeyLevel.CLASS: cls}).get(KeyLevel.CLASS) if cls else None
+        return store.stats({KeyLevel.CLASS: cls}).get(KeyLevel.CLASS) if cls else None
+
+    def _solo_util(self, store, decision_id: str) -> float | None:
+        s = self._class_stats(store, store.decision(decision_id) if decision_id else None)
         return s.ewma_solo_util if s is not None and s.util_runs else None
 
-    def load(self, store, co_runners: Callable) -> int:
+    def load(self, store) -> int:
         """The evidence read anew from the newest shared runs in the history, in place of what this
-        process had (``co_runners(node, gpus, start, end, instance)``: the runs beside each, as
-        events.EventApplier reads them), and the model refitted; how many taught it. A run that
-        finishes while this reads teaches the next load (it is in the history), not this one."""
+        process had (the runs beside each: HistoryStore.co_runners, as the service's events read
+        them), and the model refitted; how many taught it. A run that finishes while this reads
+        teaches the next load (it is in the history), not this one."""
         if not self.cfg.interference.learn:
             return 0
         t0, taught, fresh = time.monotonic(), 0, {}
@@ -182,14 +192,12 @@ class InterferenceLearner:
             row = store.decision(o.decision_id)
             if row is None or o.started_at is None:
                 continue
-            run = self.shared_run(store, row, o.gpu_indices, o.node, o.runtime_s or 0.0, o.exit_code,
-                                  co_runners(o.node, o.gpu_indices, o.started_at, o.finished_at, o.instance))
-            if run is not None:
-                obs, why = from_run(run)
-                if obs is None:
-                    self.refused[why] += 1
-                else:
-                    taught += self._observe(obs, fresh)
+            co = store.co_runners(o.node, o.gpu_indices, o.started_at, o.finished_at, o.instance,
+                                  self.cfg.service.open_run_max_s)
+            run = self.shared_run(store, row, o.gpu_indices, o.node, o.runtime_s or 0.0, o.exit_code, co)
+            obs = self._teachable(run, say=False) if run is not None else None  # counted, not logged one by one
+            if obs is not None:
+                taught += self._observe(obs, fresh)
         with self._lock:
             self._evidence = fresh
         view = self.refit()

@@ -137,13 +137,6 @@ class _RecordingLearner(InterferenceLearner):
         return run
 
 
-def co_runners_of(cfg: Config, store) -> Callable:
-    """The runs beside a run, read as the service reads them (HistoryStore.co_runners: open runs
-    bounded by service.open_run_max_s and their time limits)."""
-    return lambda node, gpus, start, end, instance: store.co_runners(node, gpus, start, end, instance,
-                                                                     cfg.service.open_run_max_s)
-
-
 def gpu_types(node_gpus) -> Callable[[str, int], str]:
     """(node, device index) -> the GPU type gres.conf gives it, lowercased ("": none), from
     ``PartitionDefaults.node_gpus``."""
@@ -163,12 +156,12 @@ def load_interference(source: Path | str | HistoryConfig, cfg: Config,
             if store.version < 3:
                 return InterferenceSection(error=f"history schema {store.version} records no runs' co-runners "
                                                  "by instance (the service migrates it when it opens it)")
-            learner.load(store, co_runners_of(cfg, store))
+            learner.load(store)
     except HistoryUnreadable as exc:
         return InterferenceSection(error=str(exc))
     view = learner.view if cfg.interference.learn else prior_view(cfg)
     return compare(learner.seen, view, prior_view(cfg).pooled, cfg.interference, learn=cfg.interference.learn)
 
 
-__all__ = ["ALL", "HistoryReads", "co_runners_of", "compare", "gpu_types", "load_interference",
+__all__ = ["ALL", "HistoryReads", "compare", "gpu_types", "load_interference",
            "no_runs_line", "predict_run", "summarize_runs"]

@@ -278,7 +278,7 @@ def start_interference(handler, role) -> None:
     """``InterferenceLearner.load`` in a thread now, and whenever ``role`` makes this service the writer."""
     def load() -> None:
         try:
-            handler.interference.load(handler.store, handler.events.co_runners)
+            handler.interference.load(handler.store)
         except Exception:  # noqa: BLE001 - the prior decides meanwhile; the next finished shared run teaches
             log.exception("interference learner: the history's shared runs could not be read")
 
