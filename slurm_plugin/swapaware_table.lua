@@ -378,11 +378,13 @@ end
 -- be used or is past its valid_until (as decide() treats a stale queue snapshot). nil: the gate
 -- sends every job to the RPC path (rpc_only: the service's live facts differ from what the table
 -- assumed, e.g. the controller in control refuses shards; or it was written for the slurmctld of
--- another host: a controller that just took over must not use its predecessor's gate).
+-- another host: a controller that just took over must not use its predecessor's gate), stale or
+-- not: a writer whose queue polls stall while control passes leaves a stale gate that names its
+-- own controller, and "unknown" would still let an entry held for every state decide.
 function T.gate_state(settings, view, now_s)
   local _, path = paths(settings)
   local doc = load_gate(path, settings, now_s)
-  if doc == nil or now_s > doc.valid_until then return "unknown" end
+  if doc == nil then return "unknown" end
   local prep = gate.prep
   if prep == nil or prep.started_at ~= T.started_at then
     prep = prepare(doc)
@@ -390,6 +392,7 @@ function T.gate_state(settings, view, now_s)
   end
   if prep.why then return declined(path, "%s", prep.why) end
   declined_logged = nil
+  if now_s > doc.valid_until then return "unknown" end
   local state = prep.views[view]
   if state == nil then state = doc.other end
   if not T.STATES[state] then return "unknown" end

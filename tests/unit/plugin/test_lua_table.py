@@ -225,14 +225,19 @@ HOST = Path("/proc/sys/kernel/hostname").read_text().strip()
     ({"taken_at": time.time() - 3600}, False),
     ({"taken_at": time.time() + 3600}, True),
 ])
-def test_a_gate_can_send_every_job_to_the_rpc_path(setup, extra, hit):
+@pytest.mark.parametrize("stale", [False, True], ids=["fresh", "stale"])
+def test_a_gate_can_send_every_job_to_the_rpc_path(setup, extra, hit, stale):
     """The gate's rpc_only (the service's live facts differ from what the table assumed) and
-    controller (a controller that just took over must not use its predecessor's gate)."""
+    controller (a controller that just took over must not use its predecessor's gate), whether
+    the gate is fresh or stale: a writer whose queue polls stall while control passes leaves a
+    stale gate naming its own controller, and a stale gate's state is "unknown", which an entry
+    held for every state ("a") would still serve."""
     make, table = setup
     p = make()
     job = gpu_job()
     entry = {"*": decision(9, "a")}
-    publish(p, table, [(job, entry)], gate={**gate_doc({"": "long"}), **extra})
+    gate = {**gate_doc({"": "long"}, valid_s=-1 if stale else 300), **extra}
+    publish(p, table, [(job, entry)], gate=gate)
     results = [p.submit(dict(job)) for _ in range(2)]
     if hit:
         assert all(r["rpc_calls"] == 0 and "tbl=" in r["job"]["admin_comment"] for r in results)
