@@ -11,7 +11,14 @@ Truths (bench/interference_learning.py's): gavel (a 0.58, b 2.9), lucid (a 0.025
   None), or Lucid's fit under the gavel truth (``interference_policy.fixed_view``);
 * learned: from the same prior, folding every completed shared run and refitting every
   ``--refit-every`` runs (``interference_policy.LearningSwapAware``);
+* warm: learned, from the evidence of earlier replays of the same site (other seeds of the same
+  load, until --warm-runs shared runs were folded; its class statistics start empty as every
+  other variant's): the policy once the model has seen that many shared runs;
 * oracle: the truth as the model (``interference_policy.oracle_view``).
+
+The learning variants observe each shared run's slowdown times lognormal noise sized to the
+truth's own fitting error (bench/interference_learning.py's; --no-obs-noise: exact slowdowns);
+the runs themselves follow the truth exactly.
 
 Measured per cell (mean over seeds): GPU-hours held by the jobs' runs (runtime x GPUs, or shards /
 shards per GPU, every attempt: ``swapaware report``'s gpu_hours_used) and saved = B0's - the
@@ -23,11 +30,13 @@ it stays <= --target (checked at each refit; "never": not within the run).
     .venv/bin/python bench/interference_policy.py                      # alibaba-v2023, 1 seed
     .venv/bin/python bench/interference_policy.py --jobs 1500 --workers 2
     .venv/bin/python bench/interference_policy.py --no-overcommit --loads 0.9   # what-if: no long-queue lift
+    .venv/bin/python bench/interference_policy.py --seeds 3 --workers 2         # docs/model.md's table
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import statistics
 import sys
@@ -37,11 +46,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from interference_learning import truths  # noqa: E402  (bench/interference_learning.py)
+from interference_learning import grid_mean, truths  # noqa: E402  (bench/interference_learning.py)
 
 from policy_service.config import Config  # noqa: E402
 from policy_service.core.interference import KneeParams  # noqa: E402
-from policy_service.core.interference_learn import Prior, model_error  # noqa: E402
+from policy_service.core.interference_learn import Evidence, Prior, learn, model_error  # noqa: E402
 from policy_service.sim.config import SimConfig, load_sim_config, validate_sim_config  # noqa: E402
 from policy_service.sim.engine import Engine  # noqa: E402
 from policy_service.sim.interference_policy import (LearningSwapAware, Metered, Refit, fixed_view,  # noqa: E402
@@ -53,7 +62,9 @@ from policy_service.sim.workload import Workload, build_workload  # noqa: E402
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DEFAULT_SIM = Path(__file__).resolve().parent / "configs" / "util_declared.toml"
 TRUTHS = ("gavel", "lucid", "tally")
-VARIANTS = ("prior", "learned", "oracle")
+VARIANTS = ("prior", "learned", "warm", "oracle")
+WARM_SEED = 1000  # warm-up replays use seeds WARM_SEED * seed + pass: never a measured seed
+MAX_WARM_PASSES = 12
 CONFIGURED = "gavel"  # the service's configured prior (swap_cost.compute_interference_*)
 
 
@@ -69,7 +80,15 @@ def truth_sim(sim: SimConfig, name: str, p: KneeParams) -> SimConfig:
     return out
 
 
-def make_policy(variant: str, cfg: Config, truth: str, refit_every: int) -> SimPolicy:
+def obs_sigma(truth: str) -> float:
+    """The lognormal sigma whose noise has the truth's own fitting error as its mean absolute error
+    (bench/interference_learning.py's Site)."""
+    t = truths()[truth]
+    return t.noise_mae / grid_mean(t.params) * math.sqrt(math.pi / 2.0)
+
+
+def make_policy(variant: str, cfg: Config, truth: str, refit_every: int, sigma: float = 0.0, seed: int = 0,
+                evidence: Evidence | None = None) -> SimPolicy:
     ts = truths()
     pname = prior_for(truth)
     prior = Prior(pname, ts[pname].params)
@@ -77,8 +96,8 @@ def make_policy(variant: str, cfg: Config, truth: str, refit_every: int) -> SimP
         return Exclusive(cfg)
     if variant == "prior":
         return SwapAware(cfg, None if pname == CONFIGURED else fixed_view(prior, cfg.interference))
-    if variant == "learned":
-        return LearningSwapAware(cfg, prior, refit_every)
+    if variant in ("learned", "warm"):
+        return LearningSwapAware(cfg, prior, refit_every, sigma, seed, evidence)
     if variant == "oracle":
         return SwapAware(cfg, oracle_view(ts[truth].params, truth))
     raise ValueError(f"unknown variant {variant!r}")
@@ -106,16 +125,30 @@ def _workload(seed: int, load: float) -> Workload:
     return cache[(seed, load)]
 
 
+def warm_evidence(seed: int, load: float, truth: str, sim: SimConfig, sigma: float) -> tuple[Evidence, int]:
+    """The evidence a learning policy folded over replays of other seeds at ``load`` (a fresh policy
+    each, carrying only the evidence on), until _STATE["warm_runs"] shared runs: (evidence, passes)."""
+    cfg: Config = _STATE["cfg"]
+    ev, passes = None, 0
+    while (ev is None or len(ev.obs) < _STATE["warm_runs"]) and passes < MAX_WARM_PASSES:
+        pol = make_policy("learned", cfg, truth, _STATE["refit_every"], sigma, WARM_SEED * seed + passes, ev)
+        Engine(_workload(WARM_SEED * seed + passes, load), pol, cfg, sim, per_corunner=_STATE["per_corunner"]).run()
+        ev, passes = pol.evidence, passes + 1
+    return ev, passes
+
+
 def run_cell(task: tuple[int, float, str, str]) -> dict[str, Any]:
     seed, load, truth, variant = task
     cfg: Config = _STATE["cfg"]
     ts = truths()
     params = ts[truth].params if truth in ts else KneeParams(0.0, 0.0)
     sim = truth_sim(_STATE["sim"], truth, params) if truth in ts else _STATE["sim"]
-    pol = make_policy(variant, cfg, truth, _STATE["refit_every"])
+    sigma = obs_sigma(truth) if truth in ts and _STATE["obs_noise"] else 0.0
+    t0 = time.perf_counter()
+    ev, passes = warm_evidence(seed, load, truth, sim, sigma) if variant == "warm" else (None, 0)
+    pol = make_policy(variant, cfg, truth, _STATE["refit_every"], sigma, seed, ev)
     meter = Metered(pol)
     w = _workload(seed, load)
-    t0 = time.perf_counter()
     res = Engine(w, meter, cfg, sim, per_corunner=_STATE["per_corunner"]).run()
     budget = cfg.policy.max_interference_slowdown
     done = [r for r in res.records if r.completed]
@@ -129,7 +162,9 @@ def run_cell(task: tuple[int, float, str, str]) -> dict[str, Any]:
            "overcommit": reasons.get("compute_overcommitted", 0)}
     if isinstance(pol, LearningSwapAware):
         out.update(folded=pol.folded, within=runs_within(pol.refits, params, _STATE["target"]),
-                   err_final=model_error(pol.model.params, params), err_prior=model_error(pol.prior.params, params))
+                   err_final=model_error(pol.model.params, params), err_prior=model_error(pol.prior.params, params),
+                   warm_runs=len(ev.obs) if ev is not None else 0, warm_passes=passes,
+                   err_start=model_error(learn(ev, pol.prior, cfg.interference).params, params) if ev else None)
     return out
 
 
@@ -142,32 +177,38 @@ def _mean(cells: list[dict], key: str) -> float:
     return statistics.fmean(c[key] for c in cells)
 
 
-HEADER = ("| truth | prior | load | B0 GPU-h held | B0 mean JCT s | GPU-h saved vs B0: prior / learned / oracle | "
-          "learned vs oracle saved | mean JCT / B0: prior / learned / oracle | jobs over budget: prior / learned / "
-          "oracle | budget decisions (whole + more shards): prior / learned / oracle | long-queue overcommits "
-          "(model not read): learned | shared runs learned | runs to err <= target | model error: prior -> learned |")
+HEADER = ("| truth | prior | load | B0 GPU-h held | B0 mean JCT s | GPU-h saved vs B0: prior / learned / warm / oracle | "
+          "learned vs oracle saved | warm vs oracle saved | mean JCT / B0: prior / learned / warm / oracle | jobs over "
+          "budget: prior / learned / warm / oracle | budget decisions (whole + more shards): prior / learned / warm / "
+          "oracle | long-queue overcommits (model not read): learned | shared runs learned | runs to err <= target | "
+          "model error: prior -> learned | warm: runs before (passes), error at start -> end |")
 
 
-def _three(v: dict[str, list[dict]], fmt) -> str:
+def _all(v: dict[str, list[dict]], fmt) -> str:
     return " / ".join(fmt(v[x]) for x in VARIANTS)
 
 
+def _vs(saved: dict[str, float], x: str) -> str:
+    gap = saved[x] - saved["oracle"]
+    return f"{gap:+,.0f}" + (f" ({gap / abs(saved['oracle']):+.0%})" if abs(saved["oracle"]) > 1e-9 else "")
+
+
 def row(truth: str, load: float, b0: list[dict], v: dict[str, list[dict]]) -> str:
-    """One table row: the three variants under one truth at one load, against B0."""
+    """One table row: the variants under one truth at one load, against B0."""
     saved = {x: _mean(b0, "held_h") - _mean(v[x], "held_h") for x in VARIANTS}
-    gap = saved["learned"] - saved["oracle"]
-    vs_oracle = f"{gap:+,.0f}" + (f" ({gap / abs(saved['oracle']):+.0%})" if abs(saved["oracle"]) > 1e-9 else "")
-    lv = v["learned"]
+    lv, wv = v["learned"], v["warm"]
     within = [c["within"] for c in lv]
     cells = [
         truth, prior_for(truth), f"{load:.0%}", f"{_mean(b0, 'held_h'):,.0f}", f"{_mean(b0, 'jct'):,.0f}",
-        " / ".join(f"{saved[x]:,.0f}" for x in VARIANTS), vs_oracle,
-        _three(v, lambda c: f"{_mean(c, 'jct') / _mean(b0, 'jct'):.3f}"),
-        _three(v, lambda c: f"{_mean(c, 'over'):.0f}"),
-        _three(v, lambda c: f"{_mean(c, 'budget_whole') + _mean(c, 'budget_shards'):.0f}"),
+        " / ".join(f"{saved[x]:,.0f}" for x in VARIANTS), _vs(saved, "learned"), _vs(saved, "warm"),
+        _all(v, lambda c: f"{_mean(c, 'jct') / _mean(b0, 'jct'):.3f}"),
+        _all(v, lambda c: f"{_mean(c, 'over'):.0f}"),
+        _all(v, lambda c: f"{_mean(c, 'budget_whole') + _mean(c, 'budget_shards'):.0f}"),
         f"{_mean(lv, 'overcommit'):,.0f}", f"{_mean(lv, 'folded'):,.0f}",
         "never" if None in within else f"{statistics.fmean(within):.0f} ({max(within)})",
-        f"{_mean(lv, 'err_prior'):.3f} -> {_mean(lv, 'err_final'):.3f}"]
+        f"{_mean(lv, 'err_prior'):.3f} -> {_mean(lv, 'err_final'):.3f}",
+        f"{_mean(wv, 'warm_runs'):,.0f} ({_mean(wv, 'warm_passes'):.1f}), {_mean(wv, 'err_start'):.3f} -> "
+        f"{_mean(wv, 'err_final'):.3f}"]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -193,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the simulator's config (default: util_declared.toml; 'defaults': measured duty utilisations)")
     ap.add_argument("--refit-every", type=int, default=25)
     ap.add_argument("--target", type=float, default=0.05)
+    ap.add_argument("--warm-runs", type=int, default=500, help="shared runs the warm variant learned from first")
+    ap.add_argument("--no-obs-noise", action="store_true",
+                    help="the learning variants observe exact slowdowns (default: the truth's own fitting error)")
     ap.add_argument("--no-overcommit", action="store_true",
                     help="what-if: policy.overcommit_compute_min_queue = 0 (a long queue no longer lifts the compute "
                          "and interference floors)")
@@ -207,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     trace, _ = load_trace(spec, sim)
     per_corunner, _ = calibrate(spec, sim)
     state = {"cfg": cfg, "sim": sim, "spec": spec, "trace": trace, "per_corunner": per_corunner,
-             "refit_every": args.refit_every, "target": args.target}
+             "refit_every": args.refit_every, "target": args.target, "warm_runs": args.warm_runs,
+             "obs_noise": not args.no_obs_noise}
     seeds = range(args.seed, args.seed + args.seeds)
     tasks = [(s, load, "-", "b0") for s in seeds for load in args.loads]
     tasks += [(s, load, t, v) for s in seeds for load in args.loads for t in TRUTHS for v in VARIANTS]
@@ -227,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.seed + args.seeds - 1} (mean); sim config {shown} (utilisation: {sim.interference.util_source}); "
           f"budget "
           f"policy.max_interference_slowdown {cfg.policy.max_interference_slowdown:g}; refit every "
-          f"{args.refit_every} shared runs; target error {args.target:g}; [interference] min_runs "
+          f"{args.refit_every} shared runs; target error {args.target:g}; observed slowdowns "
+          f"{'exact' if args.no_obs_noise else 'with the truth’s own fitting error'}; warm: {args.warm_runs} runs "
+          f"first; [interference] min_runs "
           f"{cfg.interference.min_runs}, min_users {cfg.interference.min_users}, prior_weight "
           f"{cfg.interference.prior_weight:g}; policy.overcommit_compute_min_queue "
           f"{cfg.policy.overcommit_compute_min_queue:g}")

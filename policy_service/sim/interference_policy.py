@@ -12,12 +12,18 @@ Three ways to give ``policy.decide`` its ``interference`` view:
   engine's ``RunOutcome.co_util``; the weighting under which the model's part below the knee is
   exact for a run whose co-runners change), slowdown its runtime over its solo runtime. Every
   ``refit_every`` folded runs it refits with ``learn`` and decides with the new model.
+  ``obs_sigma``: the slowdown it observes is the run's times lognormal noise of median 1 (what
+  runtimes carry on a real site besides sharing: input sizes, node speed); the run itself is not
+  changed. ``evidence``: what an earlier replay folded (``warmed``), its model used from the start.
 
 ``Metered`` wraps any policy and adds up the GPU-hours its runs held (runtime x the GPUs, or
 shards / shards per GPU, it was admitted with: ``swapaware report``'s gpu_hours_used).
 """
 from __future__ import annotations
 
+import dataclasses
+import math
+import random
 from dataclasses import dataclass
 
 from policy_service.config import Config
@@ -64,14 +70,20 @@ class LearningSwapAware(SwapAware):
 
     name, label = "swapaware-learning", "swapaware (learning interference)"
 
-    def __init__(self, cfg: Config, prior: Prior, refit_every: int = 25):
+    def __init__(self, cfg: Config, prior: Prior, refit_every: int = 25, obs_sigma: float = 0.0, seed: int = 0,
+                 evidence: Evidence | None = None):
         if refit_every < 1:
             raise ValueError("refit_every must be >= 1")
-        super().__init__(cfg, interference=fixed_view(prior, cfg.interference))
+        if obs_sigma < 0:
+            raise ValueError("obs_sigma must be >= 0")
+        ev = evidence if evidence is not None else Evidence(ANY_TYPE)
+        super().__init__(cfg, interference=InterferenceView(pooled=learn(ev, prior, cfg.interference)))
         self.prior = prior
         self.refit_every = refit_every
-        self.evidence = Evidence(ANY_TYPE)
-        self.folded = 0  # shared runs accepted into the evidence
+        self.obs_sigma = obs_sigma
+        self.rng = random.Random(seed)
+        self.evidence = ev
+        self.folded = len(ev.obs)  # shared runs accepted into the evidence
         self.refits: list[Refit] = []
 
     @property
@@ -83,6 +95,8 @@ class LearningSwapAware(SwapAware):
         obs = shared_run_obs(job, self._keys[(job.class_id, job.num_gpu)][0][1], outcome)
         if obs is None:
             return
+        if self.obs_sigma > 0:
+            obs = dataclasses.replace(obs, slowdown=obs.slowdown * math.exp(self.rng.gauss(0.0, self.obs_sigma)))
         self.evidence, checked = observe(self.evidence, obs, self.cfg.interference)
         if checked.obs is None:
             return

@@ -2,6 +2,7 @@
 truth (sim/interference_policy.py), and the engine's report of co-runners' utilisation."""
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -126,9 +127,36 @@ def test_learning_a_steep_truth_shares_less_than_its_prior():
     assert shards_for(pol, 0.2) == (GresKind.SHARD, 3)
 
 
-def test_refit_every_must_be_positive():
+def test_refit_every_and_the_noise_must_be_in_range():
     with pytest.raises(ValueError):
         LearningSwapAware(CFG, Prior("gavel", GAVEL), refit_every=0)
+    with pytest.raises(ValueError):
+        LearningSwapAware(CFG, Prior("gavel", GAVEL), obs_sigma=-0.1)
+
+
+def test_observed_slowdowns_carry_the_noise_drawn_from_the_seed():
+    pol = LearningSwapAware(CFG, Prior("gavel", GAVEL), obs_sigma=0.2, seed=5)
+    exact = LearningSwapAware(CFG, Prior("gavel", GAVEL))
+    rng = random.Random(5)
+    factors = [math.exp(rng.gauss(0.0, 0.2)) for _ in range(3)]
+    for i in range(3):
+        j = job(i, 0.4, user=f"user{i}")
+        pol.finished(j, 1, shared(150.0, 0.6))
+        exact.finished(j, 1, shared(150.0, 0.6))
+    assert [o.slowdown for o in exact.evidence.obs] == [pytest.approx(1.5)] * 3
+    assert [o.slowdown for o in pol.evidence.obs] == [pytest.approx(1.5 * f) for f in factors]
+    assert len(set(factors)) == 3
+
+
+def test_a_policy_given_earlier_evidence_decides_with_its_model_from_the_start():
+    warm = LearningSwapAware(CFG, Prior("gavel", GAVEL), refit_every=25)
+    feed(warm, TALLY, 300)
+    pol = LearningSwapAware(CFG, Prior("gavel", GAVEL), refit_every=25, evidence=warm.evidence)
+    assert pol.folded == 300 and pol.refits == []
+    assert pol.model.params == warm.model.params and pol.model.source is Source.LEARNED
+    assert shards_for(pol, 0.2) == (GresKind.SHARD, 3)  # tally's, not the prior's 2
+    feed(pol, TALLY, 25, seed=9)
+    assert [r.runs for r in pol.refits] == [325]
 
 
 # ---------------------------------------------------------------- the engine's report
