@@ -3,7 +3,17 @@
 # and a node agent per compute node, each started under setsid with a pid file and a private log,
 # waited for (the doctor's probe) and stopped (SIGTERM, then SIGKILL).
 
-pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# pid_alive PIDFILE: the pid file names a live process that start_daemon started with it: its
+# environment names this pid file (SWAPAWARE_DEV_PIDFILE). A pid file left behind by a daemon that
+# died or was killed may name a pid the kernel has since given to another process (pids wrap at
+# pid_max, 32768 here, within minutes of a test run; six clusters' daemons share one pid space):
+# taken for ours, that process was sent SIGTERM/SIGKILL by stop_daemon, and start_daemon said
+# "already running" and started nothing.
+pid_alive() {
+    local pid
+    [[ -f $1 ]] && pid=$(tr -dc '0-9' <"$1") && [[ -n $pid ]] || return 1
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "SWAPAWARE_DEV_PIDFILE=$1"
+}
 
 # The logs hold users' job names and decisions: each 0640 in a 0750 directory (an older one narrowed).
 open_log() {
@@ -22,7 +32,7 @@ start_daemon() {  # name pidfile command...
     fi
     mkdir -p "$(dirname "$pidfile")"
     open_log "$LOGDIR/$name.log"
-    SWAPAWARE_CONFIG=$CONF setsid "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
+    SWAPAWARE_DEV_PIDFILE=$pidfile SWAPAWARE_CONFIG=$CONF setsid "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
     echo $! >"$pidfile"
     log "started $name (pid $!), log $LOGDIR/$name.log"
 }

@@ -17,10 +17,19 @@ pidfile_of() {
 # itself: after `scontrol reconfigure` Slurm 26.05's slurmctld is a new process named
 # "slurmctld-wlm" (measured); taking that for no slurmctld left the old one running and every later
 # restart (cluster.sh plugin off/on) a silent no-op. comm, unlike exe, is readable by non-root too.
+#
+# It must also be this cluster's: every daemon cluster.sh starts inherits SLURM_CONF=$SLURM_CONF_PATH,
+# and where its environment can be read (root; always for the tests) it must name that file. A pid
+# file left by a daemon that died or was killed (kill -9 in the HA tests) may name a pid the kernel
+# has since given to another cluster's daemon of the same name (pids wrap at pid_max, 32768 here,
+# within minutes of a test run; the lanes' and releases' clusters share one pid space): taken for
+# ours, it was stopped by stop_daemons, or counted as up where ours was not.
 is_daemon() {
     local comm
     comm=$(cat "/proc/$1/comm" 2>/dev/null) || return 1
-    [[ $comm == "$2" || $comm == "$2"-* ]]
+    [[ $comm == "$2" || $comm == "$2"-* ]] || return 1
+    [[ -r /proc/$1/environ ]] || return 0
+    tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$SLURM_CONF_PATH"
 }
 
 # pid_of NAME: prints the pid when its pid file names a live NAME (is_daemon), returns 1 otherwise.

@@ -1,0 +1,89 @@
+"""The dev cluster's and dev stack's pid files name their own daemons only. A pid file left by a
+daemon that died or was killed may name a pid the kernel has since given to another process (pids
+wrap at pid_max within minutes of a test run, and every cluster of a CI run shares one pid space):
+contrib/dev-cluster/processes.sh's is_daemon asks that the process run with this cluster's
+SLURM_CONF, contrib/dev-stack-daemons.sh's pid_alive that it was started with this pid file. Run for
+real: a process named like the daemon (a copy of sleep) with another cluster's environment."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+PROCESSES = ROOT / "contrib" / "dev-cluster" / "processes.sh"
+DAEMONS = ROOT / "contrib" / "dev-stack-daemons.sh"
+
+
+@pytest.fixture
+def spawn(tmp_path):
+    """spawn(name, env) -> a live process whose comm is ``name``, with ``env`` added; ended afterwards."""
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str, env: dict[str, str]) -> int:
+        exe = tmp_path / "bin" / name
+        exe.parent.mkdir(exist_ok=True)
+        if not exe.exists():
+            shutil.copy(shutil.which("sleep"), exe)
+        p = subprocess.Popen([str(exe), "300"], env={**os.environ, **env})
+        procs.append(p)
+        return p.pid
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def bash(script: str, **env: str) -> str:
+    return subprocess.run(["bash", "-c", script], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=60, check=True).stdout.strip()
+
+
+def test_a_daemon_of_another_cluster_is_not_this_clusters(spawn, tmp_path):
+    ours = spawn("slurmctld", {"SLURM_CONF": "/var/tmp/swapaware-test-2205/etc/slurm.conf"})
+    other = spawn("slurmctld", {"SLURM_CONF": "/var/tmp/swapaware-ha-2205/etc/slurm.conf"})
+    munged = spawn("munged", {"SLURM_CONF": "/var/tmp/swapaware-test-2205/etc/slurm.conf"})
+    probe = (f'source {PROCESSES}; SLURM_CONF_PATH=/var/tmp/swapaware-test-2205/etc/slurm.conf; '
+             f'for p in {ours} {other}; do is_daemon $p slurmctld && echo yes || echo no; done; '
+             f'is_daemon {munged} slurmctld && echo yes || echo no; is_daemon {munged} munged && echo yes || echo no')
+    assert bash(probe).split() == ["yes", "no", "no", "yes"]
+    # pid_of reads the pid file: one naming the other cluster's slurmctld names none of ours
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "slurmctld.pid").write_text(f"{other}\n")
+    assert bash(f'source {PROCESSES}; SLURM_CONF_PATH=/var/tmp/swapaware-test-2205/etc/slurm.conf; RUN={run}; '
+                f'pid_of slurmctld || echo none') == "none"
+    (run / "slurmctld.pid").write_text(f"{ours}\n")
+    assert bash(f'source {PROCESSES}; SLURM_CONF_PATH=/var/tmp/swapaware-test-2205/etc/slurm.conf; RUN={run}; '
+                f'pid_of slurmctld') == str(ours)
+
+
+def test_a_stale_service_pid_file_stops_and_blocks_nothing(spawn, tmp_path):
+    pidfile = tmp_path / "run" / "swapaware.pid"
+    pidfile.parent.mkdir()
+    stranger = spawn("slurmctld", {})  # what the kernel gave the dead service's pid to
+    pidfile.write_text(f"{stranger}\n")
+    out = bash(f'source {DAEMONS}; log() {{ echo "$*"; }}; pid_alive {pidfile} && echo alive || echo dead; '
+               f'stop_daemon swapaware {pidfile}')
+    assert out.splitlines()[0] == "dead"
+    assert Path(f"/proc/{stranger}").exists() and not pidfile.exists()  # not signalled; the file gone
+    ours = spawn("swapaware", {"SWAPAWARE_DEV_PIDFILE": str(pidfile)})  # as start_daemon starts it
+    pidfile.write_text(f"{ours}\n")
+    out = bash(f'source {DAEMONS}; log() {{ echo "$*"; }}; pid_alive {pidfile} && echo alive || echo dead; '
+               f'stop_daemon swapaware {pidfile}')
+    assert out.splitlines() == ["alive", "stopped swapaware"]
+    assert not pidfile.exists()
+
+
+def test_start_daemon_names_the_pid_file_in_the_daemons_environment(tmp_path):
+    pidfile = tmp_path / "run" / "thing.pid"
+    out = bash(f'source {DAEMONS}; log() {{ :; }}; LOGDIR={tmp_path}/log; CONF=/dev/null; '
+               f'start_daemon thing {pidfile} sleep 300; pid_alive {pidfile} && echo alive; '
+               f'start_daemon thing {pidfile} sleep 300; cat {pidfile}; stop_daemon thing {pidfile}; '
+               f'pid_alive {pidfile} || echo gone')
+    lines = out.splitlines()
+    assert lines[0] == "alive" and lines[-1] == "gone"
