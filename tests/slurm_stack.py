@@ -122,6 +122,10 @@ class Stack:
         try:
             status = (Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0].strip()
                       if pid else "no pid file")
+            if pid:  # whose process the pid is now (pids wrap: another cluster's daemon may hold it)
+                conf = [e for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if e.startswith(b"SLURM_CONF=")]
+                status += f", {Path(f'/proc/{pid}/comm').read_text().strip()} with " \
+                          f"{conf[0].decode(errors='replace') if conf else 'no SLURM_CONF'}"
         except (OSError, IndexError):
             status = "gone"
         try:
