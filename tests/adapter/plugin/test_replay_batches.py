@@ -87,9 +87,20 @@ def test_batches_stay_under_the_services_message_size(service, client, tmp_path)
     spool_dir = tmp_path / "spool"
     n = spool_finished(spool_dir, range(1, 501), heavy=True)
     send = Recording(client.call)
-    result = spool.replay(spool_dir, send, max_events=10_000)
-    assert (result.sent, result.left, result.stopped_by) == (n, 0, "")
-    assert send.count("ReportEvents") >= 2 and not send.count("JobFinished")
+    # replayed as the agent replays: again while events are left. A batch may outlast the client's
+    # deadline on a loaded machine (CI, six clusters beside it: 336 of 500 sent, then DEADLINE_EXCEEDED);
+    # the service still applies it and the next replay's duplicates are taken. A batch over the
+    # service's size would stop every replay with RESOURCE_EXHAUSTED.
+    sent, stops = 0, []
+    for _ in range(10):
+        result = spool.replay(spool_dir, send, max_events=10_000)
+        sent += result.sent
+        if result.left == 0:
+            break
+        stops.append(result.stopped_by)
+    assert (result.left, result.stopped_by) == (0, ""), stops
+    assert all("Deadline" in why for why in stops), stops
+    assert sent >= n and send.count("ReportEvents") >= 2 and not send.count("JobFinished")
     assert max(size for _, size in send.calls) < MAX_REQUEST_BYTES
     assert len(service.store.observations()) == n
 
