@@ -3,16 +3,30 @@
 # and a node agent per compute node, each started under setsid with a pid file and a private log,
 # waited for (the doctor's probe) and stopped (SIGTERM, then SIGKILL).
 
-# pid_alive PIDFILE: the pid file names a live process that start_daemon started with it: its
-# environment names this pid file (SWAPAWARE_DEV_PIDFILE). A pid file left behind by a daemon that
-# died or was killed may name a pid the kernel has since given to another process (pids wrap at
-# pid_max, 32768 here, within minutes of a test run; six clusters' daemons share one pid space):
-# taken for ours, that process was sent SIGTERM/SIGKILL by stop_daemon, and start_daemon said
-# "already running" and started nothing.
+# start_time_of PID: when the process started (field 22 of /proc/PID/stat, clock ticks after boot);
+# fails when no such process. It does not change when the process execs, unlike its environment
+# or command line, so it is known from the moment start_daemon forks it.
+start_time_of() {
+    local stat rest
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) && [[ -n $stat ]] || return 1
+    rest=${stat##*) }  # after "pid (comm) ": field 3 on (comm may hold spaces and parentheses)
+    # shellcheck disable=SC2086
+    set -- $rest
+    echo "${20}"
+}
+
+# pid_alive PIDFILE: the pid file names a live process that start_daemon started: the same pid
+# with the start time start_daemon wrote beside it (PIDFILE.start). A pid file left behind by a
+# daemon that died or was killed may name a pid the kernel has since given to another process
+# (pids wrap at pid_max, 32768 here, within minutes of a test run; six clusters' daemons share one
+# pid space): taken for ours, that process was sent SIGTERM/SIGKILL by stop_daemon, and
+# start_daemon said "already running" and started nothing. (A pid file without .start, from a
+# stack started before it was written: any live process, as then.)
 pid_alive() {
-    local pid
+    local pid start
     [[ -f $1 ]] && pid=$(tr -dc '0-9' <"$1") && [[ -n $pid ]] || return 1
-    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "SWAPAWARE_DEV_PIDFILE=$1"
+    if [[ ! -f $1.start ]]; then kill -0 "$pid" 2>/dev/null; return; fi
+    start=$(start_time_of "$pid") && [[ $start == "$(<"$1.start")" ]]
 }
 
 # The logs hold users' job names and decisions: each 0640 in a 0750 directory (an older one narrowed).
@@ -32,14 +46,15 @@ start_daemon() {  # name pidfile command...
     fi
     mkdir -p "$(dirname "$pidfile")"
     open_log "$LOGDIR/$name.log"
-    SWAPAWARE_DEV_PIDFILE=$pidfile SWAPAWARE_CONFIG=$CONF setsid "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
+    SWAPAWARE_CONFIG=$CONF setsid "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
+    start_time_of $! >"$pidfile.start" || true  # (empty: it has ended already)
     echo $! >"$pidfile"
     log "started $name (pid $!), log $LOGDIR/$name.log"
 }
 
 stop_daemon() {
     local name=$1 pidfile=$2 i
-    pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
+    pid_alive "$pidfile" || { rm -f "$pidfile" "$pidfile.start"; return 0; }
     kill -TERM "$(cat "$pidfile")" 2>/dev/null || true
     for i in $(seq 1 50); do
         pid_alive "$pidfile" || break
@@ -54,7 +69,7 @@ stop_daemon() {
             sleep 0.1
         done
     fi
-    rm -f "$pidfile"
+    rm -f "$pidfile" "$pidfile.start"
     log "stopped $name"
 }
 

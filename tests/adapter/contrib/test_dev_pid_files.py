@@ -2,8 +2,10 @@
 daemon that died or was killed may name a pid the kernel has since given to another process (pids
 wrap at pid_max within minutes of a test run, and every cluster of a CI run shares one pid space):
 contrib/dev-cluster/processes.sh's is_daemon asks that the process run with this cluster's
-SLURM_CONF, contrib/dev-stack-daemons.sh's pid_alive that it was started with this pid file. Run for
-real: a process named like the daemon (a copy of sleep) with another cluster's environment."""
+SLURM_CONF (the daemons write their own pid files, once they run), contrib/dev-stack-daemons.sh's
+pid_alive that it started when start_daemon wrote beside the pid file (PIDFILE.start: known from the
+fork on, where the environment changes at exec). Run for real: a process named like the daemon (a
+copy of sleep) with another cluster's environment, or started at another time."""
 from __future__ import annotations
 
 import os
@@ -62,28 +64,41 @@ def test_a_daemon_of_another_cluster_is_not_this_clusters(spawn, tmp_path):
                 f'pid_of slurmctld') == str(ours)
 
 
+def start_time(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2:].split()[19]  # field 22
+
+
 def test_a_stale_service_pid_file_stops_and_blocks_nothing(spawn, tmp_path):
     pidfile = tmp_path / "run" / "swapaware.pid"
+    start = Path(f"{pidfile}.start")
     pidfile.parent.mkdir()
     stranger = spawn("slurmctld", {})  # what the kernel gave the dead service's pid to
     pidfile.write_text(f"{stranger}\n")
+    start.write_text(f"{int(start_time(stranger)) - 1}\n")  # the dead service's start time
     out = bash(f'source {DAEMONS}; log() {{ echo "$*"; }}; pid_alive {pidfile} && echo alive || echo dead; '
                f'stop_daemon swapaware {pidfile}')
     assert out.splitlines()[0] == "dead"
-    assert Path(f"/proc/{stranger}").exists() and not pidfile.exists()  # not signalled; the file gone
-    ours = spawn("swapaware", {"SWAPAWARE_DEV_PIDFILE": str(pidfile)})  # as start_daemon starts it
+    assert Path(f"/proc/{stranger}").exists()  # not signalled
+    assert not pidfile.exists() and not start.exists()
+    ours = spawn("swapaware", {})
     pidfile.write_text(f"{ours}\n")
+    start.write_text(start_time(ours) + "\n")  # as start_daemon writes them
     out = bash(f'source {DAEMONS}; log() {{ echo "$*"; }}; pid_alive {pidfile} && echo alive || echo dead; '
                f'stop_daemon swapaware {pidfile}')
     assert out.splitlines() == ["alive", "stopped swapaware"]
-    assert not pidfile.exists()
+    assert not pidfile.exists() and not start.exists()
 
 
-def test_start_daemon_names_the_pid_file_in_the_daemons_environment(tmp_path):
+def test_a_daemon_is_its_own_from_the_fork_on(tmp_path):
+    """pid_alive holds at once after start_daemon, before the command has exec'd (what dev-stack's
+    wait_service asks first: the daemon's environment, read then, was still the shell's), and a
+    second start_daemon starts nothing."""
     pidfile = tmp_path / "run" / "thing.pid"
-    out = bash(f'source {DAEMONS}; log() {{ :; }}; LOGDIR={tmp_path}/log; CONF=/dev/null; '
-               f'start_daemon thing {pidfile} sleep 300; pid_alive {pidfile} && echo alive; '
-               f'start_daemon thing {pidfile} sleep 300; cat {pidfile}; stop_daemon thing {pidfile}; '
-               f'pid_alive {pidfile} || echo gone')
+    out = bash(f'source {DAEMONS}; log() {{ echo "$*"; }}; LOGDIR={tmp_path}/log; CONF=/dev/null; '
+               f'start_daemon thing {pidfile} bash -c "sleep 0.5; exec sleep 300"; '
+               f'pid_alive {pidfile} && echo alive; '
+               f'start_daemon thing {pidfile} sleep 300; stop_daemon thing {pidfile}; pid_alive {pidfile} || echo gone')
     lines = out.splitlines()
-    assert lines[0] == "alive" and lines[-1] == "gone"
+    assert lines[1] == "alive" and "already running" in lines[2] and lines[-1] == "gone", lines
+    assert not Path(f"{pidfile}.start").exists()
