@@ -72,6 +72,8 @@ MARIADB_SCHEMA = (
         submit_time BIGINT NOT NULL DEFAULT 0, decision_id VARCHAR(255) NOT NULL DEFAULT '',
         gpu_indices TEXT NOT NULL, started_at DOUBLE, finished_at DOUBLE,
         PRIMARY KEY (instance, node), INDEX runs_node (node, started_at), INDEX runs_job (job_id)) {_T}""",
+    # co-runners (history/runs.py overlapping_runs): added in place, on every start
+    "CREATE INDEX IF NOT EXISTS runs_node_finish ON runs (node, finished_at, started_at)",
     f"CREATE TABLE IF NOT EXISTS events (event_id {_K} PRIMARY KEY, kind TEXT NOT NULL, received_at DOUBLE NOT NULL) {_T}",
     f"""CREATE TABLE IF NOT EXISTS observations (
         event_id {_K} PRIMARY KEY, job_id BIGINT NOT NULL, decision_id {_K}, node TEXT NOT NULL,

@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS decisions (
 CREATE INDEX IF NOT EXISTS decisions_user ON decisions(user, decided_at);
 """ + _RUNS_TABLE + """
 CREATE INDEX IF NOT EXISTS runs_node ON runs(node, started_at);
+CREATE INDEX IF NOT EXISTS runs_node_finish ON runs(node, finished_at, started_at);
 CREATE INDEX IF NOT EXISTS runs_job ON runs(job_id);
 CREATE TABLE IF NOT EXISTS events (event_id TEXT PRIMARY KEY, kind TEXT NOT NULL, received_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS observations (
