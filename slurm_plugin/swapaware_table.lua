@@ -323,8 +323,12 @@ local function load_gate(path, settings, now_s)
     -- freed inode is reused, so two rewrites within a second can look alike; the file is small)
     local doc = read_json(path)
     if check(path, settings.table_uids or T.DEFAULTS.table_uids) ~= sig then
-      gate.sig, gate.doc, gate.checked = nil, nil, -math.huge
-      return nil
+      -- replaced while read (the publisher rewrites it after every queue poll): the gate read
+      -- before serves this job, as it would have within table_check_ms, and the file is read
+      -- again at the next job (taking "unknown" here gave the job the table's decision for an
+      -- unknown queue where Admit, reading the live snapshot, decided otherwise)
+      gate.checked = -math.huge
+      return gate.doc
     end
     if doc and (doc.format ~= T.GATE_FORMAT or type(doc.valid_until) ~= "number") then
       doc = why(path, "format", "format %s unknown", tostring(doc.format))

@@ -65,6 +65,19 @@ for line in io.lines() do
   elseif req.op == "raise" then         -- the table path raises from here on
     T.key = function() error("raised by the test") end
     answer({})
+  elseif req.op == "replace_on_read" then  -- the next io.open of req.path for reading first replaces
+    local open, path, text = io.open, req.path, req.text  -- the file with req.text (written beside it,
+    io.open = function(p, mode)                             -- renamed over it: a new inode, as the
+      if p == path and (mode == nil or string.sub(mode, 1, 1) == "r") then  -- publisher's rewrite), once
+        io.open = open
+        local f = open(path .. ".tmp", "wb")
+        f:write(text)
+        f:close()
+        os.rename(path .. ".tmp", path)
+      end
+      return open(p, mode)
+    end
+    answer({})
   elseif req.op == "settings" then
     answer({ settings = M.settings })
   elseif req.op == "bench_hit" then     -- seconds per decide() of jobs the table decides, in turn

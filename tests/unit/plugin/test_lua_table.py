@@ -288,6 +288,26 @@ def test_each_job_desc_field_is_read_once_and_the_job_is_the_same(setup):
     assert cpu["rpc_calls"] == 1                  # (the count of this Lua state: the miss above)
 
 
+def test_a_gate_replaced_while_read_leaves_the_state_read_before(setup):
+    """The publisher rewrites the gate after every queue poll (write, rename): a job whose read
+    meets a rewrite keeps the state read before (not "unknown": differential test, CI run 11), and
+    the next job reads the new file."""
+    make, table = setup
+    p = make()
+    job = gpu_job()
+    entry = {"long": decision(5, "l", shards=1), "unknown": decision(5, "u", shards=8),
+             "short": decision(5, "s", shards=8)}
+    publish(p, table, [(job, entry)], gate=gate_doc({"": "long"}))
+    gate_path = table.with_name(table.name + ".gate")
+    assert f"tbl={VERSION}:0000005l " in p.submit(dict(job))["job"]["admin_comment"]
+    write_atomic(gate_path, json.dumps(gate_doc({"": "long"})))   # a rewrite: a new signature ...
+    p.req("replace_on_read", path=str(gate_path), text=json.dumps(gate_doc({"": "short"})))  # ... and another
+    res = p.submit(dict(job))                                      # while this job reads it
+    assert f"tbl={VERSION}:0000005l " in res["job"]["admin_comment"], res["job"]
+    assert res["rpc_calls"] == 0 and not [ln for ln in res["logs"] if ".gate" in ln], res["logs"]
+    assert f"tbl={VERSION}:0000005s " in p.submit(dict(job))["job"]["admin_comment"]  # the next job: the new file
+
+
 def test_a_stale_gate_is_read_again_even_when_it_looks_unchanged(setup):
     """A gate rewritten within the same second on a reused inode has the same (inode, size, mtime):
     once stale it is read again at every check."""
