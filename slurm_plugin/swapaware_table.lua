@@ -311,7 +311,7 @@ end
 
 -- The queue gate ---------------------------------------------------------------------------
 
-local function load_gate(path, settings, now_s)
+local function load_gate(path, settings, now_s, again)
   if gate.path ~= path then gate = { path = path, checked = -math.huge } end
   if now_s - gate.checked < (settings.table_check_ms or 1000) / 1000 then return gate.doc end
   gate.checked = now_s
@@ -325,9 +325,11 @@ local function load_gate(path, settings, now_s)
     if check(path, settings.table_uids or T.DEFAULTS.table_uids) ~= sig then
       -- replaced while read (the publisher rewrites it after every queue poll): the gate read
       -- before serves this job, as it would have within table_check_ms, and the file is read
-      -- again at the next job (taking "unknown" here gave the job the table's decision for an
-      -- unknown queue where Admit, reading the live snapshot, decided otherwise)
+      -- again at the next job; with none read before, it is read once more now (taking "unknown"
+      -- here gave the job the table's decision for an unknown queue where Admit, reading the
+      -- live snapshot, decided otherwise)
       gate.checked = -math.huge
+      if gate.doc == nil and not again then return load_gate(path, settings, now_s, true) end
       return gate.doc
     end
     if doc and (doc.format ~= T.GATE_FORMAT or type(doc.valid_until) ~= "number") then

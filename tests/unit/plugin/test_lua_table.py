@@ -306,6 +306,9 @@ def test_a_gate_replaced_while_read_leaves_the_state_read_before(setup):
     assert f"tbl={VERSION}:0000005l " in res["job"]["admin_comment"], res["job"]
     assert res["rpc_calls"] == 0 and not [ln for ln in res["logs"] if ".gate" in ln], res["logs"]
     assert f"tbl={VERSION}:0000005s " in p.submit(dict(job))["job"]["admin_comment"]  # the next job: the new file
+    fresh = make()   # a Lua state that has read no gate yet: it reads the replaced file once more
+    fresh.req("replace_on_read", path=str(gate_path), text=json.dumps(gate_doc({"": "long"})))
+    assert f"tbl={VERSION}:0000005l " in fresh.submit(dict(job))["job"]["admin_comment"]
 
 
 def test_a_stale_gate_is_read_again_even_when_it_looks_unchanged(setup):
