@@ -35,7 +35,8 @@ wait_job() {
 wait_observed() {
     local id=$1
     for _ in $(seq 1 60); do
-        "$VENV/bin/swapaware" explain "$id" 2>/dev/null | grep -q "job $id on" && return 0
+        # (read whole: piped into grep -q under pipefail, a long answer fails when grep exits early)
+        [[ $("$VENV/bin/swapaware" explain "$id" 2>/dev/null) == *"job $id on"* ]] && return 0
         sleep 0.5
     done
     return 1

@@ -231,7 +231,7 @@ echo "$a" >"$OUT/job-first.id"
 job_done() { scontrol -o show job "$1" | grep -qE 'JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|OUT_OF_MEMORY|NODE_FAIL)'; }
 until_ok 90 job_done "$a" || fail "job $a did not end: $(scontrol -o show job "$a")"
 scontrol -o show job "$a" >"$OUT/job-first.txt"
-observed() { "$VENV/bin/swapaware" explain "$1" 2>/dev/null | grep -q "job $1 on"; }
+observed() { [[ $("$VENV/bin/swapaware" explain "$1" 2>/dev/null) == *"job $1 on"* ]]; }  # (whole: see quickstart.sh)
 until_ok 60 observed "$a" || fail "job $a's run was not observed: $("$VENV/bin/swapaware" explain "$a" 2>&1 | tail -5)"
 "$VENV/bin/swapaware" explain "$a" >"$OUT/explain-first.txt" 2>&1
 

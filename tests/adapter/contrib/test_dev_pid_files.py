@@ -64,6 +64,18 @@ def test_a_daemon_of_another_cluster_is_not_this_clusters(spawn, tmp_path):
                 f'pid_of slurmctld') == str(ours)
 
 
+def test_is_daemon_holds_under_pipefail_with_a_large_environment(spawn):
+    """cluster.sh runs with pipefail. Reading the environment through ``tr | grep -q`` failed
+    whenever grep exited at the first match while tr still wrote (23 of 1,000 reads of a 7 KB
+    environment): a restart then took this cluster's slurmctld for none of its own and left it
+    running (CI run 12, "a slurmctld still answers ... after it was stopped")."""
+    conf = "/var/tmp/swapaware-test-2205/etc/slurm.conf"
+    pid = spawn("slurmctld", {"SLURM_CONF": conf, "ZZ_LARGE": "x" * 6000})
+    out = bash(f'set -euo pipefail; source {PROCESSES}; SLURM_CONF_PATH={conf}; n=0; '
+               f'for i in $(seq 1 300); do is_daemon {pid} slurmctld && n=$((n+1)); done; echo $n')
+    assert out == "300"
+
+
 def start_time(pid: int) -> str:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2:].split()[19]  # field 22
