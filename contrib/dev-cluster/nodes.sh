@@ -186,7 +186,7 @@ pid_in_node() {
     local pid
     [[ -r $3 ]] || return 0
     pid=$(tr -dc '0-9' <"$3")
-    [[ -n $pid ]] && is_daemon "$pid" "$2" && echo "$pid"
+    [[ -n $pid ]] && is_daemon "$pid" "$2" "$3" && echo "$pid"
     return 0
 }
 

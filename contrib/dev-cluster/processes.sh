@@ -13,29 +13,45 @@ pidfile_of() {
     esac
 }
 
-# is_daemon PID NAME: PID is a live NAME. Its comm is NAME, or NAME-<role> once the daemon re-ran
-# itself: after `scontrol reconfigure` Slurm 26.05's slurmctld is a new process named
+# is_daemon PID NAME [PIDFILE]: PID is a live NAME. Its comm is NAME, or NAME-<role> once the
+# daemon re-ran itself: after `scontrol reconfigure` Slurm 26.05's slurmctld is a new process named
 # "slurmctld-wlm" (measured); taking that for no slurmctld left the old one running and every later
 # restart (cluster.sh plugin off/on) a silent no-op. comm, unlike exe, is readable by non-root too.
 #
-# It must also be this cluster's: every daemon cluster.sh starts inherits SLURM_CONF=$SLURM_CONF_PATH,
-# and where its environment can be read (root; always for the tests) it must name that file. A pid
-# file left by a daemon that died or was killed (kill -9 in the HA tests) may name a pid the kernel
-# has since given to another cluster's daemon of the same name (pids wrap at pid_max, 32768 here,
-# within minutes of a test run; the lanes' and releases' clusters share one pid space): taken for
-# ours, it was stopped by stop_daemons, or counted as up where ours was not.
+# With PIDFILE, the process must also have been running when the pid file was last written (it
+# started at most 30 s after the file's mtime, room for a wall clock set forward since; the
+# daemons write their own pid files once running).
+# A pid file left by a daemon that died or was killed (kill -9 in the HA tests) may name a pid the
+# kernel has since given to another cluster's daemon of the same name (pids wrap at pid_max, 32768
+# here, within minutes of a test run; the lanes' and releases' clusters share one pid space): taken
+# for ours, it was stopped by stop_daemons, or counted as up where ours was not. (The first version
+# asked for this cluster's SLURM_CONF in the process's environment; CI run 12 then took a lane's own
+# slurmctld for none of its own, for good, and the cause was not found: the start time depends on
+# nothing the process or its caller sets.)
 is_daemon() {
-    local comm
+    local comm started mtime
     comm=$(cat "/proc/$1/comm" 2>/dev/null) || return 1
     [[ $comm == "$2" || $comm == "$2"-* ]] || return 1
-    [[ -r /proc/$1/environ ]] || return 0
-    environ_has "$1" "SLURM_CONF=$SLURM_CONF_PATH"
+    [[ -n ${3:-} ]] || return 0
+    started=$(started_at "$1") && mtime=$(stat -c %Y "$3" 2>/dev/null) || return 1
+    ((started <= mtime + 30))
+}
+
+# started_at PID: when the process started, in whole seconds of the wall clock (field 22 of
+# /proc/PID/stat, clock ticks after boot, plus the boot time /proc/stat gives).
+started_at() {
+    local stat rest btime
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) && [[ -n $stat ]] || return 1
+    rest=${stat##*) }  # after "pid (comm) ": field 3 on (comm may hold spaces and parentheses)
+    local -a f
+    read -r -a f <<<"$rest"
+    btime=$(sed -n 's/^btime //p' /proc/stat)
+    echo $((btime + f[19] / $(getconf CLK_TCK)))
 }
 
 # environ_has PID NAME=VALUE: the process's environment holds exactly that entry. Read whole, not
 # piped into `grep -q`: under pipefail grep's exit at the first match fails the pipeline whenever
-# tr is still writing (measured: 23 of 1,000 reads of a 7 KB environment), and a slurmctld taken
-# for none of ours was then left running by a restart (CI run 12).
+# tr is still writing (measured: 23 of 1,000 reads of a 7 KB environment).
 environ_has() {
     local env
     env=$(tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null) || return 1
@@ -48,7 +64,7 @@ pid_of() {
     f=$(pidfile_of "$1")
     [[ -r $f ]] || return 1
     pid=$(tr -dc '0-9' <"$f")
-    [[ -n $pid ]] && is_daemon "$pid" "$1" || return 1
+    [[ -n $pid ]] && is_daemon "$pid" "$1" "$f" || return 1
     echo "$pid"
 }
 

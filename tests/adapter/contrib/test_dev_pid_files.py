@@ -1,16 +1,17 @@
 """The dev cluster's and dev stack's pid files name their own daemons only. A pid file left by a
 daemon that died or was killed may name a pid the kernel has since given to another process (pids
 wrap at pid_max within minutes of a test run, and every cluster of a CI run shares one pid space):
-contrib/dev-cluster/processes.sh's is_daemon asks that the process run with this cluster's
-SLURM_CONF (the daemons write their own pid files, once they run), contrib/dev-stack-daemons.sh's
-pid_alive that it started when start_daemon wrote beside the pid file (PIDFILE.start: known from the
-fork on, where the environment changes at exec). Run for real: a process named like the daemon (a
-copy of sleep) with another cluster's environment, or started at another time."""
+contrib/dev-cluster/processes.sh's is_daemon asks that the process have run when its pid file was
+written (the daemons write their own, once running), contrib/dev-stack-daemons.sh's pid_alive that
+it started when start_daemon wrote beside the pid file (PIDFILE.start: known from the fork on,
+where the environment changes at exec). Run for real: a process named like the daemon (a copy of
+sleep), its pid file written before or after it started."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -45,34 +46,32 @@ def bash(script: str, **env: str) -> str:
                           timeout=60, check=True).stdout.strip()
 
 
-def test_a_daemon_of_another_cluster_is_not_this_clusters(spawn, tmp_path):
-    ours = spawn("slurmctld", {"SLURM_CONF": "/var/tmp/swapaware-test-2205/etc/slurm.conf"})
-    other = spawn("slurmctld", {"SLURM_CONF": "/var/tmp/swapaware-ha-2205/etc/slurm.conf"})
-    munged = spawn("munged", {"SLURM_CONF": "/var/tmp/swapaware-test-2205/etc/slurm.conf"})
-    probe = (f'source {PROCESSES}; SLURM_CONF_PATH=/var/tmp/swapaware-test-2205/etc/slurm.conf; '
-             f'for p in {ours} {other}; do is_daemon $p slurmctld && echo yes || echo no; done; '
-             f'is_daemon {munged} slurmctld && echo yes || echo no; is_daemon {munged} munged && echo yes || echo no')
-    assert bash(probe).split() == ["yes", "no", "no", "yes"]
-    # pid_of reads the pid file: one naming the other cluster's slurmctld names none of ours
+def test_a_pid_file_names_only_a_daemon_that_ran_when_it_was_written(spawn, tmp_path):
+    """A pid file the daemon wrote names it; one written before the process its pid now names
+    started (a daemon that died, its pid given to another cluster's daemon since) names none."""
+    ours = spawn("slurmctld", {})
     run = tmp_path / "run"
     run.mkdir()
-    (run / "slurmctld.pid").write_text(f"{other}\n")
-    assert bash(f'source {PROCESSES}; SLURM_CONF_PATH=/var/tmp/swapaware-test-2205/etc/slurm.conf; RUN={run}; '
-                f'pid_of slurmctld || echo none') == "none"
-    (run / "slurmctld.pid").write_text(f"{ours}\n")
-    assert bash(f'source {PROCESSES}; SLURM_CONF_PATH=/var/tmp/swapaware-test-2205/etc/slurm.conf; RUN={run}; '
-                f'pid_of slurmctld') == str(ours)
+    pidfile = run / "slurmctld.pid"
+    pidfile.write_text(f"{ours}\n")  # written while it runs, as slurmctld writes its own
+    probe = f'set -euo pipefail; source {PROCESSES}; RUN={run}; '
+    assert bash(probe + "pid_of slurmctld") == str(ours)
+    assert bash(probe + f"is_daemon {ours} munged || echo no") == "no"  # another daemon's name
+    long_ago = time.time() - 3600    # the same pid file as a daemon that died an hour ago left it
+    os.utime(pidfile, (long_ago, long_ago))
+    assert bash(probe + "pid_of slurmctld || echo none") == "none"
+    assert bash(probe + f"is_daemon {ours} slurmctld && echo yes") == "yes"  # (no pid file: the name alone)
 
 
-def test_is_daemon_holds_under_pipefail_with_a_large_environment(spawn):
-    """cluster.sh runs with pipefail. Reading the environment through ``tr | grep -q`` failed
-    whenever grep exited at the first match while tr still wrote (23 of 1,000 reads of a 7 KB
-    environment): a restart then took this cluster's slurmctld for none of its own and left it
-    running (CI run 12, "a slurmctld still answers ... after it was stopped")."""
+def test_environ_has_holds_under_pipefail_with_a_large_environment(spawn):
+    """kill_stray_steps knows this cluster's slurmstepds by SLURM_CONF in their environment;
+    cluster.sh runs with pipefail. Read through ``tr | grep -q`` it failed whenever grep exited at
+    its match while tr still wrote (23 of 1,000 reads of a 7 KB environment)."""
     conf = "/var/tmp/swapaware-test-2205/etc/slurm.conf"
-    pid = spawn("slurmctld", {"SLURM_CONF": conf, "ZZ_LARGE": "x" * 6000})
-    out = bash(f'set -euo pipefail; source {PROCESSES}; SLURM_CONF_PATH={conf}; n=0; '
-               f'for i in $(seq 1 300); do is_daemon {pid} slurmctld && n=$((n+1)); done; echo $n')
+    pid = spawn("slurmstepd", {"SLURM_CONF": conf, "ZZ_LARGE": "x" * 6000})
+    out = bash(f'set -euo pipefail; source {PROCESSES}; n=0; '
+               f'for i in $(seq 1 300); do environ_has {pid} SLURM_CONF={conf} && n=$((n+1)); done; '
+               f'environ_has {pid} SLURM_CONF={conf}.other || echo $n')
     assert out == "300"
 
 
