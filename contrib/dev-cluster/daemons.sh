@@ -115,6 +115,17 @@ start_slurmd() {
     for name in $(compute_nodes); do start_node_slurmd "$name"; done
 }
 
+# ctld_whois: what the pid file names and who listens on the controller's port (for an error).
+ctld_whois() {
+    local f pid listener
+    f=$(pidfile_of slurmctld)
+    pid=$(tr -dc '0-9' <"$f" 2>/dev/null || true)
+    listener=$(ss -Hltnp "sport = :$CTLD_PORT" 2>/dev/null | tr -s ' ' | tr '\n' ';' || true)
+    echo "pid file names ${pid:-nothing} ($(cat "/proc/${pid:-0}/comm" 2>/dev/null || echo 'no such process'), " \
+         "started $(started_at "${pid:-0}" 2>/dev/null || echo '?'), file written $(stat -c %Y "$f" 2>/dev/null || echo '?')); " \
+         "listening: ${listener:-nothing}"
+}
+
 restart_ctld() {
     if two_ctlds; then
         stop_ctls
@@ -122,7 +133,7 @@ restart_ctld() {
     else
         stop_daemon slurmctld 20
         # a slurmctld this script does not know of would keep answering in place of the new one
-        ! ctld_ok || die "a slurmctld still answers on port $CTLD_PORT after it was stopped (pid file: $(pidfile_of slurmctld)): not restarted"
+        ! ctld_ok || die "a slurmctld still answers on port $CTLD_PORT after it was stopped (pid file: $(pidfile_of slurmctld)): not restarted; $(ctld_whois)"
         log "starting slurmctld"
         launch_slurmctld
         wait_daemon slurmctld "$LOG/slurmctld.log" ctld_ok || die "slurmctld not answering; see $LOG/slurmctld.log"
