@@ -42,6 +42,9 @@ def fmt_bytes(n: float) -> str:
     return f"{n / GIB:.1f}GiB"
 
 
+_LEVELS = tuple(KeyLevel)  # narrowest first (iterating the Enum itself costs a call per Admit)
+
+
 def _usable(level: KeyLevel, stats: ClassStats | None, cfg: EstimatorConfig, user: str) -> bool:
     if stats is None:
         return False
@@ -53,7 +56,7 @@ def _usable(level: KeyLevel, stats: ClassStats | None, cfg: EstimatorConfig, use
 def usable_level(stats: Mapping[KeyLevel, ClassStats], cfg: EstimatorConfig, user: str) -> KeyLevel | None:
     """The narrowest key whose history the estimate for a job of ``user`` is taken from (None:
     none has enough runs)."""
-    return next((lv for lv in KeyLevel if _usable(lv, stats.get(lv), cfg, user)), None)
+    return next((lv for lv in _LEVELS if _usable(lv, stats.get(lv), cfg, user)), None)
 
 
 def _conformal_ratio(ratios: tuple[float, ...], q: float) -> float:

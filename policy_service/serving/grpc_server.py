@@ -106,7 +106,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
     def Admit(self, request, context):
         t0 = time.perf_counter()
         reply = self._call(Method.ADMIT, request, context)
-        self._handler.metrics.admit.labels(transport="grpc").observe(time.perf_counter() - t0)
+        self._handler.metrics.admit_by["grpc"].observe(time.perf_counter() - t0)
         return reply
 
     def JobStarted(self, request, context):

@@ -78,7 +78,7 @@ def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None, gid
             out = method.call(handler, msg, Caller.peer(uid, gid), sized, encode=_response_line)
             if not msg.dry_run and handler.on_local_admit is not None:
                 handler.on_local_admit(uid)  # only the slurmctld in control runs job_submit (docs/ha.md)
-            handler.metrics.admit.labels(transport="socket").observe(time.perf_counter() - t0)
+            handler.metrics.admit_by["socket"].observe(time.perf_counter() - t0)
             return out
         return _response_line(method.call(handler, msg, Caller.peer(uid, gid), sized))
     except HandlerError as exc:

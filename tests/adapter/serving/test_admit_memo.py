@@ -1,7 +1,7 @@
 """What Admit remembers between calls (issue 33, item 6) decides exactly as deciding afresh does.
 
-PolicyHandler remembers per job facts the request it builds and the decision it last made (with a
-placeholder id, handed out with the real id put in), HistoryStore the checked statistics per stored
+PolicyHandler remembers per job facts the request it builds and, from their second job on, the
+decision it last made (with a placeholder id, handed out with the real id put in), HistoryStore the checked statistics per stored
 text, and the decision's record reuses the template's message. Each is compared here with what
 the code without them gives: ``policy.decide`` called directly with the snapshot itself, the
 record's message built field by field, ``checked_stats`` of the text."""
@@ -158,16 +158,39 @@ def test_new_statistics_objects_are_decided_afresh(handler):
     policy.decide = counted
     try:
         one = {KeyLevel.CLASS: ClassStats(samples=3, runs=3, ewma_peak_bytes=2.0 * GIB, max_peak_bytes=2 * GIB)}
+        handler._decide(job, queue=None, stats_of=lambda _k: one)  # first seen: decided as it is
+        handler._decide(job, queue=None, stats_of=lambda _k: one)  # seen again: the template made
         handler._decide(job, queue=None, stats_of=lambda _k: one)
-        handler._decide(job, queue=None, stats_of=lambda _k: one)
-        assert len(calls) == 1
+        assert len(calls) == 2
         equal = {KeyLevel.CLASS: ClassStats(samples=3, runs=3, ewma_peak_bytes=2.0 * GIB, max_peak_bytes=2 * GIB)}
         handler._decide(job, queue=None, stats_of=lambda _k: equal)  # another object: not taken for the same
-        assert len(calls) == 2
+        assert len(calls) == 3
         handler._decide(job, queue=QueueState(0.0, 8), stats_of=lambda _k: equal)
-        assert len(calls) == 3
+        assert len(calls) == 4
         handler._decide(job, queue=QueueState(0.0, 8, age_s=2.0), stats_of=lambda _k: equal)  # same figures, fresh
-        assert len(calls) == 3
+        assert len(calls) == 4
+    finally:
+        policy.decide = decide
+
+
+def test_facts_seen_once_are_decided_as_they_are_and_remembered_from_their_second_job(handler):
+    """A new class's first job is decided with its own id and time, no template made (most classes'
+    later jobs meet the admission table); its second job makes the template, the third reuses it."""
+    job, stats = facts(3), {}
+    calls = []
+    decide = policy.decide
+
+    def counted(*a, **k):
+        calls.append(k["decision_id"])
+        return decide(*a, **k)
+
+    policy.decide = counted
+    try:
+        made_of = [handler._decide_made(job, queue=None, stats_of=lambda _k: stats) for _ in range(3)]
+        assert [m is None for *_, m in made_of] == [True, False, False]
+        assert calls == [made_of[0][0].decision_id, "0" * 16]  # the first with its id, then the template
+        for d, *_ in made_of:
+            assert d == direct(handler, job, stats, None, d.decision_id)
     finally:
         policy.decide = decide
 

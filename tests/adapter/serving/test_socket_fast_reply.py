@@ -114,11 +114,13 @@ def test_fast_replies_records_and_history_are_the_old_ones(tmp_path, odd):
 
 
 def test_the_fast_path_is_taken(tmp_path, monkeypatch):
-    """Repeated brief Admits are answered from the parsed line and the template's reply line."""
+    """Repeated brief Admits are answered from the parsed line and the template's reply line (made
+    by the second job of the same facts: the first is decided as it is)."""
     h = handler_at(tmp_path, "h", ids(False))
     try:
         sent = line(3)
         first = json.loads(handle_line(h, sent, SLURMCTLD, 0))["response"]["decision"]
+        handle_line(h, sent, SLURMCTLD, 0)
         monkeypatch.setattr(local_socket.json_codec, "parse", lambda *a: pytest.fail("parsed again"))
         monkeypatch.setattr(local_socket.json_codec, "to_dict", lambda *a: pytest.fail("reply built again"))
         for _ in range(3):
