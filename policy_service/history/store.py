@@ -67,6 +67,7 @@ class HistoryStore(SqliteFile, FencedWrites, DecisionRecords, ClassStatsReads, R
         """``accept_empty``: start a new history even where files show one existed
         (``history_guard``; otherwise ``HistoryMissing``)."""
         self.fence = fence or None
+        self.closed = False  # close() was called: a reader still at work (a thread of a stopping service) may fail
         # stored statistics text -> checked_stats of it (``_checked``), least recently used first
         self._stats_memo: collections.OrderedDict[str, tuple[ClassStats, tuple[str, ...]]] = collections.OrderedDict()
         self._stats_memo_chars = 0
@@ -148,6 +149,7 @@ class HistoryStore(SqliteFile, FencedWrites, DecisionRecords, ClassStatsReads, R
             return list(self._rconn.execute(sql, args).fetchall())
 
     def close(self) -> None:
+        self.closed = True
         with self._lock:
             self._conn.close()
         if self._rconn is not self._conn:

@@ -77,9 +77,12 @@ class RunningService:
         self._socket_server.shutdown()  # type: ignore[attr-defined]
         self._socket_server.server_close()  # type: ignore[attr-defined]
         self.listener.stop(grace_s)  # a listener still waiting for its port stops trying
-        if self.role is None or drained_while_writer(self.handler, self.role, self.role.cfg.lease_ttl_s):
-            self.handler.close()  # every decision handed out is recorded before exit
-        # else: a standby's decisions stay in its journal (read back at the next start)
+        if self.role is not None:  # a writer first records every decision it handed out
+            drained_while_writer(self.handler, self.role, self.role.cfg.lease_ttl_s)
+        # the writer thread ends: what a standby handed out is refused (NotWriter) and stays in its
+        # journal, read back at the next start; a history that cannot be reached is given up on after
+        # CLOSE_WAIT_S (DecisionLog.close). Left running, it retried for as long as the process lived.
+        self.handler.close()
         if self.role is not None:
             self.role.stop()  # gives the lease back
         if self.queue_monitor is not None:
@@ -280,6 +283,9 @@ def start_interference(handler, role) -> None:
         try:
             handler.interference.load(handler.store)
         except Exception:  # noqa: BLE001 - the prior decides meanwhile; the next finished shared run teaches
+            if handler.store.closed:  # the service stopped while they were read: nothing is wrong
+                log.info("interference learner: the service stopped before the history's shared runs were read")
+                return
             log.exception("interference learner: the history's shared runs could not be read")
 
     threading.Thread(target=load, name="interference-load", daemon=True).start()

@@ -340,6 +340,7 @@ def test_a_standby_stops_at_once_keeping_its_journaled_decisions(pair, short_dir
     b.stop(0)  # its writer cannot take the decision (a writes): stopping does not wait for that
     del pair.running["b"]
     assert time.monotonic() - t0 < 10.0
+    assert not b.handler.decisions._thread.is_alive()  # its writer thread ended, not retrying for ever
     assert a.store.decision(d_b) is None
     assert d_b.encode() in (short_dir / "b" / "history.sqlite3.journal").read_bytes()
 

@@ -224,3 +224,42 @@ def test_the_metrics_show_the_model_and_the_untaught_runs(learning, slurm_jobs):
     svc.handler.interference.refit()
     assert registry.get_sample_value("swapaware_interference_untaught_runs",
                                      {"why": "its class has no solo runtime yet"}) == 2.0
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_load_cut_short_by_the_stop_is_no_error(closed, tmp_path, caplog):
+    """The learner reads the history in a thread of its own; a service stopped meanwhile closes the
+    store under it. That is said at info, without a traceback; a read that fails on an open store
+    is still an error with one."""
+    import logging
+    import sqlite3
+    import threading
+    import types
+
+    from policy_service.history.store import HistoryStore
+    from policy_service.serving.server import start_interference
+
+    store = HistoryStore(tmp_path / "h.sqlite3", accept_empty=True)
+    done = threading.Event()
+
+    def load(s):
+        try:
+            if closed:
+                s.close()
+            s._read("SELECT * FROM no_such_table")
+        finally:
+            done.set()
+
+    handler = types.SimpleNamespace(store=store, interference=types.SimpleNamespace(load=load))
+    with caplog.at_level(logging.INFO, logger="swapaware.service"):
+        start_interference(handler, None)
+        assert done.wait(10)
+        wait_for(lambda: "interference-load" not in _threads(), 10, "the load thread to end")
+    said = [r for r in caplog.records if "interference learner" in r.getMessage()]
+    assert len(said) == 1
+    if closed:
+        assert said[0].levelno == logging.INFO and said[0].exc_info is None
+        assert "stopped before" in said[0].getMessage()
+    else:
+        assert said[0].levelno == logging.ERROR and said[0].exc_info[0] is sqlite3.OperationalError
+        store.close()
