@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from policy_service.core.interference import KneeParams, knee_slowdown
 from policy_service.core.interference_learn import (COMPARE_GRID, Evidence, InterferenceObs, LearnConfig, Prior,
                                                     learn, model_error, observe, user_influence)
+from policy_service.sim.interference_policy import runtime_noise
 
 CHECKPOINTS = (25, 50, 100, 200, 500, 1000)
 STEP = 25
@@ -98,7 +99,7 @@ class Site:
         else:
             me = self.rng.choice(self.classes)
         p = self.truth.params
-        s = k * knee_slowdown(me[2], other[2], p.base, p.slope) * math.exp(self.rng.gauss(0.0, self.sigma))
+        s = k * knee_slowdown(me[2], other[2], p.base, p.slope) * runtime_noise(self.rng, self.sigma)
         return InterferenceObs("a100", me[0], me[1], me[2], other[2], s)
 
 

@@ -50,7 +50,7 @@ from interference_learning import grid_mean, truths  # noqa: E402  (bench/interf
 
 from policy_service.config import Config  # noqa: E402
 from policy_service.core.interference import KneeParams  # noqa: E402
-from policy_service.core.interference_learn import Evidence, Prior, learn, model_error  # noqa: E402
+from policy_service.core.interference_learn import Evidence, Prior, model_error  # noqa: E402
 from policy_service.sim.config import SimConfig, load_sim_config, validate_sim_config  # noqa: E402
 from policy_service.sim.engine import Engine  # noqa: E402
 from policy_service.sim.interference_policy import (LearningSwapAware, Metered, Refit, fixed_view,  # noqa: E402
@@ -147,6 +147,7 @@ def run_cell(task: tuple[int, float, str, str]) -> dict[str, Any]:
     t0 = time.perf_counter()
     ev, passes = warm_evidence(seed, load, truth, sim, sigma) if variant == "warm" else (None, 0)
     pol = make_policy(variant, cfg, truth, _STATE["refit_every"], sigma, seed, ev)
+    start = pol.model.params if isinstance(pol, LearningSwapAware) else None  # (the warm evidence's fit)
     meter = Metered(pol)
     w = _workload(seed, load)
     res = Engine(w, meter, cfg, sim, per_corunner=_STATE["per_corunner"]).run()
@@ -164,7 +165,7 @@ def run_cell(task: tuple[int, float, str, str]) -> dict[str, Any]:
         out.update(folded=pol.folded, within=runs_within(pol.refits, params, _STATE["target"]),
                    err_final=model_error(pol.model.params, params), err_prior=model_error(pol.prior.params, params),
                    warm_runs=len(ev.obs) if ev is not None else 0, warm_passes=passes,
-                   err_start=model_error(learn(ev, pol.prior, cfg.interference).params, params) if ev else None)
+                   err_start=model_error(start, params) if ev else None)
     return out
 
 

@@ -14,7 +14,8 @@ Three ways to give ``policy.decide`` its ``interference`` view:
   ``refit_every`` folded runs it refits with ``learn`` and decides with the new model.
   ``obs_sigma``: the slowdown it observes is the run's times lognormal noise of median 1 (what
   runtimes carry on a real site besides sharing: input sizes, node speed); the run itself is not
-  changed. ``evidence``: what an earlier replay folded (``warmed``), its model used from the start.
+  changed. ``evidence``: what an earlier replay folded (bench/interference_policy.py's
+  ``warm_evidence``), its model used from the start.
 
 ``Metered`` wraps any policy and adds up the GPU-hours its runs held (runtime x the GPUs, or
 shards / shards per GPU, it was admitted with: ``swapaware report``'s gpu_hours_used).
@@ -65,6 +66,12 @@ def shared_run_obs(job: SimJob, job_class: str, outcome: RunOutcome) -> Interfer
                            outcome.runtime_s / job.duration_s)
 
 
+def runtime_noise(rng: random.Random, sigma: float) -> float:
+    """A factor of lognormal noise of median 1 (``sigma``: of its log): what a run's observed
+    runtime carries besides sharing (input sizes, node speed)."""
+    return math.exp(rng.gauss(0.0, sigma))
+
+
 class LearningSwapAware(SwapAware):
     """swapaware learning the site's interference from its own shared runs, from ``prior``."""
 
@@ -96,7 +103,7 @@ class LearningSwapAware(SwapAware):
         if obs is None:
             return
         if self.obs_sigma > 0:
-            obs = dataclasses.replace(obs, slowdown=obs.slowdown * math.exp(self.rng.gauss(0.0, self.obs_sigma)))
+            obs = dataclasses.replace(obs, slowdown=obs.slowdown * runtime_noise(self.rng, self.obs_sigma))
         self.evidence, checked = observe(self.evidence, obs, self.cfg.interference)
         if checked.obs is None:
             return
