@@ -3,17 +3,8 @@
 # and a node agent per compute node, each started under setsid with a pid file and a private log,
 # waited for (the doctor's probe) and stopped (SIGTERM, then SIGKILL).
 
-# start_time_of PID: when the process started (field 22 of /proc/PID/stat, clock ticks after boot);
-# fails when no such process. It does not change when the process execs, unlike its environment
-# or command line, so it is known from the moment start_daemon forks it.
-start_time_of() {
-    local stat rest
-    stat=$(cat "/proc/$1/stat" 2>/dev/null) && [[ -n $stat ]] || return 1
-    rest=${stat##*) }  # after "pid (comm) ": field 3 on (comm may hold spaces and parentheses)
-    # shellcheck disable=SC2086
-    set -- $rest
-    echo "${20}"
-}
+# shellcheck source=proc-stat.sh
+source "$(dirname "${BASH_SOURCE[0]}")/proc-stat.sh"
 
 # pid_alive PIDFILE: the pid file names a live process that start_daemon started: the same pid
 # with the start time start_daemon wrote beside it (PIDFILE.start). A pid file left behind by a
@@ -26,7 +17,7 @@ pid_alive() {
     local pid start
     [[ -f $1 ]] && pid=$(tr -dc '0-9' <"$1") && [[ -n $pid ]] || return 1
     if [[ ! -f $1.start ]]; then kill -0 "$pid" 2>/dev/null; return; fi
-    start=$(start_time_of "$pid") && [[ $start == "$(<"$1.start")" ]]
+    start=$(start_ticks "$pid") && [[ $start == "$(<"$1.start")" ]]
 }
 
 # The logs hold users' job names and decisions: each 0640 in a 0750 directory (an older one narrowed).
@@ -47,7 +38,7 @@ start_daemon() {  # name pidfile command...
     mkdir -p "$(dirname "$pidfile")"
     open_log "$LOGDIR/$name.log"
     SWAPAWARE_CONFIG=$CONF setsid "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
-    start_time_of $! >"$pidfile.start" || true  # (empty: it has ended already)
+    start_ticks $! >"$pidfile.start" || true  # (empty: it has ended already)
     echo $! >"$pidfile"
     log "started $name (pid $!), log $LOGDIR/$name.log"
 }

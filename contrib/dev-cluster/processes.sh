@@ -3,6 +3,9 @@
 # up, waiting for a daemon or a condition, stopping pids and daemons (SIGTERM, then SIGKILL), and
 # the stray slurmstepds that `down --purge` kills.
 
+# shellcheck source=../proc-stat.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../proc-stat.sh"
+
 pidfile_of() {
     case $1 in
         munged) echo "$NODE_DIR/munge/munged.pid" ;;
@@ -40,13 +43,10 @@ is_daemon() {
 # started_at PID: when the process started, in whole seconds of the wall clock (field 22 of
 # /proc/PID/stat, clock ticks after boot, plus the boot time /proc/stat gives).
 started_at() {
-    local stat rest btime
-    stat=$(cat "/proc/$1/stat" 2>/dev/null) && [[ -n $stat ]] || return 1
-    rest=${stat##*) }  # after "pid (comm) ": field 3 on (comm may hold spaces and parentheses)
-    local -a f
-    read -r -a f <<<"$rest"
+    local ticks btime
+    ticks=$(start_ticks "$1") || return 1
     btime=$(sed -n 's/^btime //p' /proc/stat)
-    echo $((btime + f[19] / $(getconf CLK_TCK)))
+    echo $((btime + ticks / $(getconf CLK_TCK)))
 }
 
 # environ_has PID NAME=VALUE: the process's environment holds exactly that entry. Read whole, not
