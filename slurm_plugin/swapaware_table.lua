@@ -387,9 +387,16 @@ end
 -- another host: a controller that just took over must not use its predecessor's gate), stale or
 -- not: a writer whose queue polls stall while control passes leaves a stale gate that names its
 -- own controller, and "unknown" would still let an entry held for every state decide.
+-- The state gate_state last gave, with what it was worked out from (``seen``): the same gate
+-- table not checked since (load_gate would return the same doc without a stat), the same view,
+-- settings and slurmctld start, within the doc's valid_until. decide() reads it first: a hit then
+-- calls no gate function (each function a hit calls is cache lines it touches cold inside slurmctld).
+local seen = { state = nil }
+
 function T.gate_state(settings, view, now_s)
   local _, path = paths(settings)
   local doc = load_gate(path, settings, now_s)
+  seen.state = nil
   if doc == nil then return "unknown" end
   local prep = gate.prep
   if prep == nil or prep.started_at ~= T.started_at then
@@ -402,6 +409,10 @@ function T.gate_state(settings, view, now_s)
   local state = prep.views[view]
   if state == nil then state = doc.other end
   if not T.STATES[state] then return "unknown" end
+  seen.gate, seen.checked, seen.view, seen.settings = gate, gate.checked, view, settings
+  seen.started_at, seen.valid_until = T.started_at, doc.valid_until
+  seen.until_s = gate.checked + (settings.table_check_ms or 1000) / 1000
+  seen.state = state
   return state
 end
 
@@ -568,17 +579,34 @@ end
 -- decide(M, job_desc, facts, now_s, key): true when the table decided the job of these facts
 -- (M.facts; its assignments applied to job_desc), false when it takes the RPC path. ``key``:
 -- T.key(facts) where the caller has it. May raise: the caller runs it under pcall.
+-- A hit of a class and gate state met before runs in this body alone, from the memos (T.current's
+-- freshness, locate's and choose's entries, gate_state's ``seen``), with the assignments of M.apply
+-- written out: inside slurmctld the caches are cold at each submission, and each function called
+-- is its closure, prototype, code and constants to fetch (docs/admission-table.md, "Why a hit
+-- costs 86 us inside slurmctld"). Anything not met before takes the functions above.
 function T.decide(M, job_desc, facts, now_s, key)
   local settings = M.settings
-  local tbl = T.current(settings, now_s)
-  if tbl == nil then return false end
-  local m = locate(tbl, key or T.key(facts))
+  local tbl = cur.tbl
+  if cur.settings ~= settings or now_s >= cur.fresh_until then
+    tbl = T.current(settings, now_s)
+    if tbl == nil then return false end
+  end
+  key = key or T.key(facts)
+  local m = tbl.memo[key]
+  if m == nil then m = locate(tbl, key) end
   if not m.pos then
     T.counters.table_miss = T.counters.table_miss + 1
     return false
   end
-  local state = T.gate_state(settings, tbl.per_qos and facts.qos or "", now_s)
-  local r = state ~= nil and choose(tbl, m, state)
+  local view = tbl.per_qos and facts.qos or ""
+  local state = seen.state
+  if state == nil or seen.gate ~= gate or seen.checked ~= gate.checked or seen.view ~= view
+      or seen.settings ~= settings or seen.started_at ~= T.started_at or now_s >= seen.until_s
+      or now_s > seen.valid_until then
+    state = T.gate_state(settings, view, now_s)
+  end
+  local r = m[state]
+  if r == nil then r = state ~= nil and choose(tbl, m, state) end
   if not r then
     T.counters.table_miss = T.counters.table_miss + 1
     return false
@@ -587,9 +615,13 @@ function T.decide(M, job_desc, facts, now_s, key)
   -- makes (every string is garbage slurmctld's Lua collects later, in whatever code allocates next)
   if id_prefix == nil or id_count > 4294967295 then id_prefix, id_count = draw_prefix(), 0 end
   local plan = r.plan
-  plan.set.admin_comment = format(r.comment, id_prefix, id_count)
+  local set, fields = plan.set, plan.fields
+  set.admin_comment = format(r.comment, id_prefix, id_count)
   id_count = id_count + 1
-  M.apply(job_desc, plan)
+  for i = 1, #fields do  -- M.apply(job_desc, plan), written out
+    local field = fields[i]
+    job_desc[field] = set[field]
+  end
   T.counters.table_hit = T.counters.table_hit + 1
   local msg = plan.message
   if msg and msg ~= "" and slurm and slurm.log_user then

@@ -2,8 +2,8 @@
 -- with its admission table path, one Lua state for a whole file of job_descs, as slurmctld keeps one.
 -- usage: lua5.1 admission_diff_driver.lua <plugin_dir> <settings_dir> <jobs.jsonl> [facts]
 -- Each input line {"job": <job_desc>, "uid": n}; each output line {"key", "facts", "wants_gpu"} and, unless
--- "facts" is given, "rpc" (the job took the RPC path), "set" (what the table path applied, via
--- M.apply) and "user" (messages to the user). The RPC path's transport (M.call) is counted and
+-- "facts" is given, "rpc" (the job took the RPC path), "set" (what the table path assigned to
+-- the job_desc) and "user" (messages to the user). The RPC path's transport (M.call) is counted and
 -- answered with a decision that changes nothing.
 package.path = arg[1] .. "/?.lua;" .. package.path
 local cjson = require("cjson")
@@ -26,11 +26,17 @@ M.call = function()
   rpc = rpc + 1
   return '{"response":{"decision":{"decisionId":"rpc","rewrite":{}}}}'
 end
+-- what the plugin assigns to the job_desc, as slurmctld's job_desc sees it (every write a call)
 local applied = nil
-local apply = M.apply
-M.apply = function(job_desc, plan)
-  applied = plan.set
-  return apply(job_desc, plan)
+local function recorded(job)
+  return setmetatable({}, {
+    __index = job,
+    __newindex = function(_, k, v)
+      applied = applied or {}
+      applied[k] = v
+      job[k] = v
+    end,
+  })
 end
 local only_facts = arg[4] == "facts"
 for line in io.lines(arg[3]) do
@@ -41,7 +47,7 @@ for line in io.lines(arg[3]) do
   if not only_facts then
     local before = rpc
     applied, user = nil, {}
-    M.submit(job, {}, req.uid)
+    M.submit(recorded(job), {}, req.uid)
     out.rpc = rpc > before
     if not out.rpc then out.set = applied end
     out.user = user
