@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from policy_service.core.admission_format import render_table
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).parents[1] / "lua_table_driver.lua"
@@ -337,3 +338,23 @@ def test_a_stale_gate_is_read_again_even_when_it_looks_unchanged(setup):
     rewrite("9999999999.5")                  # fresh, looking the same to stat
     res = p.submit(dict(job))
     assert res["job"] == expected(job, entry["long"], decision_id(res["job"]))
+
+
+def test_the_gate_state_remembered_between_checks_follows_the_view_and_the_gates_expiry(setup):
+    """Between two checks of the gate file (table_check_ms) a hit takes the gate state worked out
+    for the last job (T.decide's ``seen``): only while the job's view and the gate's valid_until
+    would give the same state."""
+    make, table = setup
+    p = make(check_ms=600_000)     # the files are checked once in this test
+    high, plain = gpu_job(qos="high"), gpu_job(qos="")
+    entry = {"short": decision(13, "s", shards=8), "long": decision(13, "l", shards=1),
+             "unknown": decision(13, "u", shards=4)}
+    gate = gate_doc({"high": "short", "": "long"}, other="long", valid_s=2.0)
+    publish(p, table, [(high, entry), (plain, entry)], gate=gate, per_qos=True)
+    letters = []
+    for job in (high, plain, high, high, plain):
+        letters.append(p.submit(dict(job))["job"]["admin_comment"].split(f"tbl={VERSION}:")[1][7])
+    assert letters == ["s", "l", "s", "s", "l"]   # each job its own view's state
+    wait_for(lambda: time.time() > gate["valid_until"] + 0.05, 10, "the gate's valid_until to pass")
+    res = p.submit(dict(plain))     # the view of the last job, within the check period, past valid_until
+    assert res["job"] == expected(plain, entry["unknown"], decision_id(res["job"]))
