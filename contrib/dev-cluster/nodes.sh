@@ -213,6 +213,25 @@ node_registered_named() {
     (($(date -d "$started" +%s) >= since))
 }
 
+# gres_used_holds_gpus GRESUSED: a node's GresUsed (scontrol show node -d) counts a GPU held
+# ('gpu:2(IDX:0-1)', 'gpu:a100:1(IDX:0),gpu:h100:0(IDX:N/A)'; shards are not GPUs).
+GPU_HELD_RE=',gpu(:[^:,(]+)?:[1-9]'
+gres_used_holds_gpus() { [[ ,$1 =~ $GPU_HELD_RE ]]; }
+
+# gpus_held_by_no_job NAME: prints the node's GresUsed when it counts GPUs held while no job runs
+# there (what a restarted 22.05 slurmctld once left: docs/slurm-releases.md); fails otherwise.
+gpus_held_by_no_job() {
+    local jobs used
+    jobs=$(squeue -h -w "$1" -t RUNNING,COMPLETING,CONFIGURING,SUSPENDED -o %i 2>/dev/null) || return 1
+    [[ -z $jobs ]] || return 1
+    used=$(scontrol show node -d "$1" 2>/dev/null | grep -o 'GresUsed=[^ ]*') || return 1
+    used=${used#GresUsed=}
+    gres_used_holds_gpus "$used" || return 1
+    echo "$used"
+}
+
+no_gpus_held_by_no_job() { ! gpus_held_by_no_job "$1" >/dev/null; }
+
 # start_node_slurmd NAME: slurmd of one compute node, registered and idle.
 start_node_slurmd() {
     local name=$1 since=0 logf pidf
