@@ -133,8 +133,11 @@ def test_scontrol_shows_the_shards_a_shared_job_holds(stack):
 
 
 # What sbatch says when the controller is not there to answer, or stops while it answers (a restart:
-# "Connection reset by peer", seen on 26.05), as opposed to refusing the job.
-CONTROLLER_DOWN = ("contact slurm controller", "Socket timed out", "Connection reset by peer")
+# "Connection reset by peer", seen on 26.05; the connection closed with no answer read, Slurm's
+# SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT: once in 7 of 8 sbatch during a 22.05 `scontrol reconfigure`
+# in CI), as opposed to refusing the job (an answer that says why).
+CONTROLLER_DOWN = ("contact slurm controller", "Socket timed out", "Connection reset by peer",
+                   "Zero Bytes were transmitted or received")
 
 
 @pytest.mark.parametrize("how", ["reconfigure", "restart"])
