@@ -97,27 +97,22 @@ class Deciding:
         interference = self.interference.view
         context = (self.cfg, self.dialect, queue, enforcement, replaces, whole_because, interference)
         made = last[0]
-        if made is None:  # first seen: decided as it is, the template waits for a second job of these facts
-            last[0] = _SEEN_ONCE
-            return policy.decide(jr, stats, self.cfg, decision_id=d_id, now=now, job_class=keys[KeyLevel.CLASS],
-                                 gres_fields=fields, access=access, queue=queue, replaces=replaces,
-                                 dialect=self.dialect, whole_because=whole_because,
-                                 enforcement=enforcement, interference=interference), jr, keys, None
-        if (made is not _SEEN_ONCE and made[1] == context and len(made[0]) == len(stats)
+        if (made is not None and made is not _SEEN_ONCE and made[1] == context and len(made[0]) == len(stats)
                 and all(stats.get(level) is s for level, s in made[0])):
             d = _with_id(made[2], d_id, now)
             if d is not None:
                 return d, jr, keys, made
-        template = policy.decide(jr, stats, self.cfg, decision_id=_PLACEHOLDER_ID, now=0.0,
-                                 job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access,
-                                 queue=queue, replaces=replaces, dialect=self.dialect,
-                                 whole_because=whole_because, enforcement=enforcement, interference=interference)
+        # the arguments every policy.decide here shares (the id and the time aside)
+        given = dict(job_class=keys[KeyLevel.CLASS], gres_fields=fields, access=access, queue=queue,
+                     replaces=replaces, dialect=self.dialect, whole_because=whole_because,
+                     enforcement=enforcement, interference=interference)
+        if made is None:  # first seen: decided as it is, the template waits for a second job of these facts
+            last[0] = _SEEN_ONCE
+            return policy.decide(jr, stats, self.cfg, decision_id=d_id, now=now, **given), jr, keys, None
+        template = policy.decide(jr, stats, self.cfg, decision_id=_PLACEHOLDER_ID, now=0.0, **given)
         d = _with_id(template, d_id, now)
         if d is None:  # an id the template cannot take (another length, a comment cut inside it)
-            return policy.decide(jr, stats, self.cfg, decision_id=d_id, now=now, job_class=keys[KeyLevel.CLASS],
-                                 gres_fields=fields, access=access, queue=queue, replaces=replaces,
-                                 dialect=self.dialect, whole_because=whole_because,
-                                 enforcement=enforcement, interference=interference), jr, keys, None
+            return policy.decide(jr, stats, self.cfg, decision_id=d_id, now=now, **given), jr, keys, None
         last[0] = made = (tuple(stats.items()), context, template, [None], [None])
         return d, jr, keys, made
 
