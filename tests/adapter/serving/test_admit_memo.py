@@ -146,53 +146,45 @@ def test_a_comment_cut_inside_the_id_is_decided_afresh():
         h.close()
 
 
-def test_new_statistics_objects_are_decided_afresh(handler):
-    job = facts(2)
-    calls = []
-    decide = policy.decide
-
-    def counted(*a, **k):
-        calls.append(1)
-        return decide(*a, **k)
-
-    policy.decide = counted
-    try:
-        one = {KeyLevel.CLASS: ClassStats(samples=3, runs=3, ewma_peak_bytes=2.0 * GIB, max_peak_bytes=2 * GIB)}
-        handler._decide(job, queue=None, stats_of=lambda _k: one)  # first seen: decided as it is
-        handler._decide(job, queue=None, stats_of=lambda _k: one)  # seen again: the template made
-        handler._decide(job, queue=None, stats_of=lambda _k: one)
-        assert len(calls) == 2
-        equal = {KeyLevel.CLASS: ClassStats(samples=3, runs=3, ewma_peak_bytes=2.0 * GIB, max_peak_bytes=2 * GIB)}
-        handler._decide(job, queue=None, stats_of=lambda _k: equal)  # another object: not taken for the same
-        assert len(calls) == 3
-        handler._decide(job, queue=QueueState(0.0, 8), stats_of=lambda _k: equal)
-        assert len(calls) == 4
-        handler._decide(job, queue=QueueState(0.0, 8, age_s=2.0), stats_of=lambda _k: equal)  # same figures, fresh
-        assert len(calls) == 4
-    finally:
-        policy.decide = decide
-
-
-def test_facts_seen_once_are_decided_as_they_are_and_remembered_from_their_second_job(handler):
-    """A new class's first job is decided with its own id and time, no template made (most classes'
-    later jobs meet the admission table); its second job makes the template, the third reuses it."""
-    job, stats = facts(3), {}
-    calls = []
+@pytest.fixture
+def decide_calls(monkeypatch):
+    """The decision id of each policy.decide call the handler makes (the placeholder: a template)."""
+    calls: list[str] = []
     decide = policy.decide
 
     def counted(*a, **k):
         calls.append(k["decision_id"])
         return decide(*a, **k)
 
-    policy.decide = counted
-    try:
-        made_of = [handler._decide_made(job, queue=None, stats_of=lambda _k: stats) for _ in range(3)]
-        assert [m is None for *_, m in made_of] == [True, False, False]
-        assert calls == [made_of[0][0].decision_id, "0" * 16]  # the first with its id, then the template
-        for d, *_ in made_of:
-            assert d == direct(handler, job, stats, None, d.decision_id)
-    finally:
-        policy.decide = decide
+    monkeypatch.setattr(policy, "decide", counted)
+    return calls
+
+
+def test_new_statistics_objects_are_decided_afresh(handler, decide_calls):
+    job, calls = facts(2), decide_calls
+    one = {KeyLevel.CLASS: ClassStats(samples=3, runs=3, ewma_peak_bytes=2.0 * GIB, max_peak_bytes=2 * GIB)}
+    handler._decide(job, queue=None, stats_of=lambda _k: one)  # first seen: decided as it is
+    handler._decide(job, queue=None, stats_of=lambda _k: one)  # seen again: the template made
+    handler._decide(job, queue=None, stats_of=lambda _k: one)
+    assert len(calls) == 2
+    equal = {KeyLevel.CLASS: ClassStats(samples=3, runs=3, ewma_peak_bytes=2.0 * GIB, max_peak_bytes=2 * GIB)}
+    handler._decide(job, queue=None, stats_of=lambda _k: equal)  # another object: not taken for the same
+    assert len(calls) == 3
+    handler._decide(job, queue=QueueState(0.0, 8), stats_of=lambda _k: equal)
+    assert len(calls) == 4
+    handler._decide(job, queue=QueueState(0.0, 8, age_s=2.0), stats_of=lambda _k: equal)  # same figures, fresh
+    assert len(calls) == 4
+
+
+def test_facts_seen_once_are_decided_as_they_are_and_remembered_from_their_second_job(handler, decide_calls):
+    """A new class's first job is decided with its own id and time, no template made (most classes'
+    later jobs meet the admission table); its second job makes the template, the third reuses it."""
+    job, stats = facts(3), {}
+    made_of = [handler._decide_made(job, queue=None, stats_of=lambda _k: stats) for _ in range(3)]
+    assert [m is None for *_, m in made_of] == [True, False, False]
+    assert decide_calls == [made_of[0][0].decision_id, "0" * 16]  # the first with its id, then the template
+    for d, *_ in made_of:
+        assert d == direct(handler, job, stats, None, d.decision_id)
 
 
 def test_checked_statistics_are_remembered_per_text(tmp_path):
