@@ -379,6 +379,12 @@ local function prepare(doc)
   return { started_at = T.started_at, why = why, views = type(doc.views) == "table" and doc.views or {} }
 end
 
+-- The state gate_state last gave, with what it was worked out from (``seen``): the same gate
+-- table not checked since (load_gate would return the same doc without a stat), the same view,
+-- settings and slurmctld start, within the doc's valid_until. decide() reads it first: a hit then
+-- calls no gate function (each function a hit calls is cache lines it touches cold inside slurmctld).
+local seen = { state = nil }
+
 -- gate_state(settings, view, now_s): "short" | "normal" | "long" | "unknown" for the view (the
 -- job's qos where the table is per qos, else ""): "unknown" when the gate file is missing, may not
 -- be used or is past its valid_until (as decide() treats a stale queue snapshot). nil: the gate
@@ -387,12 +393,6 @@ end
 -- another host: a controller that just took over must not use its predecessor's gate), stale or
 -- not: a writer whose queue polls stall while control passes leaves a stale gate that names its
 -- own controller, and "unknown" would still let an entry held for every state decide.
--- The state gate_state last gave, with what it was worked out from (``seen``): the same gate
--- table not checked since (load_gate would return the same doc without a stat), the same view,
--- settings and slurmctld start, within the doc's valid_until. decide() reads it first: a hit then
--- calls no gate function (each function a hit calls is cache lines it touches cold inside slurmctld).
-local seen = { state = nil }
-
 function T.gate_state(settings, view, now_s)
   local _, path = paths(settings)
   local doc = load_gate(path, settings, now_s)
