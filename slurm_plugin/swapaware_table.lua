@@ -14,8 +14,11 @@ when: lua-posix (posix.sys.stat) or lua-cjson is missing, the file is missing or
 file, its owner is not in table_uids, it is group or other writable, it is larger than
 T.MAX_BYTES, it is truncated or corrupt (its header's counts, its lines, its last line "end"), its
 format or mode is unknown, its dialect is not slurm_release, or valid_until passed. The files are
-stat'ed at most every table_check_ms and read again when (inode, size, mtime) changed (the service
-replaces them by rename, which always gives a new inode).
+checked at most every table_check_ms: the class table is read again when its (inode, size, mtime)
+or its first 512 bytes (the header: version and counts) changed, the queue gate (small, rewritten
+after every queue poll) is read at each check and its text compared. The signature alone is not
+enough: the service replaces the files by rename, and two rewrites within one second can reuse a
+freed inode with one size (seen in a test: the older gate served until the next rewrite).
 
 A reload (slurmctld's Lua mutex is held meanwhile) reads the file and indexes its key lines with
 string.find alone: key -> where its line's rest starts. A decision's JSON is decoded the first
@@ -25,7 +28,7 @@ Settings (swapaware_plugin.conf): table=<path> (default "auto": admission.json b
     the service publishes it with its default [admission] table_path = "auto"; empty: off)  table_check_ms=1000  table_uids=0[,uid...] (who may
     own the files; default: root and slurmctld's own user)  slurm_release=<22.05|24.11|26.05> (absent: any)
 
-Why one file of ~590 lines: every module of the plugin is one more file each site copies beside
+Why one file of ~640 lines: every module of the plugin is one more file each site copies beside
 slurm.conf on every controller and keeps in step at each upgrade (admin-guide.md, doctor's
 job_submit_files), and this one is a single path that one table hit runs from end to end, in the
 order a reader follows it: Settings, Key, Logging, Files, the class table, the queue gate, decision
@@ -83,6 +86,11 @@ function T.setting(out, k, v)
     out.table_uids = uids
   else return false end
   return true
+end
+
+-- check_s(settings): seconds between two stats of the same file (table_check_ms)
+local function check_s(settings)
+  return (settings.table_check_ms or T.DEFAULTS.table_check_ms) / 1000
 end
 
 -- path(settings): the class table's path, or nil when the table is off ("auto": beside the socket).
@@ -180,16 +188,6 @@ local function check(path, uids)
   return signature(st)
 end
 
-local function read_json(path)
-  local f = io.open(path, "rb")
-  if not f then return why(path, "missing", "cannot open it") end
-  local text = f:read("*a")
-  f:close()
-  local ok, doc = pcall(cjson.decode, text or "")
-  if not ok or type(doc) ~= "table" then return why(path, "json", "not JSON (truncated or corrupt)") end
-  return doc
-end
-
 -- The class table --------------------------------------------------------------------------
 -- What was read of each file: path, when it was last stat'ed, its signature, the decoded document.
 local cur = { path = nil, checked = -math.huge, sig = nil, tbl = nil }
@@ -201,6 +199,16 @@ local function read_all(path)
   local f = io.open(path, "rb")
   if not f then return why(path, "missing", "cannot open it") end
   local text = f:read("*a")
+  f:close()
+  return text or ""
+end
+
+-- head(path): the file's first HEAD_BYTES ("" when it cannot be read).
+local HEAD_BYTES = 512
+local function head(path)
+  local f = io.open(path, "rb")
+  if not f then return "" end
+  local text = f:read(HEAD_BYTES)
   f:close()
   return text or ""
 end
@@ -270,12 +278,16 @@ function T.current(settings, now_s)
   if not have_posix then return why(path, "posix", "lua-posix (posix.sys.stat) is not installed") end
   if not have_cjson then return why(path, "cjson", "lua-cjson is not installed") end
   if cur.path ~= path then cur = { path = path, checked = -math.huge } end
-  if now_s - cur.checked >= (settings.table_check_ms or 1000) / 1000 then
+  if now_s - cur.checked >= check_s(settings) then
     cur.checked = now_s
     local sig, code = check(path, settings.table_uids or T.DEFAULTS.table_uids)
+    -- (with the head of the file: its header names the version and counts the lines, and
+    -- (inode, size, mtime in whole seconds) is the same for two rewrites within one second that
+    -- reuse a freed inode and happen to have one size)
+    local seen = sig and sig .. head(path)
     if not sig then
       cur.sig, cur.tbl, cur.code = nil, nil, code
-    elseif sig ~= cur.sig then
+    elseif seen ~= cur.sig then
       local text = read_all(path)
       local after = check(path, settings.table_uids or T.DEFAULTS.table_uids)
       if after ~= sig then
@@ -283,7 +295,7 @@ function T.current(settings, now_s)
         cur.checked = -math.huge
         return nil
       end
-      cur.sig, cur.tbl = sig, nil         -- the old table is freed before the new one is indexed
+      cur.sig, cur.tbl = seen, nil        -- the old table is freed before the new one is indexed
       cur.tbl = text and parse(path, text, settings)
       if cur.tbl and (logged[path] ~= nil or not cur.announced) then
         cur.announced = true    -- the first load, and the first after one that could not be used
@@ -299,7 +311,7 @@ function T.current(settings, now_s)
   end
   if logged[path] ~= nil then logged[path] = nil end
   cur.settings = settings
-  cur.fresh_until = math.min(cur.checked + (settings.table_check_ms or 1000) / 1000, tbl.valid_until)
+  cur.fresh_until = math.min(cur.checked + check_s(settings), tbl.valid_until)
   return tbl
 end
 
@@ -313,29 +325,39 @@ end
 
 local function load_gate(path, settings, now_s, again)
   if gate.path ~= path then gate = { path = path, checked = -math.huge } end
-  if now_s - gate.checked < (settings.table_check_ms or 1000) / 1000 then return gate.doc end
+  if now_s - gate.checked < check_s(settings) then return gate.doc end
   gate.checked = now_s
-  local sig = check(path, settings.table_uids or T.DEFAULTS.table_uids)
+  local uids = settings.table_uids or T.DEFAULTS.table_uids
+  local sig = check(path, uids)
   if not sig then
-    gate.sig, gate.doc = nil, nil
-  elseif sig ~= gate.sig or (gate.doc and now_s > gate.doc.valid_until) then
-    -- (a stale gate is read again even with the same signature: mtime counts whole seconds and a
-    -- freed inode is reused, so two rewrites within a second can look alike; the file is small)
-    local doc = read_json(path)
-    if check(path, settings.table_uids or T.DEFAULTS.table_uids) ~= sig then
-      -- replaced while read (the publisher rewrites it after every queue poll): the gate read
-      -- before serves this job, as it would have within table_check_ms, and the file is read
-      -- again at the next job; with none read before, it is read once more now (taking "unknown"
-      -- here gave the job the table's decision for an unknown queue where Admit, reading the
-      -- live snapshot, decided otherwise)
-      gate.checked = -math.huge
-      if gate.doc == nil and not again then return load_gate(path, settings, now_s, true) end
-      return gate.doc
-    end
-    if doc and (doc.format ~= T.GATE_FORMAT or type(doc.valid_until) ~= "number") then
+    gate.text, gate.doc = nil, nil
+    return nil
+  end
+  -- Read at every check, its text compared, not only when its signature changed: (inode, size,
+  -- mtime in whole seconds) is the same for two rewrites within one second that reuse a freed
+  -- inode and happen to have one size (a test met it: the older state served until the next
+  -- rewrite). The file is small and checked at most every table_check_ms.
+  local text = read_all(path)
+  if check(path, uids) ~= sig then
+    -- replaced while read (the publisher rewrites it after every queue poll): the gate read
+    -- before serves this job, as it would have within table_check_ms, and the file is read
+    -- again at the next job; with none read before, it is read once more now (taking "unknown"
+    -- here gave the job the table's decision for an unknown queue where Admit, reading the
+    -- live snapshot, decided otherwise)
+    gate.checked = -math.huge
+    if gate.doc == nil and not again then return load_gate(path, settings, now_s, true) end
+    return gate.doc
+  end
+  if text == nil then  -- (read_all logged why)
+    gate.text, gate.doc = nil, nil
+  elseif text ~= gate.text then
+    local ok, doc = pcall(cjson.decode, text)
+    if not ok or type(doc) ~= "table" then
+      doc = why(path, "json", "not JSON (truncated or corrupt)")
+    elseif doc.format ~= T.GATE_FORMAT or type(doc.valid_until) ~= "number" then
       doc = why(path, "format", "format %s unknown", tostring(doc.format))
     end
-    gate.sig, gate.doc, gate.prep = sig, doc, nil
+    gate.text, gate.doc, gate.prep = text, doc, nil
     if doc then logged[path] = nil end
   end
   return gate.doc
@@ -411,7 +433,7 @@ function T.gate_state(settings, view, now_s)
   if not T.STATES[state] then return "unknown" end
   seen.gate, seen.checked, seen.view, seen.settings = gate, gate.checked, view, settings
   seen.started_at, seen.valid_until = T.started_at, doc.valid_until
-  seen.until_s = gate.checked + (settings.table_check_ms or 1000) / 1000
+  seen.until_s = gate.checked + check_s(settings)
   seen.state = state
   return state
 end
