@@ -133,11 +133,14 @@ def test_scontrol_shows_the_shards_a_shared_job_holds(stack):
 
 
 # What sbatch says when the controller is not there to answer, or stops while it answers (a restart:
-# "Connection reset by peer", seen on 26.05; the connection closed with no answer read, Slurm's
-# SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT: once in 7 of 8 sbatch during a 22.05 `scontrol reconfigure`
-# in CI), as opposed to refusing the job (an answer that says why).
+# "Connection reset by peer", seen on 26.05), as opposed to refusing the job (an answer that says
+# why). On 22.05 `scontrol reconfigure` re-reads slurm.conf inside slurmctld, MessageTimeout cleared
+# to 0 meanwhile, and a connection served then is closed unanswered: bench/reconfigure_race.py,
+# 4 submitters against back-to-back reconfigures, measured 4.9 % of 10,054 sbatch failing with the
+# plugin OFF ("Zero Bytes were transmitted or received" 214, "Unexpected missing socket error" 218,
+# "Connection reset by peer" 58) and 4.9 % of 9,145 with it on (the same three, and "Broken pipe" 2).
 CONTROLLER_DOWN = ("contact slurm controller", "Socket timed out", "Connection reset by peer",
-                   "Zero Bytes were transmitted or received")
+                   "Zero Bytes were transmitted or received", "Unexpected missing socket error", "Broken pipe")
 
 
 @pytest.mark.parametrize("how", ["reconfigure", "restart"])

@@ -1,0 +1,169 @@
+"""Slurm 22.05's GPUs held by no job after a slurmctld restart: whether jobs submitted right after
+a restart are placed before the node's slurmd registers again, and whether their GPUs are freed
+when they end, on the real dev cluster (single node).
+
+What the source says (Slurm 22.05.8; fixed in 23.02.0 by "Save node gres topo state"): 22.05 saves
+a node's GPU count with its state but not which GPU is of which type, and rebuilds that when the
+node registers. An untyped request (`--gres=gpu:1`, `--gres=shard:N`) placed on the node before it
+registered sets a bit in the node's GPU bitmap while the job's own per-type record stays empty, so
+its end frees nothing; the registration then counts the leftover bits per type, and every later
+GPU job of that size pends with Reason=Resources. A typed request takes the typed path and is freed.
+
+Each case: --running jobs of the case's request started and left running (sleep 30), slurmctld
+stopped and started again as `cluster.sh restart-ctld` does but without its wait for the node to
+register, --jobs short jobs of the same request submitted at once with `-w <node>`; every 0.2 s the
+node's state and SlurmdStartTime and the jobs' states are read (whether a job started before the
+node registered); once every job ended, the node's GresUsed (GPUs held by no job?), then
+`scontrol reconfigure` and GresUsed again; a node still holding GPUs is mended by
+`cluster.sh restart-ctld`.
+
+    bash contrib/dev-stack.sh up && .venv/bin/python bench/restart_gres_leak.py [--cases untyped,typed]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from submit_burst import stack_env  # noqa: E402
+from table_mode import dev_dir  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "contrib" / "dev-cluster" / "cluster.sh"
+CASES = {"untyped": "--gres=gpu:1", "typed": "--gres=gpu:{type}:1", "shard": "--gres=shard:2"}
+
+
+def run(argv: list[str], env: dict[str, str], check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)}: {r.stderr.strip()[-400:]}")
+    return r
+
+
+def wait_for(what: str, cond, timeout_s: float = 60, every_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(every_s)
+    raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def pid_in(path: Path) -> int:
+    return int(path.read_text().strip())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def gres_used(env: dict[str, str], node: str) -> str:
+    m = re.search(r"GresUsed=(\S*)", run(["scontrol", "show", "node", "-d", node], env).stdout)
+    return m.group(1) if m else "?"
+
+
+def gpus_held(used: str) -> bool:
+    """Whether GresUsed counts a GPU (gpu:...:N with N > 0, or gpu:N)."""
+    return any(int(n) > 0 for n in re.findall(r"gpu(?::[^:(,]+)?:(\d+)", used))
+
+
+def restart_without_wait(env: dict[str, str], state: Path) -> None:
+    """slurmctld stopped and started as the dev cluster starts it, returning once it answers."""
+    pid = pid_in(state / "run" / "slurmctld.pid")
+    os.kill(pid, signal.SIGTERM)
+    wait_for("slurmctld to stop", lambda: not alive(pid), 60)
+    run(["slurmctld"], {**env, "LUA_PATH": f"{state}/etc/?.lua;;"}, check=True)
+    wait_for("slurmctld to answer", lambda: run(["scontrol", "ping"], env).returncode == 0, 60)
+
+
+def node_line(env: dict[str, str], node: str) -> tuple[str, bool]:
+    """(State, registered with this slurmctld: SlurmdStartTime set)."""
+    out = run(["scontrol", "show", "node", node], env).stdout
+    m = re.search(r"\bState=(\S+)", out)
+    return (m.group(1) if m else "?"), "SlurmdStartTime=None" not in out
+
+
+def submit(env: dict[str, str], request: str, node: str, seconds: int) -> str:
+    return run(["sbatch", "--parsable", request, f"-w{node}", "--job-name=gresleak", "--output=/dev/null",
+                "--wrap", f"sleep {seconds}"], env, check=True).stdout.strip().split(";")[0]
+
+
+def case(env: dict[str, str], state: Path, node: str, request: str, jobs: int, running: int) -> dict:
+    assert not gpus_held(gres_used(env, node)), f"node {node} holds GPUs before the case"
+    long = [submit(env, request, node, 30) for _ in range(running)]
+    if long:
+        wait_for("the running jobs to start", lambda: set(run(["squeue", "-h", "-j", ",".join(long), "-o", "%t"],
+                                                               env).stdout.split()) == {"R"}, 60)
+    restart_without_wait(env, state)
+    at_restart = node_line(env, node)
+    ids = [submit(env, request, node, 2) for _ in range(jobs)]
+    asked = sorted(set(run(["squeue", "-h", "-j", ",".join(ids), "-o", "%b"], env).stdout.split()))
+    started_before_registration, registered, reasons = 0, False, set()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        node_state, registered_now = node_line(env, node)
+        rows = [x.split("|") for x in run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i|%t|%r"],
+                                          env).stdout.split("\n") if x]
+        if not registered:
+            started_before_registration = max(started_before_registration, sum(t in ("R", "CG", "CF") for _, t, _ in rows))
+            reasons |= {r for _, t, r in rows if t == "PD"}
+        registered = registered or registered_now
+        if not rows:
+            break
+        time.sleep(0.2)
+    wait_for("every job to end", lambda: not run(["squeue", "-h", "-j", ",".join(ids + long)], env).stdout.strip(), 120)
+    states = sorted(set(run(["sacct", "-n", "-X", "-j", ",".join(ids), "-o", "State"], env).stdout.split()))
+    after = gres_used(env, node)
+    run(["scontrol", "reconfigure"], env, check=True)
+    wait_for("slurmctld after reconfigure", lambda: run(["scontrol", "ping"], env).returncode == 0, 60)
+    reconfigured = gres_used(env, node)
+    mended = ""
+    if gpus_held(reconfigured):
+        run(["bash", str(CLUSTER), "restart-ctld"], env)
+        mended = gres_used(env, node)
+    return {"at_restart": at_restart[0], "asked": asked, "started_before_registration": started_before_registration,
+            "pending_reasons": sorted(reasons), "sacct": states, "after": after, "held": gpus_held(after),
+            "after_reconfigure": reconfigured, "held_after_reconfigure": gpus_held(reconfigured),
+            "after_restart_ctld": mended}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="untyped,typed,shard", help=f"from {tuple(CASES)}")
+    ap.add_argument("--jobs", type=int, default=2, help="jobs submitted right after the restart")
+    ap.add_argument("--running", type=int, default=2, help="jobs running across the restart (also run with none)")
+    args = ap.parse_args()
+    env = stack_env()
+    state = dev_dir(env)
+    node = run(["sinfo", "-h", "-N", "-o", "%N"], env, check=True).stdout.split()[0]
+    gres = run(["scontrol", "show", "node", node], env, check=True).stdout
+    gpu_type = (re.findall(r"gpu:([A-Za-z0-9_]+):\d", gres) or ["?"])[0]
+    plugin = "on" if re.search(r"^JobSubmitPlugins=lua", (state / "etc" / "slurm.conf").read_text(), re.M) else "off"
+    print(f"{run(['sinfo', '--version'], env).stdout.strip()}, node {node}, job_submit plugin {plugin}")
+    for name in args.cases.split(","):
+        request = CASES[name].format(type=gpu_type)
+        for running in sorted({0, args.running}):
+            got = case(env, state, node, request, args.jobs, running)
+            print(f"{name:8} {request:22} {running} running at the restart, node {got['at_restart']} after it; "
+                  f"{args.jobs} submitted at once (held as {','.join(got['asked'])}): "
+                  f"{got['started_before_registration']} started before the node registered "
+                  f"(pending: {'; '.join(got['pending_reasons']) or '-'}), ended {','.join(got['sacct'])}; "
+                  f"GresUsed={got['after']} (GPUs held by no job: {got['held']}); after scontrol reconfigure "
+                  f"{got['after_reconfigure']} (held: {got['held_after_reconfigure']})"
+                  + (f"; after restart-ctld {got['after_restart_ctld']}" if got['after_restart_ctld'] else ""),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
