@@ -60,14 +60,6 @@ def pid_in(path: Path) -> int:
     return int(path.read_text().strip())
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def gres_used(env: dict[str, str], node: str) -> str:
     m = re.search(r"GresUsed=(\S*)", run(["scontrol", "show", "node", "-d", node], env).stdout)
     return m.group(1) if m else "?"
@@ -82,7 +74,7 @@ def restart_without_wait(env: dict[str, str], state: Path) -> None:
     """slurmctld stopped and started as the dev cluster starts it, returning once it answers."""
     pid = pid_in(state / "run" / "slurmctld.pid")
     os.kill(pid, signal.SIGTERM)
-    wait_for("slurmctld to stop", lambda: not alive(pid), 60)
+    wait_for("slurmctld to stop", lambda: not Path(f"/proc/{pid}").exists(), 60)
     run(["slurmctld"], {**env, "LUA_PATH": f"{state}/etc/?.lua;;"}, check=True)
     wait_for("slurmctld to answer", lambda: run(["scontrol", "ping"], env).returncode == 0, 60)
 
