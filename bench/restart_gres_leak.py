@@ -15,9 +15,10 @@ register, --jobs short jobs of the same request submitted at once with `-w <node
 node's state and SlurmdStartTime and the jobs' states are read (whether a job started before the
 node registered); once every job ended, the node's GresUsed (GPUs held by no job?), then
 `scontrol reconfigure` and GresUsed again; a node still holding GPUs is mended by
-`cluster.sh restart-ctld`.
+`cluster.sh restart-ctld`. --requeue-down tries the other path the source has (``requeue_down``).
 
     bash contrib/dev-stack.sh up && .venv/bin/python bench/restart_gres_leak.py [--cases untyped,typed]
+    .venv/bin/python bench/restart_gres_leak.py --requeue-down
 """
 from __future__ import annotations
 
@@ -130,9 +131,45 @@ def case(env: dict[str, str], state: Path, node: str, request: str, jobs: int, r
             "after_restart_ctld": mended}
 
 
+def requeue_down(env: dict[str, str], node: str, request: str) -> dict:
+    """The other path Slurm's source has to GPUs held by no job (22.05.8; fixed in 23.02.2, "requeued
+    jobs had bad gres allocations"): a job requeued while it runs is still completing (its script
+    ignores SIGTERM for KillWait) when its node is set DOWN, which frees its allocation without the
+    requeue's own clean-up; when it runs again it takes GPU bits that its end does not free
+    (slurmctld logs "dealloc of node ... bad node_offset")."""
+    assert not gpus_held(gres_used(env, node)), f"node {node} holds GPUs before the case"
+    log = dev_dir(env) / "log" / "slurmctld.log"
+    start = log.stat().st_size
+    job = run(["sbatch", "--parsable", "--requeue", request, f"-w{node}", "--job-name=gresleak", "--output=/dev/null",
+               "--wrap", 'trap "" TERM; sleep 12'], env, check=True).stdout.strip().split(";")[0]
+    wait_for("the job to run", lambda: run(["squeue", "-h", "-j", job, "-o", "%t"], env).stdout.strip() == "R", 60)
+    run(["scontrol", "requeue", job], env, check=True)
+    completing = run(["squeue", "-h", "-j", job, "-o", "%t"], env).stdout.strip()
+    run(["scontrol", "update", f"nodename={node}", "state=down", "reason=bench/restart_gres_leak.py"], env, check=True)
+    run(["scontrol", "update", f"nodename={node}", "state=resume"], env, check=True)
+    wait_for("the job to run again", lambda: run(["squeue", "-h", "-j", job, "-o", "%t"], env).stdout.strip() == "R",
+             180, 0.5)
+    wait_for("the job to end", lambda: not run(["squeue", "-h", "-j", job], env).stdout.strip(), 120, 0.5)
+    with open(log, errors="replace") as f:
+        f.seek(start)
+        bad = sum("bad node_offset" in x for x in f)
+    after = gres_used(env, node)
+    run(["scontrol", "reconfigure"], env, check=True)
+    wait_for("slurmctld after reconfigure", lambda: run(["scontrol", "ping"], env).returncode == 0, 60)
+    reconfigured = gres_used(env, node)
+    mended = ""
+    if gpus_held(reconfigured) or "(IDX:0" in reconfigured:
+        run(["bash", str(CLUSTER), "restart-ctld"], env)
+        mended = gres_used(env, node)
+    return {"state_at_down": completing, "bad_node_offset_lines": bad, "after": after, "after_reconfigure": reconfigured,
+            "after_restart_ctld": mended}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="untyped,typed,shard", help=f"from {tuple(CASES)}")
+    ap.add_argument("--requeue-down", action="store_true",
+                    help="instead: a running job requeued and its node set DOWN while it completes (requeue_down)")
     ap.add_argument("--jobs", type=int, default=2, help="jobs submitted right after the restart")
     ap.add_argument("--running", type=int, default=2, help="jobs running across the restart (also run with none)")
     args = ap.parse_args()
@@ -145,6 +182,14 @@ def main() -> None:
     print(f"{run(['sinfo', '--version'], env).stdout.strip()}, node {node}, job_submit plugin {plugin}")
     for name in args.cases.split(","):
         request = CASES[name].format(type=gpu_type)
+        if args.requeue_down:
+            got = requeue_down(env, node, request)
+            print(f"{name:8} {request:22} requeued, node set DOWN while the job was {got['state_at_down']}, run again "
+                  f"and ended: GresUsed={got['after']}, {got['bad_node_offset_lines']} 'bad node_offset' line(s) in "
+                  f"slurmctld.log; after scontrol reconfigure {got['after_reconfigure']}"
+                  + (f"; after restart-ctld {got['after_restart_ctld']}" if got['after_restart_ctld'] else ""),
+                  flush=True)
+            continue
         for running in sorted({0, args.running}):
             got = case(env, state, node, request, args.jobs, running)
             print(f"{name:8} {request:22} {running} running at the restart, node {got['at_restart']} after it; "
