@@ -44,7 +44,7 @@ from table_mode import BATCH, ctld_log, log_size, plugin_files, set_table, table
 
 PHASES = ("gres", "key", "facts", "table")
 TIMERS = Path(__file__).with_name("phase_timers.lua")  # the phases' timing, shared with the lua5.1 bench's driver
-PHASES_RE = re.compile(r"swapaware-phases reads_in_total=(\d+) n=(\d+) hits=(\d+) total=([0-9.]+) " +
+PHASES_RE = re.compile(r"swapaware-phases reads_in_total=(\d+) n=(\d+) hits=(\d+) total=([0-9.]+) hit_total=([0-9.]+) " +
                        " ".join(f"{p}=([0-9.]+)" for p in PHASES) + r" clock=([0-9.]+) reads=([0-9.]+) fields=(\d+)")
 PHASES_LUA = """
 local function script_dir()
@@ -69,7 +69,7 @@ do
   for _ = 1, 2000 do clock() end
   clock_read_us = (clock() - t0) / 2001 * 1e6
 end
-local n, hits, total = 0, 0, 0
+local n, hits, total, hit_total = 0, 0, 0, 0
 local phased = "PHASED" == "phases"   -- false: --whole, swapaware.submit timed alone (no wrappers)
 local sums = { gres = 0, key = 0, facts = 0, table = 0 }
 if phased then
@@ -88,13 +88,16 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       __index = function(_, k) if seen[k] == nil then seen[k] = #seen + 1; seen[#seen + 1] = k end return job_desc[k] end,
       __newindex = function(_, k, v) job_desc[k] = v end })
   end
+  local hits_before = hits
   local t0 = clock()
   local rc = swapaware.submit(jd, part_list, submit_uid)
-  total = total + (clock() - t0)
+  local took = clock() - t0
+  total = total + took
   if not phased then  -- a table hit's AdminComment holds tbl= (read after the timed call)
     local ac = job_desc.admin_comment
     if ac and string.find(ac, "tbl=", 1, true) then hits = hits + 1 end
   end
+  if hits > hits_before then hit_total = hit_total + took end
   if seen then
     fields = { unpack(seen) }
   else
@@ -104,10 +107,11 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   end
   n = n + 1
   if n == BATCH then
-    slurm.log_info("swapaware-phases reads_in_total=%d n=%d hits=%d total=%.1f gres=%.1f key=%.1f facts=%.1f table=%.1f clock=%.3f "
-                   .. "reads=%.1f fields=%d", phased and 9 or 1, n, hits, total * 1e6, sums.gres * 1e6, sums.key * 1e6, sums.facts * 1e6,
+    slurm.log_info("swapaware-phases reads_in_total=%d n=%d hits=%d total=%.1f hit_total=%.1f gres=%.1f key=%.1f facts=%.1f "
+                   .. "table=%.1f clock=%.3f reads=%.1f fields=%d", phased and 9 or 1, n, hits, total * 1e6, hit_total * 1e6,
+                   sums.gres * 1e6, sums.key * 1e6, sums.facts * 1e6,
                    sums.table * 1e6, clock_read_us, reads * 1e6, #fields)
-    n, hits, total, reads = 0, 0, 0, 0
+    n, hits, total, hit_total, reads = 0, 0, 0, 0, 0
     for k in pairs(sums) do sums[k] = 0 end
   end
   return rc
@@ -140,14 +144,15 @@ def phases_dir(dst: Path, clock: str = "cpu", phased: bool = True) -> Path:
 def parse_phases(text: str) -> dict[str, float]:
     """Summed calls, hits and microseconds per phase of the lines logged in ``text``, less the clock
     reads inside each interval (the cost of one read as the Lua state measured it at load)."""
-    out = dict.fromkeys(("n", "hits", "total", *PHASES, "reads", "clock_us", "fields"), 0.0)
+    out = dict.fromkeys(("n", "hits", "total", "hit_total", *PHASES, "reads", "clock_us", "fields"), 0.0)
     for m in PHASES_RE.finditer(text):
         in_total, *sums, clock_us, reads, fields = m.groups()
-        for name, value in zip(("n", "hits", "total", *PHASES, "reads"), (*sums, reads)):
+        for name, value in zip(("n", "hits", "total", "hit_total", *PHASES, "reads"), (*sums, reads)):
             out[name] += float(value)
         out["fields"] = max(out["fields"], float(fields))
         for name, count in {**READS, "total": int(in_total)}.items():
             out[name] -= count * float(clock_us) * float(sums[0])
+        out["hit_total"] -= int(in_total) * float(clock_us) * float(sums[1])
         out["clock_us"] = max(out["clock_us"], float(clock_us))
     return out
 
@@ -168,18 +173,19 @@ def block(env: dict[str, str], tag: str, n: int, submitters: int) -> tuple[dict[
 
 
 def report(stats: dict[int, dict[str, float]], errors: dict[int, int], clock: str, clock_us: float) -> None:
-    print(f"{'submitters':>10s} {'jobs':>6s} {'hits':>6s} {'total us':>9s} " +
+    print(f"{'submitters':>10s} {'jobs':>6s} {'hits':>6s} {'total us':>9s} {'a hit us':>9s} " +
           " ".join(f"{p + ' us':>9s}" for p in (*PHASES, "rest")) + f" {'errors':>7s} {'Slurm reads us':>15s}")
     for s, st in stats.items():
         n = st["n"] or float("nan")
         rest = st["total"] - sum(st[p] for p in PHASES)
-        print(f"{s:10d} {st['n']:6.0f} {st['hits']:6.0f} {st['total'] / n:9.1f} " +
+        print(f"{s:10d} {st['n']:6.0f} {st['hits']:6.0f} {st['total'] / n:9.1f} "
+              f"{st['hit_total'] / (st['hits'] or float('nan')):9.1f} " +
               " ".join(f"{st[p] / n:9.1f}" for p in PHASES) + f" {rest / n:9.1f} {errors[s]:7d} {st['reads'] / n:15.1f}")
     fields = max(st["fields"] for st in stats.values())
     print("per job, inside slurmctld: the plugin's swapaware.submit and the four phases of its table path, "
           + ("the thread's CPU time (CLOCK_THREAD_CPUTIME_ID)" if clock == "cpu" else "wall-clock time")
           + f", less the clock reads inside each (one read {clock_us:.2f} us, measured in slurmctld's Lua state); "
-          f"rest = total less the four; Slurm reads = the {fields:.0f} job_desc fields the plugin reads, each read once "
+          f"a hit = total over the jobs the table decided alone; rest = total less the four; Slurm reads = the {fields:.0f} job_desc fields the plugin reads, each read once "
           "more after it ran (Slurm's accessors alone: what any plugin reading them pays)")
 
 
@@ -198,7 +204,7 @@ def main() -> None:
     env = stack_env()
     was_table = table_on(env)
     tag = f"phases{int(time.time()) % 100000}"
-    stats = {s: dict.fromkeys(("n", "hits", "total", *PHASES, "reads", "fields"), 0.0) for s in counts}
+    stats = {s: dict.fromkeys(("n", "hits", "total", "hit_total", *PHASES, "reads", "fields"), 0.0) for s in counts}
     errors = dict.fromkeys(counts, 0)
     clock_us = 0.0
     try:
@@ -221,8 +227,9 @@ def main() -> None:
                         stats[s][k] += v
                     errors[s] += errs
                     per = got["total"] / got["n"] if got["n"] else float("nan")
+                    per_hit = got["hit_total"] / got["hits"] if got["hits"] else float("nan")
                     print(f"round {r + 1}/{args.rounds}, {s} submitters: {got['n']:.0f} jobs logged, "
-                          f"{got['hits']:.0f} by the table, {per:.1f} us/job", file=sys.stderr)
+                          f"{got['hits']:.0f} by the table, {per:.1f} us/job ({per_hit:.1f} a hit)", file=sys.stderr)
     finally:
         set_table(env, was_table)
         set_mode("on", env)

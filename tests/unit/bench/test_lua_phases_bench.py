@@ -52,6 +52,7 @@ def test_the_phases_are_those_of_the_plugins_own_table_path(setup, tmp_path, clo
     assert 0 < lua_phases.parse_phases(logs)["clock_us"] < 50  # one clock read, measured by the Lua state
     raw = lua_phases.parse_phases(re.sub(r"clock=[0-9.]+", "clock=0", logs))  # the clock reads left in
     assert raw["n"] == 32 and raw["hits"] == 24
+    assert 0 < raw["hit_total"] < raw["total"]  # the hits' time alone: the 8 misses' left out
     if phased:
         assert all(raw[phase] > 0 for phase in lua_phases.PHASES)
         assert raw["total"] > sum(raw[phase] for phase in lua_phases.PHASES)
@@ -65,13 +66,15 @@ def test_the_phases_are_those_of_the_plugins_own_table_path(setup, tmp_path, clo
 def test_parse_phases_sums_every_logged_batch_less_its_clock_reads():
     """Each batch's sums less its clock reads: one per phase and, in the total, as many per job as
     logged (nine with the phases timed: 16 jobs x 0.5 us, then 16 x 0.25 us; one with --whole)."""
-    text = ("x swapaware-phases reads_in_total=9 n=16 hits=16 total=800.0 gres=80.0 key=300.5 facts=200.0 table=150.0 clock=0.500 "
+    text = ("x swapaware-phases reads_in_total=9 n=16 hits=16 total=800.0 hit_total=800.0 gres=80.0 key=300.5 facts=200.0 table=150.0 clock=0.500 "
             "reads=400.0 fields=24\n"
-            "y swapaware-phases reads_in_total=9 n=16 hits=12 total=900.0 gres=90.0 key=310.5 facts=210.0 table=160.0 clock=0.250 "
+            "y swapaware-phases reads_in_total=9 n=16 hits=12 total=900.0 hit_total=700.0 gres=90.0 key=310.5 facts=210.0 table=160.0 clock=0.250 "
             "reads=420.0 fields=24\n")
-    assert lua_phases.parse_phases(text) == {"n": 32, "hits": 28, "total": 1700.0 - 9 * 12, "gres": 170.0 - 12,
+    # a hit's: as many reads per hit (16 x 0.5 us, then 12 x 0.25 us)
+    assert lua_phases.parse_phases(text) == {"n": 32, "hits": 28, "total": 1700.0 - 9 * 12,
+                                             "hit_total": 1500.0 - 9 * (8 + 3), "gres": 170.0 - 12,
                                              "key": 611.0 - 12, "facts": 410.0 - 12, "table": 310.0 - 12,
                                              "reads": 820.0 - 12, "clock_us": 0.5, "fields": 24}
-    whole = ("z swapaware-phases reads_in_total=1 n=16 hits=16 total=800.0 gres=0.0 key=0.0 facts=0.0 table=0.0 "
+    whole = ("z swapaware-phases reads_in_total=1 n=16 hits=16 total=800.0 hit_total=800.0 gres=0.0 key=0.0 facts=0.0 table=0.0 "
              "clock=0.500 reads=400.0 fields=24\n")
     assert lua_phases.parse_phases(whole)["total"] == 800.0 - 16 * 0.5
