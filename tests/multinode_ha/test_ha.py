@@ -208,10 +208,16 @@ def unanswered(stack: Stack, lines: int = 12) -> str:
     """Why Slurm's commands may read nothing: sinfo's exit and error, each controller's slurmctld
     (pid, role, state and where it waits, from /proc) and its log's last lines. A failure message
     is what CI keeps of a run: the suite's log tails printed after it may be cut."""
-    r = stack.run("sinfo", "-h", "-N", check=False)
-    out = [f"\n-- sinfo exited {r.returncode}: {r.stderr.strip()[-400:]!r}"]
+    try:
+        r = stack.run("sinfo", "-h", "-N", check=False)
+        out = [f"\n-- sinfo exited {r.returncode}: {r.stderr.strip()[-400:]!r}"]
+    except Exception as exc:  # noqa: BLE001 - a report of a failure never fails itself
+        out = [f"\n-- sinfo: {exc!r}"]
     for ctl in ("ctl1", "ctl2"):
-        pid = cluster_cmd(stack, "ctl-pid", ctl, check=False).stdout.strip()
+        try:
+            pid = cluster_cmd(stack, "ctl-pid", ctl, check=False).stdout.strip()
+        except Exception:  # noqa: BLE001
+            pid = ""
         try:
             proc = Path(f"/proc/{pid}")
             state = (proc / "status").read_text().split("State:", 1)[1].split("\n", 1)[0].strip() if pid else "no slurmctld"
