@@ -3,9 +3,9 @@ once and remembered (the statistics are written with a run's observation: histor
 
 A SQLite history counts its statistics' changes: triggers on class_stats add one to the meta row
 ``stats_generation`` in the transaction of each insert, update or delete, whichever process or
-tool makes it (schema.STATS_GENERATION). The statistics read are remembered per key with the
-generation read before them, and handed out while it has not changed: a decision reads one meta
-row instead of every key's statistics (each Admit read 3-5 keys)."""
+tool makes it (schema.SCHEMA). The statistics read are remembered per key with the generation read
+in the same statement, and handed out while it has not changed: a decision whose keys were all
+read before reads that one meta row instead of 3-5 keys' statistics."""
 from __future__ import annotations
 
 import logging
@@ -21,6 +21,7 @@ STATS_MEMO_CHARS = 8 << 20
 STATS_SEEN_MAX = 65536  # (level, key) entries remembered for one generation (forgotten all at once when full)
 _LEVEL = {level.value: level for level in KeyLevel}
 _GENERATION_SQL = "SELECT value FROM meta WHERE key='stats_generation'"
+_GENERATION_ROW = "SELECT NULL, NULL, value FROM meta WHERE key='stats_generation'"  # (level NULL: not a key's)
 _ABSENT = (None, ())  # a key without statistics, remembered as such
 
 
@@ -37,46 +38,54 @@ class ClassStatsReads:
         if not keys:
             return {}
         if not self._stats_counted:
-            return self._stats_read(keys, None)
-        rows = self._read(_GENERATION_SQL)
-        if not rows:  # (no such row: not counted; read as it is)
-            return self._stats_read(keys, None)
+            return self._stats_read(keys)[0]
         state = self._stats_seen
-        if state is None or state[0] != rows[0][0] or len(state[1]) >= STATS_SEEN_MAX:
-            # what a generation's dict holds was read after that generation was (a reader still
-            # holding an older one finishes with it)
-            state = self._stats_seen = (rows[0][0], {})
-        seen = state[1]
-        missing = {level: key for level, key in keys.items() if (level, key) not in seen}
-        if missing:
-            self._stats_read(missing, seen)
+        if state is not None and all((level, key) in state[1] for level, key in keys.items()):
+            rows = self._read(_GENERATION_SQL)  # all remembered: served while the generation stays
+            if rows and rows[0][0] == state[0]:
+                return self._stats_served(keys, state[1])
+        out, generation, seen = self._stats_read(keys)  # the statistics and their generation, in one snapshot
+        if generation is None:  # (no such row: not counted)
+            return out
+        state = self._stats_seen
+        if state is None or state[0] != generation or len(state[1]) >= STATS_SEEN_MAX:
+            state = self._stats_seen = (generation, {})  # (one tuple, replaced whole)
+        state[1].update(seen)
+        return self._stats_served(keys, seen)
+
+    def _stats_served(self, keys: Mapping[KeyLevel, str], seen: dict) -> dict[KeyLevel, ClassStats]:
+        """``keys``' statistics remembered in ``seen``, their warnings logged as at each read."""
         out = {}
         for level, key in keys.items():
-            hit = seen.get((level, key), _ABSENT)
+            hit = seen[(level, key)]
             if hit[1]:
                 _bounded(self.where, level, key, hit[1])
             if hit[0] is not None:
                 out[level] = hit[0]
         return out
 
-    def _stats_read(self, keys: Mapping[KeyLevel, str], seen: dict | None) -> dict[KeyLevel, ClassStats]:
-        """The statistics of ``keys`` from the history; each key's (a key without any: absent)
-        put in ``seen`` where given (its warnings then left to the caller)."""
+    def _stats_read(self, keys: Mapping[KeyLevel, str]) -> tuple[dict[KeyLevel, ClassStats], str | None, dict]:
+        """(the statistics of ``keys``, the history's stats_generation in the same snapshot (None:
+        not counted; then out-of-range statistics are warned of here), each key's read: (statistics
+        or None, what was out of range))."""
         where = " OR ".join("(level=? AND key=?)" for _ in keys)
         args = [x for level, key in keys.items() for x in (level.value, key)]
-        rows = self._read(f"SELECT level, key, stats_json FROM class_stats WHERE {where}", args)
-        out = {}
+        sql = f"SELECT level, key, stats_json FROM class_stats WHERE {where}"
+        rows = self._read(f"{sql} UNION ALL {_GENERATION_ROW}" if self._stats_counted else sql, args)
+        out, generation, seen = {}, None, {}
         for level, key, text in rows:
+            if level is None:
+                generation = text
+                continue
             level = _LEVEL.get(level) or KeyLevel(level)
-            out[level], bad = hit = self._checked(text)
-            if seen is not None:
-                seen[(level, key)] = hit
-            elif bad:
-                _bounded(self.where, level.value, key, bad)
-        if seen is not None:
-            for level, key in keys.items():
-                seen.setdefault((level, key), _ABSENT)
-        return out
+            out[level], bad = seen[(level, key)] = self._checked(text)
+        for level, key in keys.items():
+            seen.setdefault((level, key), _ABSENT)
+        if generation is None:
+            for (level, key), (_, bad) in seen.items():
+                if bad:
+                    _bounded(self.where, level, key, bad)
+        return out, generation, seen
 
     def _checked(self, text: str) -> tuple[ClassStats, tuple[str, ...]]:
         """``checked_stats(text)``, remembered: bringing a key's statistics within bounds was 3 in 4
