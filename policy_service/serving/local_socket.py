@@ -112,9 +112,8 @@ def _request(line: bytes, uid: int | None) -> tuple[Method, object, bool]:
                     method.value[0], uid, os.geteuid())
         raise HandlerError(grpc.StatusCode.PERMISSION_DENIED,
                            f"{method.value[0]} over the local socket is for root and the service's user")
-    msg = method.value[1]()
     try:
-        json_codec.parse(envelope.get("request") or {}, msg)
+        msg = json_codec.parsed(envelope.get("request") or {}, method.value[1])
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
         raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"bad {method.value[0]} request: {str(exc)[:300]}") from None
