@@ -112,6 +112,24 @@ class RecordText:
         return _HEADER.pack(len(body), zlib.crc32(body)) + body
 
 
+class NoteText:
+    """``json.dumps(note, sort_keys=True)`` of notes that differ from ``note`` only in their
+    "decision_id" (Admit's memo: one decision template, each Admit its own id): the text made once
+    with a marker there, each note's that text with its own id put in. ``usable``: False where the
+    marker was not found once."""
+
+    _ID = RecordText._ID
+
+    def __init__(self, note: dict):
+        text = json.dumps({**note, "decision_id": self._ID}, sort_keys=True)
+        marker = _STRING(self._ID)
+        self.usable = text.count(marker) == 1
+        self._head, _, self._tail = text.partition(marker)
+
+    def text(self, decision_id: str) -> str:
+        return f"{self._head}{_STRING(decision_id)}{self._tail}"
+
+
 _FLOAT = float.__repr__  # how json writes a finite float
 _STRING = json.encoder.encode_basestring_ascii  # and a string (ensure_ascii, the default)
 # json.dumps(d, separators=(",", ":"), sort_keys=True), without a new encoder per record
@@ -190,10 +208,11 @@ class DecisionLog:
         os.truncate(self.path, 0)
 
     # ------------------------------------------------------------------ Admit's path
-    def record(self, rec: DecisionRecord, note: dict | None = None, data: bytes | None = None) -> None:
+    def record(self, rec: DecisionRecord, note: dict | str | None = None, data: bytes | None = None) -> None:
         """Durable (journaled) before this returns; in the history soon after. Raises JournalError.
         ``note``: logged as ``decision {json}`` by the writer once the record is in the history
-        (formatting and writing a log line cost Admit ~40 us; the writer runs between Admits).
+        (formatting and writing a log line cost Admit ~40 us; the writer runs between Admits);
+        a str: its JSON, already made (NoteText).
         ``data``: ``rec.encode()``, already made (RecordText)."""
         if data is None:
             data = rec.encode()
@@ -265,7 +284,7 @@ class DecisionLog:
                 if records:
                     for _, note in items:
                         if note is not None:
-                            log.info("decision %s", json.dumps(note, sort_keys=True))
+                            log.info("decision %s", note if type(note) is str else json.dumps(note, sort_keys=True))
                 for _ in batch:
                     self._queue.task_done()
                 if len(records) < len(batch):  # close() asked to stop

@@ -14,7 +14,7 @@ from typing import Callable
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.history.decision_log import JournalError, RecordText
+from policy_service.history.decision_log import JournalError, NoteText, RecordText
 from policy_service.trust.authz import Owner
 from policy_service.config import PolicyMode
 from policy_service.core.mode import apply_mode
@@ -51,10 +51,12 @@ class Admitting:
                     template = made[2]
                     rec = decision_record(template, jr, keys, job)
                     slot[:] = [rec, RecordText(rec), _note(template, jr)]
-                rec, text, note = slot
+                    slot.append(NoteText(slot[2]))
+                rec, text, note, note_text = slot
                 decision_pb = with_id_bytes(rec.decision_pb, d)
                 rec = copied(rec, decision_id=d.decision_id, decided_at=d.decided_at, decision_pb=decision_pb)
-                self.decisions.record(rec, note={**note, "decision_id": d.decision_id},
+                self.decisions.record(rec, note=note_text.text(d.decision_id) if note_text.usable else
+                                      {**note, "decision_id": d.decision_id},
                                       data=text.encode(d.decision_id, d.decided_at, decision_pb) if text.usable else None)
             else:
                 self.decisions.record(decision_record(d, jr, keys, job), note=_note(d, jr))
