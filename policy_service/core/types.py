@@ -97,6 +97,16 @@ class ReasonCode(Choice):
     TABLE_GONE = "table_gone"  # ... from a table version no longer archived: recorded from its AdminComment alone
 
 
+def copied(value, **changes):
+    """``dataclasses.replace(value, **changes)`` for a frozen dataclass without __post_init__ nor
+    init=False fields (Decision, Rewrite, JobRequest, QueueState): its fields copied as they are,
+    in a tenth of the time."""
+    out = object.__new__(type(value))
+    out.__dict__.update(value.__dict__)
+    out.__dict__.update(changes)
+    return out
+
+
 @dataclass(frozen=True)
 class Reason:
     code: ReasonCode

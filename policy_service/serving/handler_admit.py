@@ -18,10 +18,9 @@ from policy_service.history.decision_log import JournalError, NoteText, RecordTe
 from policy_service.trust.authz import Owner
 from policy_service.config import PolicyMode
 from policy_service.core.mode import apply_mode
-from policy_service.core.types import Decision, JobRequest, ReasonCode
+from policy_service.core.types import Decision, JobRequest, ReasonCode, copied
 from policy_service.serving.decision_proto import (brief_decision_to_proto, brief_line, decision_record,
                                                    decision_to_proto, with_id_bytes)
-from policy_service.serving.handler_decide import copied
 from policy_service.serving.handler_error import HandlerError
 
 log = logging.getLogger("swapaware.decisions")
