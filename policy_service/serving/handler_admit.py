@@ -19,8 +19,8 @@ from policy_service.trust.authz import Owner
 from policy_service.config import PolicyMode
 from policy_service.core.mode import apply_mode
 from policy_service.core.types import Decision, JobRequest, ReasonCode, copied
-from policy_service.serving.decision_proto import (brief_decision_to_proto, brief_line, decision_record,
-                                                   decision_to_proto, with_id_bytes)
+from policy_service.serving.decision_proto import (brief_decision_to_proto, brief_line, brief_reply_dict,
+                                                   decision_record, decision_to_proto, with_id_bytes)
 from policy_service.serving.handler_error import HandlerError
 
 log = logging.getLogger("swapaware.decisions")
@@ -68,7 +68,8 @@ class Admitting:
         """``caller`` (policy_service.trust.authz.Caller, from a transport): an Admit that is not
         slurmctld's is answered as a dry run, recorded nowhere, with a reason saying so. ``encode``
         (the local socket's reply line): ``encode(reply)`` is returned instead of the reply; a
-        remembered decision's brief reply is then its template's line with the id put in."""
+        remembered decision's brief reply is then its template's line with the id put in, and
+        another recorded brief reply is given to it as its proto3 JSON dict (brief_reply_dict)."""
         job = req.job
         mode = self.mode
         if req.HasField("plugin"):
@@ -96,8 +97,12 @@ class Admitting:
                 counter = self._decision_counters[counted] = self.metrics.decisions.labels(
                     action=counted[0], reason=counted[1], mode=counted[2])
             counter.inc()
-        if encode is not None and req.brief and recorded and made is not None and d is made_d:
-            return brief_line(made[4], d, encode)
+        if encode is not None and req.brief and recorded:
+            if made is not None and d is made_d:
+                return brief_line(made[4], d, encode)
+            reply = brief_reply_dict(d)  # (decided afresh: its JSON made without the messages)
+            if reply is not None:
+                return encode(reply)
         if req.brief:  # the full message is built by the writer, off this path
             reply = pb.AdmitResponse(decision=brief_decision_to_proto(d))
         else:

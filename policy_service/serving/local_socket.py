@@ -90,7 +90,8 @@ def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None, gid
 
 
 def _response_line(reply) -> bytes:
-    return _ENCODE({"response": json_codec.to_dict(reply)}).encode() + b"\n"
+    """The line of ``reply``: a message, or its proto3 JSON dict already made (Admit's brief replies)."""
+    return _ENCODE({"response": reply if type(reply) is dict else json_codec.to_dict(reply)}).encode() + b"\n"
 
 
 def _request(line: bytes, uid: int | None) -> tuple[Method, object, bool]:
