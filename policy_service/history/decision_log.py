@@ -152,6 +152,15 @@ def read_journal(data: bytes) -> tuple[list[DecisionRecord], int]:
     return out, len(data) - pos
 
 
+def _cut_last(fd: int, written: int) -> None:
+    """Take the ``written`` bytes just appended off the journal: an O_APPEND write leaves the
+    descriptor's offset at the end of what it wrote (appends and cuts are made under one lock)."""
+    try:
+        os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR) - written)
+    except OSError:
+        pass
+
+
 def backoff(attempt: int) -> float:
     """Seconds before retry ``attempt`` (1, 2, ...) of a failed write: doubling, bounded."""
     return min(RETRY_MAX_S, RETRY_MIN_S * (2 ** max(0, attempt - 1)))
@@ -218,20 +227,16 @@ class DecisionLog:
             data = rec.encode()
         with self._lock:
             if self._fd is not None:
-                start = None
+                written = 0  # (a write that fails wrote nothing)
                 try:
-                    start = os.fstat(self._fd).st_size
                     written = os.write(self._fd, data)
                     if written != len(data):
                         raise OSError(f"short write ({written} of {len(data)} bytes: the disk is full)")
                     if self._fsync:
                         os.fdatasync(self._fd)
                 except OSError as exc:
-                    if start is not None:  # a full disk may have taken part of it: cut that
-                        try:
-                            os.ftruncate(self._fd, start)
-                        except OSError:
-                            pass
+                    if written:  # a full disk may have taken part of it, or it is not durable: cut it
+                        _cut_last(self._fd, written)
                     raise JournalError(f"cannot journal decision {rec.decision_id}: {exc}") from None
             try:
                 self._queue.put_nowait((rec, note))
