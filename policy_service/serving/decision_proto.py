@@ -96,8 +96,9 @@ def _text(v) -> bool:
     return True
 
 
-def brief_line(slot: list, d: Decision, encode: Callable[[pb.AdmitResponse], bytes]) -> bytes:
-    """``encode`` of the brief reply of ``d``, a decision of the memo entry (PolicyHandler._decide_made:
+def brief_line(slot: list, d: Decision, encode: Callable[[pb.AdmitResponse | dict], bytes]) -> bytes:
+    """``encode`` of the brief reply of ``d`` (given its proto3 JSON dict, brief_reply_dict, where
+    that makes it), a decision of the memo entry (PolicyHandler._decide_made:
     one template, each decision its own id) whose ``slot`` this is: the line made for its first
     decision is cut at that decision's id (in decisionId and in the AdminComment's id=), and later
     ones are the pieces joined with their own id. ``slot[0]``: None until then; () where that id
@@ -106,7 +107,8 @@ def brief_line(slot: list, d: Decision, encode: Callable[[pb.AdmitResponse], byt
     plain = d_id.isascii() and d_id.isalnum()  # written as it is in JSON, next to no other letter or digit
     if pieces and plain:
         return d_id.encode().join(pieces)
-    line = encode(pb.AdmitResponse(decision=brief_decision_to_proto(d)))
+    reply = brief_reply_dict(d)
+    line = encode(reply if reply is not None else pb.AdmitResponse(decision=brief_decision_to_proto(d)))
     if pieces is None:
         parts = tuple(line.split(d_id.encode())) if plain else ()
         slot[0] = parts if len(parts) == 2 + (d.rewrite.admin_comment is not None) else ()

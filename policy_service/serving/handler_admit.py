@@ -64,12 +64,13 @@ class Admitting:
             raise HandlerError(grpc.StatusCode.UNAVAILABLE, f"the decision cannot be recorded: {exc}") from None
 
     # ------------------------------------------------------------------ Admit
-    def admit(self, req: pb.AdmitRequest, caller=None, encode: Callable[[pb.AdmitResponse], bytes] | None = None):
+    def admit(self, req: pb.AdmitRequest, caller=None, encode: Callable[[pb.AdmitResponse | dict], bytes] | None = None):
         """``caller`` (policy_service.trust.authz.Caller, from a transport): an Admit that is not
         slurmctld's is answered as a dry run, recorded nowhere, with a reason saying so. ``encode``
         (the local socket's reply line): ``encode(reply)`` is returned instead of the reply; a
-        remembered decision's brief reply is then its template's line with the id put in, and
-        another recorded brief reply is given to it as its proto3 JSON dict (brief_reply_dict)."""
+        remembered decision's brief reply is then its template's line with the id put in, and a
+        recorded brief reply is given to it as its proto3 JSON dict (brief_reply_dict) where that
+        makes it."""
         job = req.job
         mode = self.mode
         if req.HasField("plugin"):
