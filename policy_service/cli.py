@@ -34,6 +34,9 @@ def main() -> None:
     """swapaware: GPU swap-aware scheduling for Slurm."""
 
 
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # the service's (serve)
+
+
 @main.command()
 @click.option("--config", type=click.Path(dir_okay=False), help="TOML config (default: $SWAPAWARE_CONFIG).")
 @click.option("--accept-empty-history", is_flag=True,
@@ -45,7 +48,10 @@ def serve(config: str | None, accept_empty_history: bool) -> None:
     from policy_service.serving.server import serve_forever
 
     cfg = _load(config)
-    logging.basicConfig(level=cfg.service.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=cfg.service.log_level.upper(), format=LOG_FORMAT)
+    # what that format does not print is not gathered for each record (a decision's log line, one
+    # per Admit: os.getpid() was a system call each, the thread's and process's names look-ups)
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging.getLogger("swapaware.service").info("starting\n%s", cfg.summary())
     try:
         serve_forever(cfg, reload=lambda: _load(config), accept_empty_history=accept_empty_history)

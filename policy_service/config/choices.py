@@ -7,7 +7,15 @@ import enum
 from policy_service.trust.auth_config import bool_spelling
 
 
-class LinkKind(enum.Enum):
+class Choice(enum.Enum):
+    """An enum hashed by identity, in C: its members are singletons compared by identity (Enum
+    defines no __eq__), and enum.Enum's own __hash__, hash(name) in Python, was a call per dict
+    look-up (17 per Admit of KeyLevel alone)."""
+
+    __hash__ = object.__hash__
+
+
+class LinkKind(Choice):
     """Host link between GPU memory and host memory (where swapped bytes travel)."""
 
     PCIE_GEN4 = "pcie_gen4"
@@ -15,7 +23,7 @@ class LinkKind(enum.Enum):
     NVLINK_C2C = "nvlink_c2c"
 
 
-class AccessClass(enum.Enum):
+class AccessClass(Choice):
     """How a job touches its working set; decides what swapping costs it."""
 
     STREAMING = "streaming"  # cyclic sweeps over the working set (training loops)
@@ -23,20 +31,20 @@ class AccessClass(enum.Enum):
     COMPUTE_BOUND = "compute_bound"  # small hot set, long kernels
 
 
-class SlurmBackend(enum.Enum):
+class SlurmBackend(Choice):
     AUTO = "auto"
     CLI = "cli"
     PYSLURM = "pyslurm"
 
 
-class NvmlBackend(enum.Enum):
+class NvmlBackend(Choice):
     AUTO = "auto"  # real NVML when it initialises, else none
     NVML = "nvml"
     FAKE = "fake"  # file-backed stateful fake (tests, dev cluster without GPUs)
     NONE = "none"
 
 
-class Enforcement(enum.Enum):
+class Enforcement(Choice):
     """How the TaskProlog fences a shared (shard) job's GPU memory (slurm_plugin/task_prolog.py)."""
 
     NONE = "none"
@@ -47,7 +55,7 @@ class Enforcement(enum.Enum):
     AUTO = "auto"  # the strongest of nvml-cgroup, hami, mps the node has; else framework_env (advisory)
 
 
-class Oversubscription(enum.Enum):
+class Oversubscription(Choice):
     """policy.allow_oversubscription: auto (only where every node that reported enforces victim
     semantics, slurm_plugin/enforce), true (always: the admin knows the jobs use managed memory),
     false (never). Booleans are accepted in any TOML / environment spelling."""
@@ -61,7 +69,7 @@ class Oversubscription(enum.Enum):
         return {True: cls.ON, False: cls.OFF}.get(bool_spelling(value))
 
 
-class PolicyMode(enum.Enum):
+class PolicyMode(Choice):
     """policy.mode: enforce (decisions change jobs), shadow (every job decided and recorded, its
     AdminComment says what would have been done, nothing else about the job changes), off (jobs
     pass unchanged, nothing recorded). Changed live with SIGHUP (`systemctl reload swapaware`)."""
@@ -71,7 +79,7 @@ class PolicyMode(enum.Enum):
     OFF = "off"
 
 
-class WholeGpuAsShards(enum.Enum):
+class WholeGpuAsShards(Choice):
     """policy.whole_gpu_as_shards: auto (where the running Slurm has the gpu-beside-shard bug),
     true or false. Booleans are accepted in any TOML / environment spelling."""
 

@@ -1,28 +1,28 @@
 """Typed, immutable values of the policy core. No I/O here."""
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from policy_service.config import AccessClass, PolicyMode
+from policy_service.config.choices import Choice
 
 
-class GresKind(enum.Enum):
+class GresKind(Choice):
     NONE = "none"
     GPU = "gpu"
     SHARD = "shard"
     OTHER = "other"  # e.g. mps, or a GRES this policy does not rewrite
 
 
-class Action(enum.Enum):
+class Action(Choice):
     PASS_THROUGH = "pass_through"
     WHOLE_GPU = "whole_gpu"
     SHARE = "share"
     SHARE_OVERSUBSCRIBED = "share_oversubscribed"
 
 
-class EstimateSource(enum.Enum):
+class EstimateSource(Choice):
     UNKNOWN = "unknown"
     CLASS = "class"
     USER_NAME = "user_name"
@@ -31,7 +31,7 @@ class EstimateSource(enum.Enum):
     HINT = "hint"
 
 
-class KeyLevel(enum.Enum):
+class KeyLevel(Choice):
     """History keys, narrowest first. The estimator falls back along this order."""
 
     CLASS = "class"  # user + job name + script fingerprint + requested resources
@@ -44,7 +44,7 @@ class KeyLevel(enum.Enum):
         return EstimateSource(self.value)
 
 
-class ReasonCode(enum.Enum):
+class ReasonCode(Choice):
     NO_GPU = "no_gpu"
     UNSUPPORTED_REQUEST = "unsupported_request"
     MULTI_GPU = "multi_gpu"
@@ -95,6 +95,16 @@ class ReasonCode(enum.Enum):
     OVERSUBSCRIPTION_NOT_ENFORCED = "oversubscription_not_enforced"  # nodes do not enforce victim semantics
     TABLE_DECIDED = "table_decided"  # made by the job_submit plugin from the published table, learned from Slurm
     TABLE_GONE = "table_gone"  # ... from a table version no longer archived: recorded from its AdminComment alone
+
+
+def copied(value, **changes):
+    """``dataclasses.replace(value, **changes)`` for a frozen dataclass without __post_init__ nor
+    init=False fields (Decision, Rewrite, JobRequest, QueueState): its fields copied as they are,
+    in a tenth of the time."""
+    out = object.__new__(type(value))
+    out.__dict__.update(value.__dict__)
+    out.__dict__.update(changes)
+    return out
 
 
 @dataclass(frozen=True)

@@ -57,15 +57,21 @@ def evidence(s: ClassStats, user: str, cfg: EstimatorConfig) -> int:
     return sum(f.samples if _own(f, user) else min(f.samples, cap) for f in figures(s))
 
 
+def _peak(figure: UserFigure) -> int:
+    return figure.max_peak_bytes
+
+
 def bounded_peak(s: ClassStats, user: str, cfg: EstimatorConfig) -> tuple[int, str]:
     """The key's peak for a job of ``user``, and whose it is ("3 user(s), 1 held to 1.5 x ...")."""
     figs = [f for f in figures(s) if f.max_peak_bytes > 0]
     peak, held = 0, 0
+    top = max(figs, key=_peak, default=None)  # the largest figure; every other one's others include it
+    rest = max((g.max_peak_bytes for g in figs if g is not top), default=None)  # the others' of the largest
     for f in figs:
         value = f.max_peak_bytes
-        others = [g.max_peak_bytes for g in figs if g is not f]
-        if others and not (user and f.user == user):
-            value = min(value, int(cfg.wide_key_user_cap * max(others)))
+        others = rest if f is top else top.max_peak_bytes  # the largest peak of the figures but f
+        if others is not None and not (user and f.user == user):
+            value = min(value, int(cfg.wide_key_user_cap * others))
             held += value < f.max_peak_bytes
         peak = max(peak, value)
     how = f", {held} held to {cfg.wide_key_user_cap:g} x the others' largest peak" if held else ""

@@ -112,6 +112,24 @@ class RecordText:
         return _HEADER.pack(len(body), zlib.crc32(body)) + body
 
 
+class NoteText:
+    """``json.dumps(note, sort_keys=True)`` of notes that differ from ``note`` only in their
+    "decision_id" (Admit's memo: one decision template, each Admit its own id): the text made once
+    with a marker there, each note's that text with its own id put in. ``usable``: False where the
+    marker was not found once."""
+
+    _ID = RecordText._ID
+
+    def __init__(self, note: dict):
+        text = json.dumps({**note, "decision_id": self._ID}, sort_keys=True)
+        marker = _STRING(self._ID)
+        self.usable = text.count(marker) == 1
+        self._head, _, self._tail = text.partition(marker)
+
+    def text(self, decision_id: str) -> str:
+        return f"{self._head}{_STRING(decision_id)}{self._tail}"
+
+
 _FLOAT = float.__repr__  # how json writes a finite float
 _STRING = json.encoder.encode_basestring_ascii  # and a string (ensure_ascii, the default)
 # json.dumps(d, separators=(",", ":"), sort_keys=True), without a new encoder per record
@@ -132,6 +150,15 @@ def read_journal(data: bytes) -> tuple[list[DecisionRecord], int]:
             break
         pos += _HEADER.size + size
     return out, len(data) - pos
+
+
+def _cut_last(fd: int, written: int) -> None:
+    """Take the ``written`` bytes just appended off the journal: an O_APPEND write leaves the
+    descriptor's offset at the end of what it wrote (appends and cuts are made under one lock)."""
+    try:
+        os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR) - written)
+    except OSError:
+        pass
 
 
 def backoff(attempt: int) -> float:
@@ -190,29 +217,26 @@ class DecisionLog:
         os.truncate(self.path, 0)
 
     # ------------------------------------------------------------------ Admit's path
-    def record(self, rec: DecisionRecord, note: dict | None = None, data: bytes | None = None) -> None:
+    def record(self, rec: DecisionRecord, note: dict | str | None = None, data: bytes | None = None) -> None:
         """Durable (journaled) before this returns; in the history soon after. Raises JournalError.
         ``note``: logged as ``decision {json}`` by the writer once the record is in the history
-        (formatting and writing a log line cost Admit ~40 us; the writer runs between Admits).
+        (formatting and writing a log line cost Admit ~40 us; the writer runs between Admits);
+        a str: its JSON, already made (NoteText).
         ``data``: ``rec.encode()``, already made (RecordText)."""
         if data is None:
             data = rec.encode()
         with self._lock:
             if self._fd is not None:
-                start = None
+                written = 0  # (a write that fails wrote nothing)
                 try:
-                    start = os.fstat(self._fd).st_size
                     written = os.write(self._fd, data)
                     if written != len(data):
                         raise OSError(f"short write ({written} of {len(data)} bytes: the disk is full)")
                     if self._fsync:
                         os.fdatasync(self._fd)
                 except OSError as exc:
-                    if start is not None:  # a full disk may have taken part of it: cut that
-                        try:
-                            os.ftruncate(self._fd, start)
-                        except OSError:
-                            pass
+                    if written:  # a full disk may have taken part of it, or it is not durable: cut it
+                        _cut_last(self._fd, written)
                     raise JournalError(f"cannot journal decision {rec.decision_id}: {exc}") from None
             try:
                 self._queue.put_nowait((rec, note))
@@ -265,7 +289,7 @@ class DecisionLog:
                 if records:
                     for _, note in items:
                         if note is not None:
-                            log.info("decision %s", json.dumps(note, sort_keys=True))
+                            log.info("decision %s", note if type(note) is str else json.dumps(note, sort_keys=True))
                 for _ in batch:
                     self._queue.task_done()
                 if len(records) < len(batch):  # close() asked to stop

@@ -90,6 +90,16 @@ CREATE TABLE IF NOT EXISTS class_stats (
     updated_at REAL NOT NULL,
     PRIMARY KEY (level, key)
 );
+-- How often the statistics changed: one more in the transaction of each insert, update or delete
+-- of class_stats, whoever makes it (history/class_stats.py: a service's statistics reads are
+-- remembered while it stays). Added in place: no version.
+INSERT OR IGNORE INTO meta VALUES ('stats_generation', '0');
+CREATE TRIGGER IF NOT EXISTS class_stats_inserted AFTER INSERT ON class_stats BEGIN
+    UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'stats_generation'; END;
+CREATE TRIGGER IF NOT EXISTS class_stats_updated AFTER UPDATE ON class_stats BEGIN
+    UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'stats_generation'; END;
+CREATE TRIGGER IF NOT EXISTS class_stats_deleted AFTER DELETE ON class_stats BEGIN
+    UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'stats_generation'; END;
 -- Whether Slurm ever held a decision (slurm/reconcile.py): 'held' when a job's AdminComment
 -- named it, 'never_held' when none did once slurmctld had long answered (the job was refused
 -- after the plugin ran, or slurmctld gave up waiting for the answer). Added in place: no version.

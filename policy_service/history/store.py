@@ -108,6 +108,7 @@ class HistoryStore(SqliteFile, FencedWrites, DecisionRecords, ClassStatsReads, R
         if on_disk:
             note_history(db, created=before is None)
         self._rconn, self._rlock = self._conn, self._lock
+        self._stats_counted = True  # (SCHEMA's triggers: class_stats.py)
         if self.path != ":memory:":  # (an in-memory database is one connection's own)
             self._rconn = self._reader()
             self._rlock = threading.Lock()

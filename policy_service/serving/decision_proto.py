@@ -50,8 +50,55 @@ def brief_decision_to_proto(d: Decision) -> pb.Decision:
                        rewrite=rewrite_to_proto(d.rewrite))
 
 
-def brief_line(slot: list, d: Decision, encode: Callable[[pb.AdmitResponse], bytes]) -> bytes:
-    """``encode`` of the brief reply of ``d``, a decision of the memo entry (PolicyHandler._decide_made:
+# the rewrite's fields as its message lists them (by number) with their proto3 JSON names
+_REWRITE_JSON = tuple((f.name, f.json_name) for f in sorted(pb.JobRewrite.DESCRIPTOR.fields, key=lambda f: f.number))
+_ACTION_NAME = {number: pb.Action.Name(number) for number in _ACTION.values()}
+_UINT32, _INT32 = range(2**32), range(-2**31, 2**31)
+
+
+def brief_reply_dict(d: Decision) -> dict | None:
+    """``json_codec.to_dict(pb.AdmitResponse(decision=brief_decision_to_proto(d)))``, made from the
+    decision without the messages (a decision decided afresh: a new class's brief reply); None
+    where a message would not take a value as it is (out of range, not UTF-8): made through it."""
+    out: dict = {}
+    if d.decision_id:
+        if not _text(d.decision_id):
+            return None
+        out["decisionId"] = d.decision_id
+    action = _ACTION[d.action]
+    if action:
+        out["action"] = _ACTION_NAME[action]
+    if d.shards:
+        if type(d.shards) is not int or d.shards not in _UINT32:
+            return None
+        out["shards"] = d.shards
+    rewrite = out["rewrite"] = {}
+    for name, json_name in _REWRITE_JSON:
+        v = getattr(d.rewrite, name)
+        if v is None:
+            continue
+        if not (_text(v) if name != "site_factor" else type(v) is int and v in _INT32):
+            return None
+        rewrite[json_name] = v
+    return {"decision": out}
+
+
+def _text(v) -> bool:
+    """Whether a string field takes ``v`` as it is (a str of UTF-8 characters: no lone surrogate)."""
+    if type(v) is not str:
+        return False
+    if v.isascii():
+        return True
+    try:
+        v.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def brief_line(slot: list, d: Decision, encode: Callable[[pb.AdmitResponse | dict], bytes]) -> bytes:
+    """``encode`` of the brief reply of ``d`` (given its proto3 JSON dict, brief_reply_dict, where
+    that makes it), a decision of the memo entry (PolicyHandler._decide_made:
     one template, each decision its own id) whose ``slot`` this is: the line made for its first
     decision is cut at that decision's id (in decisionId and in the AdminComment's id=), and later
     ones are the pieces joined with their own id. ``slot[0]``: None until then; () where that id
@@ -60,7 +107,8 @@ def brief_line(slot: list, d: Decision, encode: Callable[[pb.AdmitResponse], byt
     plain = d_id.isascii() and d_id.isalnum()  # written as it is in JSON, next to no other letter or digit
     if pieces and plain:
         return d_id.encode().join(pieces)
-    line = encode(pb.AdmitResponse(decision=brief_decision_to_proto(d)))
+    reply = brief_reply_dict(d)
+    line = encode(reply if reply is not None else pb.AdmitResponse(decision=brief_decision_to_proto(d)))
     if pieces is None:
         parts = tuple(line.split(d_id.encode())) if plain else ()
         slot[0] = parts if len(parts) == 2 + (d.rewrite.admin_comment is not None) else ()

@@ -14,14 +14,13 @@ from typing import Callable
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.history.decision_log import JournalError, RecordText
+from policy_service.history.decision_log import JournalError, NoteText, RecordText
 from policy_service.trust.authz import Owner
 from policy_service.config import PolicyMode
 from policy_service.core.mode import apply_mode
-from policy_service.core.types import Decision, JobRequest, ReasonCode
-from policy_service.serving.decision_proto import (brief_decision_to_proto, brief_line, decision_record,
-                                                   decision_to_proto, with_id_bytes)
-from policy_service.serving.handler_decide import copied
+from policy_service.core.types import Decision, JobRequest, ReasonCode, copied
+from policy_service.serving.decision_proto import (brief_decision_to_proto, brief_line, brief_reply_dict,
+                                                   decision_record, decision_to_proto, with_id_bytes)
 from policy_service.serving.handler_error import HandlerError
 
 log = logging.getLogger("swapaware.decisions")
@@ -51,10 +50,12 @@ class Admitting:
                     template = made[2]
                     rec = decision_record(template, jr, keys, job)
                     slot[:] = [rec, RecordText(rec), _note(template, jr)]
-                rec, text, note = slot
+                    slot.append(NoteText(slot[2]))
+                rec, text, note, note_text = slot
                 decision_pb = with_id_bytes(rec.decision_pb, d)
                 rec = copied(rec, decision_id=d.decision_id, decided_at=d.decided_at, decision_pb=decision_pb)
-                self.decisions.record(rec, note={**note, "decision_id": d.decision_id},
+                self.decisions.record(rec, note=note_text.text(d.decision_id) if note_text.usable else
+                                      {**note, "decision_id": d.decision_id},
                                       data=text.encode(d.decision_id, d.decided_at, decision_pb) if text.usable else None)
             else:
                 self.decisions.record(decision_record(d, jr, keys, job), note=_note(d, jr))
@@ -63,11 +64,13 @@ class Admitting:
             raise HandlerError(grpc.StatusCode.UNAVAILABLE, f"the decision cannot be recorded: {exc}") from None
 
     # ------------------------------------------------------------------ Admit
-    def admit(self, req: pb.AdmitRequest, caller=None, encode: Callable[[pb.AdmitResponse], bytes] | None = None):
+    def admit(self, req: pb.AdmitRequest, caller=None, encode: Callable[[pb.AdmitResponse | dict], bytes] | None = None):
         """``caller`` (policy_service.trust.authz.Caller, from a transport): an Admit that is not
         slurmctld's is answered as a dry run, recorded nowhere, with a reason saying so. ``encode``
         (the local socket's reply line): ``encode(reply)`` is returned instead of the reply; a
-        remembered decision's brief reply is then its template's line with the id put in."""
+        remembered decision's brief reply is then its template's line with the id put in, and a
+        recorded brief reply is given to it as its proto3 JSON dict (brief_reply_dict) where that
+        makes it."""
         job = req.job
         mode = self.mode
         if req.HasField("plugin"):
@@ -95,8 +98,12 @@ class Admitting:
                 counter = self._decision_counters[counted] = self.metrics.decisions.labels(
                     action=counted[0], reason=counted[1], mode=counted[2])
             counter.inc()
-        if encode is not None and req.brief and recorded and made is not None and d is made_d:
-            return brief_line(made[4], d, encode)
+        if encode is not None and req.brief and recorded:
+            if made is not None and d is made_d:
+                return brief_line(made[4], d, encode)
+            reply = brief_reply_dict(d)  # (decided afresh: its JSON made without the messages)
+            if reply is not None:
+                return encode(reply)
         if req.brief:  # the full message is built by the writer, off this path
             reply = pb.AdmitResponse(decision=brief_decision_to_proto(d))
         else:

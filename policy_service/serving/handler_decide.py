@@ -18,7 +18,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.config import Config
 from policy_service.core import policy, queue_rules
 from policy_service.core.request import PER_GPU_OPTIONS, RequestError, history_keys, job_request
-from policy_service.core.types import Decision, JobRequest, KeyLevel, LiveShards, QueueState, Reason
+from policy_service.core.types import Decision, JobRequest, KeyLevel, LiveShards, QueueState, Reason, copied
 from policy_service.serving.decision_proto import gres_fields, is_batch
 from policy_service.serving.handler_error import HandlerError
 
@@ -53,15 +53,6 @@ def _with_id(template: Decision, d_id: str, now: float) -> Decision | None:
             return None
         rw = copied(rw, admin_comment=rw.admin_comment.replace(_ID_TOKEN, f"id={d_id}", 1))
     return copied(template, decision_id=d_id, decided_at=now, rewrite=rw)
-
-
-def copied(value, **changes):
-    """``dataclasses.replace(value, **changes)`` for a frozen dataclass without __post_init__
-    (Decision, Rewrite): its fields copied as they are, in a tenth of the time."""
-    out = object.__new__(type(value))
-    out.__dict__.update(value.__dict__)
-    out.__dict__.update(changes)
-    return out
 
 
 class Deciding:
@@ -146,8 +137,8 @@ class Deciding:
         if parts:  # the GPUs its partitions hold, of the type it asks for, where the controller takes shard jobs
             counted = counts, refused = parts.live_shard_counts(job.partition, jr.gpu.gpu_type, live)
             unbilled, whole_unbilled = parts.unbilled(job.partition, jr.gpu.gpu_type)  # its TRESBillingWeights
-            jr = dataclasses.replace(jr, gpu_shard_counts=counts, shards_refused=refused, shards_unbilled=unbilled,
-                                     whole_shards_unbilled=whole_unbilled)
+            jr = copied(jr, gpu_shard_counts=counts, shards_refused=refused, shards_unbilled=unbilled,
+                        whole_shards_unbilled=whole_unbilled)
         keys = history_keys(jr)
         last: list = [None]  # the decision last made for these facts (_decide)
         if len(self._requests) >= REQUEST_MEMO_MAX:

@@ -133,15 +133,27 @@ def _build_sub(desc: Descriptor, v: Any) -> Message:
 
 def parse(data: Any, msg: Message) -> Message:
     """``json_format.ParseDict(data, msg)``, fast when ``data`` is plain."""
+    built = _fast(data, msg.DESCRIPTOR)
+    if built is None:
+        return json_format.ParseDict(data, msg)
+    msg.MergeFrom(built)
+    return msg
+
+
+def parsed(data: Any, cls: type[Message]) -> Message:
+    """``parse(data, cls())``: the message built from plain ``data`` is the one returned (not
+    copied into another)."""
+    built = _fast(data, cls.DESCRIPTOR)
+    return json_format.ParseDict(data, cls()) if built is None else built
+
+
+def _fast(data: Any, desc: Descriptor) -> Message | None:
     if type(data) is dict:
         try:
-            built = _build(msg.DESCRIPTOR, data)
+            return _build(desc, data)
         except _Slow:
             pass
-        else:
-            msg.MergeFrom(built)
-            return msg
-    return json_format.ParseDict(data, msg)
+    return None
 
 
 def _value(f: FieldDescriptor, v: Any) -> Any:

@@ -55,6 +55,25 @@ def peer_uid(sock: socket.socket) -> int | None:
     return peer_cred(sock)[0]
 
 
+def idle_timeout(sock: socket.socket, seconds: float) -> None:
+    """A blocking ``sock`` whose recv and send give up after ``seconds`` (the kernel's SO_RCVTIMEO,
+    SO_SNDTIMEO: a read then ends as at the end of the stream, a write fails), without Python's
+    timeout mode, which polls before each of them (two system calls more per Admit)."""
+    sock.settimeout(None)
+    whole = int(seconds)
+    idle = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, idle)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, idle)
+
+
+def peer_closed(sock: socket.socket) -> bool:
+    """Whether the other end of ``sock`` closed it (its end of stream is there to read), without waiting."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except OSError:
+        return False
+
+
 def may_send(method: Method, uid: int | None, own_uid: int) -> bool:
     """Whether a peer with ``uid`` may call ``method`` here (None: unknown, trusted for nothing
     but Admit and Explain)."""
@@ -90,7 +109,8 @@ def handle_line(handler: PolicyHandler, line: bytes, uid: int | None = None, gid
 
 
 def _response_line(reply) -> bytes:
-    return _ENCODE({"response": json_codec.to_dict(reply)}).encode() + b"\n"
+    """The line of ``reply``: a message, or its proto3 JSON dict already made (Admit's brief replies)."""
+    return _ENCODE({"response": reply if type(reply) is dict else json_codec.to_dict(reply)}).encode() + b"\n"
 
 
 def _request(line: bytes, uid: int | None) -> tuple[Method, object, bool]:
@@ -112,9 +132,8 @@ def _request(line: bytes, uid: int | None) -> tuple[Method, object, bool]:
                     method.value[0], uid, os.geteuid())
         raise HandlerError(grpc.StatusCode.PERMISSION_DENIED,
                            f"{method.value[0]} over the local socket is for root and the service's user")
-    msg = method.value[1]()
     try:
-        json_codec.parse(envelope.get("request") or {}, msg)
+        msg = json_codec.parsed(envelope.get("request") or {}, method.value[1])
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
         raise HandlerError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"bad {method.value[0]} request: {str(exc)[:300]}") from None
@@ -150,7 +169,11 @@ def start_local_socket(handler: PolicyHandler, path: Path, mode: int = 0o660) ->
             probe.close()
 
     class Handler(socketserver.StreamRequestHandler):
-        timeout = IDLE_TIMEOUT_S
+        timeout = None  # the idle timeout is kept by the kernel (setup), not by a poll() before each recv and send
+
+        def setup(self) -> None:
+            idle_timeout(self.request, IDLE_TIMEOUT_S)
+            super().setup()
 
         def handle(self) -> None:
             uid, gid = peer_cred(self.connection)
@@ -160,11 +183,13 @@ def start_local_socket(handler: PolicyHandler, path: Path, mode: int = 0o660) ->
                 except (socket.timeout, OSError):
                     return
                 if not line:
-                    return  # the client closed the connection
+                    return  # the client closed the connection, or kept it idle past IDLE_TIMEOUT_S
                 if len(line) > MAX_REQUEST_BYTES and not line.endswith(b"\n"):
                     self._reply(json.dumps({"error": {"code": "INVALID_ARGUMENT",
                                                       "message": "request too large"}}).encode() + b"\n")
                     return  # the rest of that line cannot be framed: drop the connection
+                if not line.endswith(b"\n") and not peer_closed(self.connection):
+                    return  # a line cut by the idle timeout is dropped (a last one before the client closed is answered)
                 if not line.strip():
                     continue
                 if not self._reply(handle_line(handler, line, uid, gid)):

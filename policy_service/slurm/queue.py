@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping
 from policy_service.slurm.slurm import PendingJob, SlurmAccess
 from policy_service.config import Config
 from policy_service.core.request import RequestError, gpu_request
-from policy_service.core.types import GresKind, LiveShards, QueueState
+from policy_service.core.types import GresKind, LiveShards, QueueState, copied
 
 log = logging.getLogger("swapaware.queue")
 
@@ -238,7 +238,7 @@ class QueueMonitor:
             live = state.live_shards or LiveShards()
             state = dataclasses.replace(state, live_shards=dataclasses.replace(
                 live, unread=f"{unread}: the shards of the controller now in control are not read yet"))
-        return dataclasses.replace(state, age_s=max(0.0, self.clock() - taken))
+        return copied(state, age_s=max(0.0, self.clock() - taken))  # (QueueState: no __post_init__)
 
     def wait_first_poll(self, timeout_s: float | None = None) -> QueueState | None:
         """Wait for the first poll to succeed or fail, at most ``timeout_s`` (default

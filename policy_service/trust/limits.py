@@ -56,19 +56,29 @@ def oversize(msg: Message, prefix: str = "") -> list[str]:
     4096'); [] when all fits."""
     out: list[str] = []
     for field, value in msg.ListFields():
-        name, repeated, is_string, is_message, limit, most, per_item = _rule(field)
-        values = value if repeated else (value,)
-        if repeated and len(values) > most:
-            out.append(f"{prefix}{name} has {len(values)} entries, at most {most}")
+        name, repeated, is_string, is_message, limit, most, per_item = _RULES.get(field) or _rule(field)
+        if not repeated:  # (most fields: one value, checked here without a loop)
+            if is_string:
+                if len(value) > limit // 4:
+                    _too_long(out, prefix, name, value, limit)
+            elif is_message:
+                out.extend(oversize(value, f"{prefix}{name}."))
+            continue
+        if len(value) > most:
+            out.append(f"{prefix}{name} has {len(value)} entries, at most {most}")
             continue
         if per_item:
             continue
-        for v in values:
-            # UTF-8 takes at most 4 bytes a character: only a string that might be too long is encoded
+        for v in value:
             if is_string and len(v) > limit // 4:
-                size = len(v.encode())
-                if size > limit:
-                    out.append(f"{prefix}{name} is {size} bytes, at most {limit}")
+                _too_long(out, prefix, name, v, limit)
             elif is_message:
                 out.extend(oversize(v, f"{prefix}{name}."))
     return out
+
+
+def _too_long(out: list[str], prefix: str, name: str, text: str, limit: int) -> None:
+    """UTF-8 takes at most 4 bytes a character: only a string that might be too long is encoded."""
+    size = len(text.encode())
+    if size > limit:
+        out.append(f"{prefix}{name} is {size} bytes, at most {limit}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import random
 
 import pytest
@@ -19,7 +20,7 @@ from policy_service.history.schema import checked_stats
 from policy_service.config import load_config
 from policy_service.core import policy
 from policy_service.core.types import ClassStats, KeyLevel, LiveShards, QueueState, UserFigure
-from policy_service.history.decision_log import RecordText
+from policy_service.history.decision_log import NoteText, RecordText
 from policy_service.serving.decision_proto import decision_record, decision_to_proto, with_id_bytes
 from policy_service.serving.handler import PolicyHandler
 
@@ -114,9 +115,13 @@ def test_the_journal_holds_what_it_held_before(tmp_path):
             finally:
                 h.close()
             assert sum(data is not None for _, _, data in seen) >= 9  # the remembered path, mostly
-            for (rec, note, data), reply in zip(seen, replies):
+            assert sum(type(note) is str for _, note, _ in seen) >= 9  # its log line's JSON made from the template's
+            first = {n: seen[n][1] for n in range(3)}  # each facts' first note: a dict, decided afresh
+            for n, ((rec, note, data), reply) in enumerate(zip(seen, replies)):
                 assert data is None or data == rec.encode()
-                assert note["decision_id"] == rec.decision_id == reply.decision_id
+                logged = note if type(note) is str else json.dumps(note, sort_keys=True)  # what the writer logs
+                assert logged == json.dumps({**first[n % 3], "decision_id": rec.decision_id}, sort_keys=True)
+                assert json.loads(logged)["decision_id"] == rec.decision_id == reply.decision_id
                 row = store.decision(rec.decision_id)
                 assert row.decision.decision_id == rec.decision_id and row.decision.decided_at == clock()
                 assert row.decision.rewrite.admin_comment == reply.rewrite.admin_comment
@@ -204,3 +209,18 @@ def test_checked_statistics_are_remembered_per_text(tmp_path):
         assert store.stats({KeyLevel.CLASS: "a"})[KeyLevel.CLASS] == checked_stats('{"samples": 5}')[0]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("note", [
+    {"decision_id": "x", "user": "alice", "reasons": ["no_history"], "peak_bytes": 3, "site_factor": 1.5},
+    {"decision_id": "x", "job_name": "tr\u00e4in \"q\" \\n", "request": "gres/gpu:1", "shards": None},
+    {"decision_id": "x", "job_name": "swapaware-record-id-marker"},  # the marker itself: not usable
+])
+def test_a_note_text_is_the_json_of_its_note(note):
+    text = NoteText(note)
+    if "swapaware-record-id-marker" in note.values():
+        assert not text.usable
+        return
+    assert text.usable
+    for d_id in ("0123456789abcdef", "caf\u00e9", 'a"b'):
+        assert text.text(d_id) == json.dumps({**note, "decision_id": d_id}, sort_keys=True)

@@ -79,6 +79,8 @@ def test_parse_round_trip_equals_json_format(msg):
     slow = json_format.ParseDict(data, type(msg)())
     # bytes: NaN == NaN (of the same payload: both parsed it from the text "NaN")
     assert fast.SerializeToString(deterministic=True) == slow.SerializeToString(deterministic=True)
+    assert json_codec.parsed(data, type(msg)).SerializeToString(deterministic=True) == \
+        slow.SerializeToString(deterministic=True)
     assert _same(json_format.MessageToDict(fast), json_format.MessageToDict(msg))  # NaN as "NaN" 
 
 
@@ -109,9 +111,14 @@ def test_malformed_input_parses_or_fails_as_json_format_does(case):
     except (json_format.ParseError, ValueError, TypeError) as exc:
         with pytest.raises(type(exc)):
             json_codec.parse(data, cls())
+        with pytest.raises(type(exc)):
+            json_codec.parsed(data, cls)
     else:
         fast = json_codec.parse(data, cls())
         assert fast.SerializeToString(deterministic=True) == slow.SerializeToString(deterministic=True)
+        built = json_codec.parsed(data, cls)
+        assert type(built) is cls
+        assert built.SerializeToString(deterministic=True) == slow.SerializeToString(deterministic=True)
 
 
 @pytest.mark.parametrize("data", [

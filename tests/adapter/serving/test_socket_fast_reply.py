@@ -192,3 +192,41 @@ def test_a_request_not_checked_before_is_checked_for_size():
     big = pb.AdmitRequest(job=pb.JobFacts(work_dir="w" * 5000))
     with pytest.raises(HandlerError, match="work_dir"):
         Method.ADMIT.call(None, big, None)
+
+
+def _decisions(rng: random.Random):
+    """Decisions with every rewrite field absent, empty or set, and values a message refuses."""
+    import dataclasses
+
+    from policy_service.core.types import Action, Decision, DemandEstimate, EstimateSource, Rewrite
+    texts = (None, None, "", "gres/shard:2", "caf\u00e9 \"q\" \\", "\ud800", "swapaware:v1 id=0123456789abcdef")
+    ints = (None, 0, 7, -3, 2**31 - 1, 2**31, -2**31 - 1, True)
+    base = Decision(decision_id="0123456789abcdef", model_version="m", action=Action.SHARE, shards=2, site_factor=0,
+                    estimate=DemandEstimate(1, 2, EstimateSource.CLASS, 1, 0), swap_slowdown=1.0, offloaded_bytes=0,
+                    risk=0.0, reasons=(), rewrite=Rewrite(), job_class="c", decided_at=1.5)
+    for _ in range(3000):
+        rewrite = Rewrite(**{f.name: rng.choice(ints if f.name == "site_factor" else texts)
+                             for f in dataclasses.fields(Rewrite)})
+        yield dataclasses.replace(base, rewrite=rewrite, action=rng.choice(list(Action)),
+                                  shards=rng.choice((0, 1, 8, -1, 2**32, 2**32 - 1)),
+                                  decision_id=rng.choice(("0123456789abcdef", "", "\udcff", "x")))
+
+
+def test_a_brief_reply_made_from_the_decision_is_the_messages_json():
+    """decision_proto.brief_reply_dict (a decision decided afresh) against the reply message's
+    proto3 JSON; None exactly where the message refuses a value (the reply is then made through it)."""
+    from policy_service.serving.decision_proto import brief_decision_to_proto, brief_reply_dict
+    made = 0
+    for d in _decisions(random.Random(5)):
+        try:
+            want = json_format.MessageToDict(pb.AdmitResponse(decision=brief_decision_to_proto(d)))
+        except (ValueError, TypeError):
+            want = None
+        got = brief_reply_dict(d)
+        if got is None:
+            assert want is None or d.rewrite.site_factor is True, d  # (True: a bool the message takes as 1)
+            continue
+        made += 1
+        assert want is not None, d
+        assert json.dumps(got) == json.dumps(want), d  # the same keys, in the same order
+    assert made > 300
