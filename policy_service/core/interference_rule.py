@@ -15,6 +15,10 @@ default prior, a = 0.58) that is at most 1.58x, within the default budget of 2: 
 changes no decision; a site whose runs teach a steeper model (tally-bench's time-slicing: a =
 1.6) gets fewer, larger shares.
 
+Under a long queue (``queue_rules.compute_overcommit``) co-runners are sized by memory alone, so
+nothing bounds their load below a whole GPU's: a job is lifted to memory's count only where
+``s(u, 1)`` is within the budget (``long_queue_over_budget``); elsewhere it keeps its floor.
+
 ``observed_slowdown``: a class whose shared runs took longer than the budget times its solo runs
 keeps a whole GPU whatever the model says (jobs that must not be slowed, issue 35 item 2).
 """
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from policy_service.config import Config
 from policy_service.core.interference import knee_slowdown
 from policy_service.core.interference_learn import LearnedModel, Source, prior_from_config
-from policy_service.core.types import ClassStats
+from policy_service.core.types import ClassStats, KeyLevel, Reason, ReasonCode
 
 ANY_TYPE = "*"  # the pooled model's GPU type: every type's runs together
 
@@ -95,6 +99,29 @@ def observed_slowdown(s: ClassStats | None, min_runs: int) -> float | None:
     if s is None or s.shared_runs < min_runs or s.solo_runs < min_runs or s.ewma_solo_runtime_s <= 0:
         return None
     return s.ewma_shared_runtime_s / s.ewma_solo_runtime_s
+
+
+# What co-runners sized by memory alone (the long-queue lift) may keep a GPU busy with, for the
+# budget: one whole GPU's compute (they are not charged for theirs, so nothing bounds it lower).
+BUSY_CO_RUNNERS = 1.0
+
+
+def long_queue_over_budget(u: float, level: KeyLevel, model: LearnedModel | None, cfg: Config) -> Reason | None:
+    """Why a job whose compute floor binds is not sized by memory alone under a long queue
+    (``queue_rules.compute_overcommit``): beside co-runners that are not charged for their compute
+    (BUSY_CO_RUNNERS) the model predicts it slowed past policy.max_interference_slowdown. None:
+    within the budget (or no budget, no model), the long queue may lift the floor."""
+    budget = cfg.policy.max_interference_slowdown
+    if model is None or budget <= 0:
+        return None
+    slow = predicted(model, u, BUSY_CO_RUNNERS)
+    if slow <= budget:
+        return None
+    return Reason(ReasonCode.LONG_QUEUE_OVER_BUDGET,
+                  f"not sized by memory alone for the long queue (policy.overcommit_compute_min_queue "
+                  f"{cfg.policy.overcommit_compute_min_queue:.0%}): alone on a GPU it kept it {u:.0%} busy "
+                  f"({level.value} history), and beside co-runners that keep the GPU busy the site's model predicts "
+                  f"it {slow:.2f}x slower, more than policy.max_interference_slowdown {budget:.2f}x ({model_line(model)})")
 
 
 def model_line(model: LearnedModel) -> str:

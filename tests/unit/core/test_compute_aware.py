@@ -242,29 +242,33 @@ def test_oversubscription_never_goes_below_the_compute_floor(cfg, util, action, 
 
 
 # ----------------------------------------------------------------------------- overcommit under a long queue
+# LIFT: no interference budget, the long-queue lift as such (with the budget, the default: a class as
+# busy as 0.62 is not lifted under the default prior; test_long_queue_keeps_the_floor_past_the_budget).
+LIFT = cfg_with(max_interference_slowdown=0.0)
+
 @pytest.mark.parametrize("cfg,queue,util,action,shards,expected_codes", [
-    (CFG, LONG, 0.62, Action.SHARE, 1, {ReasonCode.COMPUTE_OVERCOMMITTED}),
-    (CFG, QueueState(8.0, 4), 0.62, Action.SHARE, 1, {ReasonCode.COMPUTE_OVERCOMMITTED}),
-    (CFG, LONG, 0.97, Action.SHARE, 1, {ReasonCode.COMPUTE_OVERCOMMITTED}),  # not kept whole either
-    (CFG, QueueState(1.25, 0), 0.62, Action.SHARE, 1, {ReasonCode.COMPUTE_OVERCOMMITTED}),  # no node: infinite
-    (CFG, QueueState(8.0, 4, age_s=45.0), 0.62, Action.SHARE, 1, {ReasonCode.COMPUTE_OVERCOMMITTED}),  # fresh
-    (CFG, SHORT_OF_LONG, 0.62, Action.SHARE, 5, {ReasonCode.COMPUTE_SHARDS}),
-    (CFG, SHORT_OF_LONG, 0.97, Action.WHOLE_GPU, 8, {ReasonCode.COMPUTE_BOUND}),
-    (CFG, QueueState(8.0, 4, age_s=45.001), 0.62, Action.SHARE, 5, {ReasonCode.COMPUTE_SHARDS}),  # stale
-    (CFG, QueueState(8.0, 4, age_s=1e6), 0.97, Action.WHOLE_GPU, 8, {ReasonCode.COMPUTE_BOUND}),
-    (CFG, None, 0.62, Action.SHARE, 5, {ReasonCode.COMPUTE_SHARDS}),  # unknown queue
-    (cfg_with(overcommit_compute_min_queue=0.0), QueueState(100.0, 4), 0.62, Action.SHARE, 5,
+    (LIFT, LONG, 0.62, Action.SHARE, 1, {ReasonCode.COMPUTE_OVERCOMMITTED}),
+    (LIFT, QueueState(8.0, 4), 0.62, Action.SHARE, 1, {ReasonCode.COMPUTE_OVERCOMMITTED}),
+    (LIFT, LONG, 0.97, Action.SHARE, 1, {ReasonCode.COMPUTE_OVERCOMMITTED}),  # not kept whole either
+    (LIFT, QueueState(1.25, 0), 0.62, Action.SHARE, 1, {ReasonCode.COMPUTE_OVERCOMMITTED}),  # no node: infinite
+    (LIFT, QueueState(8.0, 4, age_s=45.0), 0.62, Action.SHARE, 1, {ReasonCode.COMPUTE_OVERCOMMITTED}),  # fresh
+    (LIFT, SHORT_OF_LONG, 0.62, Action.SHARE, 5, {ReasonCode.COMPUTE_SHARDS}),
+    (LIFT, SHORT_OF_LONG, 0.97, Action.WHOLE_GPU, 8, {ReasonCode.COMPUTE_BOUND}),
+    (LIFT, QueueState(8.0, 4, age_s=45.001), 0.62, Action.SHARE, 5, {ReasonCode.COMPUTE_SHARDS}),  # stale
+    (LIFT, QueueState(8.0, 4, age_s=1e6), 0.97, Action.WHOLE_GPU, 8, {ReasonCode.COMPUTE_BOUND}),
+    (LIFT, None, 0.62, Action.SHARE, 5, {ReasonCode.COMPUTE_SHARDS}),  # unknown queue
+    (cfg_with(LIFT, overcommit_compute_min_queue=0.0), QueueState(100.0, 4), 0.62, Action.SHARE, 5,
      {ReasonCode.COMPUTE_SHARDS}),  # 0: never
-    (cfg_with(overcommit_compute_min_queue=0.0), QueueState(1.25, 0), 0.97, Action.WHOLE_GPU, 8,
+    (cfg_with(LIFT, overcommit_compute_min_queue=0.0), QueueState(1.25, 0), 0.97, Action.WHOLE_GPU, 8,
      {ReasonCode.COMPUTE_BOUND}),
-    (cfg_with(overcommit_compute_min_queue=0.5), QueueState(2.0, 4), 0.62, Action.SHARE, 1,
+    (cfg_with(LIFT, overcommit_compute_min_queue=0.5), QueueState(2.0, 4), 0.62, Action.SHARE, 1,
      {ReasonCode.COMPUTE_OVERCOMMITTED}),
-    (cfg_with(overcommit_compute_min_queue=0.5), QueueState(1.96, 4), 0.62, Action.SHARE, 5,
+    (cfg_with(LIFT, overcommit_compute_min_queue=0.5), QueueState(1.96, 4), 0.62, Action.SHARE, 5,
      {ReasonCode.COMPUTE_SHARDS}),
-    (cfg_with(overcommit_compute_min_queue=2.0), QueueState(6.0, 4), 0.62, Action.SHARE, 5,
+    (cfg_with(LIFT, overcommit_compute_min_queue=2.0), QueueState(6.0, 4), 0.62, Action.SHARE, 5,
      {ReasonCode.COMPUTE_SHARDS}),
-    (CFG, LONG, None, Action.SHARE, 1, set()),  # nothing learned: nothing to overcommit
-    (cfg_with(compute_aware=False), LONG, 0.62, Action.SHARE, 1, set()),
+    (LIFT, LONG, None, Action.SHARE, 1, set()),  # nothing learned: nothing to overcommit
+    (cfg_with(LIFT, compute_aware=False), LONG, 0.62, Action.SHARE, 1, set()),
 ], ids=["at-threshold", "far-above", "compute-bound", "no-node", "age-at-limit", "just-below",
         "just-below-compute-bound", "stale", "stale-compute-bound", "unknown", "threshold-0",
         "threshold-0-infinite", "threshold-half", "below-half", "threshold-2", "no-util", "compute-aware-off"])
@@ -279,7 +283,7 @@ def test_overcommit_under_a_long_queue(cfg, queue, util, action, shards, expecte
 
 
 def test_overcommitted_reason_carries_the_figures():
-    d = gated(QueueState(6.0, 4), stats=with_util(0.62), cfg=CFG)
+    d = gated(QueueState(6.0, 4), stats=with_util(0.62), cfg=LIFT)
     assert reason(d, ReasonCode.COMPUTE_OVERCOMMITTED) == (
         "pending GPU jobs ask for 150% of the cluster's GPUs (>= policy.overcommit_compute_min_queue 100%): "
         "sized by memory alone, co-runners may slow each other down")
@@ -287,22 +291,22 @@ def test_overcommitted_reason_carries_the_figures():
 
 
 def test_long_queue_does_not_mark_a_job_that_stays_whole_for_its_memory():
-    d = gated(QueueState(8.0, 4), stats=with_util(0.62, 75), cfg=CFG)
+    d = gated(QueueState(8.0, 4), stats=with_util(0.62, 75), cfg=LIFT)
     assert (d.action, d.shards) == (Action.WHOLE_GPU, 8)
     assert ReasonCode.TOO_LARGE_TO_SHARE in codes(d) and not codes(d) & COMPUTE_CODES
 
 
 def test_long_queue_does_not_mark_a_job_whose_compute_floor_does_not_bind():
     # util 0.05 -> floor 1 shard, memory needs 1 shard: the long queue changes nothing
-    d = gated(QueueState(8.0, 4), stats=with_util(0.05, 3), cfg=CFG)
+    d = gated(QueueState(8.0, 4), stats=with_util(0.05, 3), cfg=LIFT)
     assert (d.action, d.shards) == (Action.SHARE, 1)
     assert not codes(d) & COMPUTE_CODES
 
 
 def test_overcommit_keeps_the_memory_oversubscription_search_open():
     # 50 GiB of a compute-bound access class, util 0.62: floor 5 without a queue, memory's 1 with one
-    quiet = gated(None, stats=with_util(0.62, 40), cfg=CFG, comment=COMPUTE_BOUND_ACCESS)
-    busy = gated(QueueState(8.0, 4), stats=with_util(0.62, 40), cfg=CFG, comment=COMPUTE_BOUND_ACCESS)
+    quiet = gated(None, stats=with_util(0.62, 40), cfg=LIFT, comment=COMPUTE_BOUND_ACCESS)
+    busy = gated(QueueState(8.0, 4), stats=with_util(0.62, 40), cfg=LIFT, comment=COMPUTE_BOUND_ACCESS)
     assert (quiet.action, quiet.shards) == (Action.SHARE, 5)
     assert (busy.action, busy.shards) == (Action.SHARE_OVERSUBSCRIBED, 1)
     assert {ReasonCode.OVERSUBSCRIBED, ReasonCode.COMPUTE_OVERCOMMITTED} <= codes(busy)
@@ -313,11 +317,11 @@ PER_QOS = QueueState(8.0, 4, ahead_by_qos=(("high", 1.0), ("normal", 8.0)))
 
 
 @pytest.mark.parametrize("cfg,qos,shards,code", [
-    (CFG, "high", 5, ReasonCode.COMPUTE_SHARDS),  # 25 % ahead of it: keeps the floor
-    (CFG, "normal", 1, ReasonCode.COMPUTE_OVERCOMMITTED),  # 200 % ahead of it
-    (CFG, "", 1, ReasonCode.COMPUTE_OVERCOMMITTED),  # no --qos: the whole queue
-    (CFG, "unlisted", 1, ReasonCode.COMPUTE_OVERCOMMITTED),
-    (cfg_with(queue_per_qos=False), "high", 1, ReasonCode.COMPUTE_OVERCOMMITTED),  # every job sees it all
+    (LIFT, "high", 5, ReasonCode.COMPUTE_SHARDS),  # 25 % ahead of it: keeps the floor
+    (LIFT, "normal", 1, ReasonCode.COMPUTE_OVERCOMMITTED),  # 200 % ahead of it
+    (LIFT, "", 1, ReasonCode.COMPUTE_OVERCOMMITTED),  # no --qos: the whole queue
+    (LIFT, "unlisted", 1, ReasonCode.COMPUTE_OVERCOMMITTED),
+    (cfg_with(LIFT, queue_per_qos=False), "high", 1, ReasonCode.COMPUTE_OVERCOMMITTED),  # every job sees it all
 ], ids=["high", "normal", "no-qos", "unlisted-qos", "per-qos-off"])
 def test_overcommit_reads_the_queue_ahead_of_the_jobs_qos(cfg, qos, shards, code):
     d = gated(PER_QOS, stats=with_util(0.62), cfg=cfg, qos=qos)
@@ -326,14 +330,48 @@ def test_overcommit_reads_the_queue_ahead_of_the_jobs_qos(cfg, qos, shards, code
 
 
 def test_overcommit_reason_names_the_qos_view():
-    d = gated(PER_QOS, stats=with_util(0.62), cfg=CFG, qos="normal")
+    d = gated(PER_QOS, stats=with_util(0.62), cfg=LIFT, qos="normal")
     assert reason(d, ReasonCode.COMPUTE_OVERCOMMITTED).startswith(
         "pending GPU jobs at or above QoS 'normal' ask for 200% of the cluster's GPUs")
 
 
 def test_decide_with_util_and_queue_is_pure():
-    assert gated(PER_QOS, stats=with_util(0.62), cfg=CFG, qos="high") == \
-        gated(PER_QOS, stats=with_util(0.62), cfg=CFG, qos="high")
+    assert gated(PER_QOS, stats=with_util(0.62), cfg=LIFT, qos="high") == \
+        gated(PER_QOS, stats=with_util(0.62), cfg=LIFT, qos="high")
+
+
+# The default prior (Gavel's fit: a 0.58, b 2.9) and budget 2: beside co-runners keeping the GPU
+# busy (1.0) a job of solo utilisation u is predicted 1 + 0.58 + 2.9 * u, within 2 up to u 0.1448.
+@pytest.mark.parametrize("util,shards,lifted,slow", [
+    (0.14, 1, True, None),     # 1.986x <= 2: floor ceil(1.12) = 2 lifted to memory's 1
+    (0.15, 2, False, "2.01"),  # 2.015x (2.0149999... in binary) > 2: floor ceil(1.2) = 2 kept
+    (0.62, 5, False, "3.38"),  # 3.378x: floor 5 kept
+], ids=["u14-within", "u15-past", "u62-past"])
+def test_long_queue_keeps_the_floor_past_the_budget(util, shards, lifted, slow):
+    d = gated(QueueState(8.0, 4), stats=with_util(util), cfg=CFG)
+    assert (d.action, d.shards) == (Action.SHARE, shards)
+    assert (ReasonCode.COMPUTE_OVERCOMMITTED in codes(d)) is lifted
+    assert (ReasonCode.LONG_QUEUE_OVER_BUDGET in codes(d)) is (not lifted)
+    if not lifted:
+        assert ReasonCode.COMPUTE_SHARDS in codes(d)
+        assert reason(d, ReasonCode.LONG_QUEUE_OVER_BUDGET) == (
+            f"not sized by memory alone for the long queue (policy.overcommit_compute_min_queue 100%): alone on a "
+            f"GPU it kept it {util:.0%} busy (class history), and beside co-runners that keep the GPU busy the "
+            f"site's model predicts it {slow}x slower, more than policy.max_interference_slowdown 2.00x "
+            f"(interference model: prior (gavel): a 0.580, b 2.900)")
+        assert "long_queue_over_budget" in policy.parse_admin_comment(d.rewrite.admin_comment)["why"].split(",")
+    quiet = gated(None, stats=with_util(util), cfg=CFG)  # no queue: the floor, and no word of the budget
+    assert quiet.shards == 2 if util < 0.5 else quiet.shards == 5
+    assert ReasonCode.LONG_QUEUE_OVER_BUDGET not in codes(quiet)
+
+
+def test_a_gentler_model_lets_the_long_queue_lift_a_busy_class():
+    """Lucid's fit (a 0.025, b 0.515): 1 + 0.025 + 0.515 * 0.62 = 1.34x beside busy co-runners."""
+    lucid = replace(CFG, swap_cost=replace(CFG.swap_cost, compute_interference_base=0.025,
+                                           compute_interference_knee_slope=0.515))
+    d = gated(QueueState(8.0, 4), stats=with_util(0.62), cfg=lucid)
+    assert (d.action, d.shards) == (Action.SHARE, 1)
+    assert ReasonCode.COMPUTE_OVERCOMMITTED in codes(d) and ReasonCode.LONG_QUEUE_OVER_BUDGET not in codes(d)
 
 
 # ----------------------------------------------------------------------------- property
