@@ -31,11 +31,13 @@ import sys
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from submit_burst import stack_env  # noqa: E402
 from table_mode import dev_dir  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.waiting import wait_for  # noqa: E402
 CLUSTER = ROOT / "contrib" / "dev-cluster" / "cluster.sh"
 CASES = {"untyped": "--gres=gpu:1", "typed": "--gres=gpu:{type}:1", "shard": "--gres=shard:2"}
 
@@ -47,18 +49,13 @@ def run(argv: list[str], env: dict[str, str], check: bool = False, timeout: floa
     return r
 
 
-def wait_for(what: str, cond, timeout_s: float = 60, every_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(every_s)
-    raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def pid_in(path: Path) -> int:
     return int(path.read_text().strip())
+
+
+def states_of(env: dict[str, str], ids: list[str]) -> list[str]:
+    """squeue's compact states of the jobs still in the queue (none: every job ended)."""
+    return run(["squeue", "-h", "-j", ",".join(ids), "-o", "%t"], env).stdout.split()
 
 
 def gres_used(env: dict[str, str], node: str) -> str:
@@ -66,18 +63,31 @@ def gres_used(env: dict[str, str], node: str) -> str:
     return m.group(1) if m else "?"
 
 
-def gpus_held(used: str) -> bool:
-    """Whether GresUsed counts a GPU (gpu:...:N with N > 0, or gpu:N)."""
-    return any(int(n) > 0 for n in re.findall(r"gpu(?::[^:(,]+)?:(\d+)", used))
+def gres_held(used: str) -> bool:
+    """Whether GresUsed counts a GPU or a shard held (gpu:N, gpu:TYPE:N, shard:(null):N, ... with
+    N > 0; the IDX list after N is not a count)."""
+    return any(int(n) > 0 for n in re.findall(r"(?:gpu|shard)(?::(?:\(null\)|[^:(,]+))?:(\d+)", used))
+
+
+def reconfigure_then_mend(env: dict[str, str], node: str) -> tuple[str, str]:
+    """(the node's GresUsed after `scontrol reconfigure`, after `cluster.sh restart-ctld` where the
+    reconfigure left GRES held, else "")."""
+    run(["scontrol", "reconfigure"], env, check=True)
+    wait_for(lambda: run(["scontrol", "ping"], env).returncode == 0, 60, "slurmctld after reconfigure", 0.2)
+    reconfigured = gres_used(env, node)
+    if not gres_held(reconfigured):
+        return reconfigured, ""
+    run(["bash", str(CLUSTER), "restart-ctld"], env)
+    return reconfigured, gres_used(env, node)
 
 
 def restart_without_wait(env: dict[str, str], state: Path) -> None:
     """slurmctld stopped and started as the dev cluster starts it, returning once it answers."""
     pid = pid_in(state / "run" / "slurmctld.pid")
     os.kill(pid, signal.SIGTERM)
-    wait_for("slurmctld to stop", lambda: not Path(f"/proc/{pid}").exists(), 60)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 60, "slurmctld to stop", 0.2)
     run(["slurmctld"], {**env, "LUA_PATH": f"{state}/etc/?.lua;;"}, check=True)
-    wait_for("slurmctld to answer", lambda: run(["scontrol", "ping"], env).returncode == 0, 60)
+    wait_for(lambda: run(["scontrol", "ping"], env).returncode == 0, 60, "slurmctld to answer", 0.2)
 
 
 def node_line(env: dict[str, str], node: str) -> tuple[str, bool]:
@@ -93,11 +103,10 @@ def submit(env: dict[str, str], request: str, node: str, seconds: int) -> str:
 
 
 def case(env: dict[str, str], state: Path, node: str, request: str, jobs: int, running: int) -> dict:
-    assert not gpus_held(gres_used(env, node)), f"node {node} holds GPUs before the case"
+    assert not gres_held(gres_used(env, node)), f"node {node} holds GRES before the case"
     long = [submit(env, request, node, 30) for _ in range(running)]
     if long:
-        wait_for("the running jobs to start", lambda: set(run(["squeue", "-h", "-j", ",".join(long), "-o", "%t"],
-                                                               env).stdout.split()) == {"R"}, 60)
+        wait_for(lambda: set(states_of(env, long)) == {"R"}, 60, "the running jobs to start", 0.2)
     restart_without_wait(env, state)
     at_restart = node_line(env, node)
     ids = [submit(env, request, node, 2) for _ in range(jobs)]
@@ -115,19 +124,13 @@ def case(env: dict[str, str], state: Path, node: str, request: str, jobs: int, r
         if not rows:
             break
         time.sleep(0.2)
-    wait_for("every job to end", lambda: not run(["squeue", "-h", "-j", ",".join(ids + long)], env).stdout.strip(), 120)
+    wait_for(lambda: not states_of(env, ids + long), 120, "every job to end", 0.2)
     states = sorted(set(run(["sacct", "-n", "-X", "-j", ",".join(ids), "-o", "State"], env).stdout.split()))
     after = gres_used(env, node)
-    run(["scontrol", "reconfigure"], env, check=True)
-    wait_for("slurmctld after reconfigure", lambda: run(["scontrol", "ping"], env).returncode == 0, 60)
-    reconfigured = gres_used(env, node)
-    mended = ""
-    if gpus_held(reconfigured):
-        run(["bash", str(CLUSTER), "restart-ctld"], env)
-        mended = gres_used(env, node)
+    reconfigured, mended = reconfigure_then_mend(env, node)
     return {"at_restart": at_restart[0], "asked": asked, "started_before_registration": started_before_registration,
-            "pending_reasons": sorted(reasons), "sacct": states, "after": after, "held": gpus_held(after),
-            "after_reconfigure": reconfigured, "held_after_reconfigure": gpus_held(reconfigured),
+            "pending_reasons": sorted(reasons), "sacct": states, "after": after, "held": gres_held(after),
+            "after_reconfigure": reconfigured, "held_after_reconfigure": gres_held(reconfigured),
             "after_restart_ctld": mended}
 
 
@@ -137,30 +140,23 @@ def requeue_down(env: dict[str, str], node: str, request: str) -> dict:
     ignores SIGTERM for KillWait) when its node is set DOWN, which frees its allocation without the
     requeue's own clean-up; when it runs again it takes GPU bits that its end does not free
     (slurmctld logs "dealloc of node ... bad node_offset")."""
-    assert not gpus_held(gres_used(env, node)), f"node {node} holds GPUs before the case"
+    assert not gres_held(gres_used(env, node)), f"node {node} holds GRES before the case"
     log = dev_dir(env) / "log" / "slurmctld.log"
     start = log.stat().st_size
     job = run(["sbatch", "--parsable", "--requeue", request, f"-w{node}", "--job-name=gresleak", "--output=/dev/null",
                "--wrap", 'trap "" TERM; sleep 12'], env, check=True).stdout.strip().split(";")[0]
-    wait_for("the job to run", lambda: run(["squeue", "-h", "-j", job, "-o", "%t"], env).stdout.strip() == "R", 60)
+    wait_for(lambda: states_of(env, [job]) == ["R"], 60, "the job to run", 0.2)
     run(["scontrol", "requeue", job], env, check=True)
-    completing = run(["squeue", "-h", "-j", job, "-o", "%t"], env).stdout.strip()
+    completing = ",".join(states_of(env, [job]))
     run(["scontrol", "update", f"nodename={node}", "state=down", "reason=bench/restart_gres_leak.py"], env, check=True)
     run(["scontrol", "update", f"nodename={node}", "state=resume"], env, check=True)
-    wait_for("the job to run again", lambda: run(["squeue", "-h", "-j", job, "-o", "%t"], env).stdout.strip() == "R",
-             180, 0.5)
-    wait_for("the job to end", lambda: not run(["squeue", "-h", "-j", job], env).stdout.strip(), 120, 0.5)
+    wait_for(lambda: states_of(env, [job]) == ["R"], 180, "the job to run again", 0.5)
+    wait_for(lambda: not states_of(env, [job]), 120, "the job to end", 0.5)
     with open(log, errors="replace") as f:
         f.seek(start)
         bad = sum("bad node_offset" in x for x in f)
     after = gres_used(env, node)
-    run(["scontrol", "reconfigure"], env, check=True)
-    wait_for("slurmctld after reconfigure", lambda: run(["scontrol", "ping"], env).returncode == 0, 60)
-    reconfigured = gres_used(env, node)
-    mended = ""
-    if gpus_held(reconfigured) or "(IDX:0" in reconfigured:
-        run(["bash", str(CLUSTER), "restart-ctld"], env)
-        mended = gres_used(env, node)
+    reconfigured, mended = reconfigure_then_mend(env, node)
     return {"state_at_down": completing, "bad_node_offset_lines": bad, "after": after, "after_reconfigure": reconfigured,
             "after_restart_ctld": mended}
 
@@ -196,7 +192,7 @@ def main() -> None:
                   f"{args.jobs} submitted at once (held as {','.join(got['asked'])}): "
                   f"{got['started_before_registration']} started before the node registered "
                   f"(pending: {'; '.join(got['pending_reasons']) or '-'}), ended {','.join(got['sacct'])}; "
-                  f"GresUsed={got['after']} (GPUs held by no job: {got['held']}); after scontrol reconfigure "
+                  f"GresUsed={got['after']} (GRES held by no job: {got['held']}); after scontrol reconfigure "
                   f"{got['after_reconfigure']} (held: {got['held_after_reconfigure']})"
                   + (f"; after restart-ctld {got['after_restart_ctld']}" if got['after_restart_ctld'] else ""),
                   flush=True)

@@ -189,9 +189,10 @@ local function check(path, uids)
 end
 
 -- The class table --------------------------------------------------------------------------
--- What was read of each file: path, when it was last stat'ed, its signature, the decoded document.
+-- What was read of each file: path, when it was last checked, what tells it from its next rewrite
+-- (the table: its stat signature and head; the gate: its text), what was made of it.
 local cur = { path = nil, checked = -math.huge, sig = nil, tbl = nil }
-local gate = { path = nil, checked = -math.huge, sig = nil, doc = nil }
+local gate = { path = nil, checked = -math.huge, text = nil, doc = nil }
 
 local find, sub, match, format = string.find, string.sub, string.match, string.format
 
@@ -284,10 +285,10 @@ function T.current(settings, now_s)
     -- (with the head of the file: its header names the version and counts the lines, and
     -- (inode, size, mtime in whole seconds) is the same for two rewrites within one second that
     -- reuse a freed inode and happen to have one size)
-    local seen = sig and sig .. head(path)
+    local marked = sig and sig .. head(path)
     if not sig then
       cur.sig, cur.tbl, cur.code = nil, nil, code
-    elseif seen ~= cur.sig then
+    elseif marked ~= cur.sig then
       local text = read_all(path)
       local after = check(path, settings.table_uids or T.DEFAULTS.table_uids)
       if after ~= sig then
@@ -295,7 +296,7 @@ function T.current(settings, now_s)
         cur.checked = -math.huge
         return nil
       end
-      cur.sig, cur.tbl = seen, nil        -- the old table is freed before the new one is indexed
+      cur.sig, cur.tbl = marked, nil      -- the old table is freed before the new one is indexed
       cur.tbl = text and parse(path, text, settings)
       if cur.tbl and (logged[path] ~= nil or not cur.announced) then
         cur.announced = true    -- the first load, and the first after one that could not be used

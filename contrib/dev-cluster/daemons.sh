@@ -154,9 +154,10 @@ restart_ctld() {
         wait_for "node $name to register with the restarted slurmctld" "$TIMEOUT_S" node_registered_named "$name" 1 ||
             log "WARNING: node $name is '$(node_state_of "$name")' and has not registered after the restart; see $LOG/slurmctld.log"
     done
-    # GPUs held by no job after the restart would leave every later GPU job pending for good (seen
-    # twice in CI on 22.05, never reproduced): the restart fails here, naming the node and its
-    # GresUsed, instead of a later test timing out on a pending job.
+    # GPUs held by no job after the restart would leave every later GPU job pending for good (22.05's
+    # source has a path to it through jobs placed before a node registers, not reached here; the
+    # symptom CI met twice is 22.05's requeue bug, which a restart clears: docs/slurm-releases.md):
+    # the restart fails here, naming the node and its GresUsed, instead of a later test timing out.
     for name in $(compute_nodes); do
         wait_for "node $name to hold no GPU without a job" "$TIMEOUT_S" no_gpus_held_by_no_job "$name" ||
             die "after the slurmctld restart node $name holds GPUs no job runs on (GresUsed=$(gpus_held_by_no_job "$name")); see $LOG/slurmctld.log and docs/slurm-releases.md"

@@ -219,7 +219,7 @@ GPU_HELD_RE=',gpu(:[^:,(]+)?:[1-9]'
 gres_used_holds_gpus() { [[ ,$1 =~ $GPU_HELD_RE ]]; }
 
 # gpus_held_by_no_job NAME: prints the node's GresUsed when it counts GPUs held while no job runs
-# there (what a restarted 22.05 slurmctld once left: docs/slurm-releases.md); fails otherwise.
+# there (22.05's GRES bugs leave that: docs/slurm-releases.md); fails otherwise.
 gpus_held_by_no_job() {
     local jobs used
     jobs=$(squeue -h -w "$1" -t RUNNING,COMPLETING,CONFIGURING,SUSPENDED -o %i 2>/dev/null) || return 1

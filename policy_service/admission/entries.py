@@ -5,7 +5,7 @@ under every gate state, decided through the handler's own path (PolicyHandler._d
 while the history keys they read learned nothing under the same mode, enforcement and partitions.
 
 ``EntryBuilding`` is mixed into AdmissionPublisher, whose __init__ sets what it reads (handler, cfg,
-_facts, _last_rowid, _numbers, _known, _context, _context_number).
+_facts, _last_rowid, _keys_epoch, _oldest_at, _numbers, _known, _context, _context_number).
 """
 from __future__ import annotations
 
@@ -69,20 +69,17 @@ class EntryBuilding:
     def _reader(self):
         return self.handler.store.open_reader()  # its own connection: a long scan never holds up Admit
 
-    def _newest_rowid(self) -> int:
-        db, seq = self._reader(), self.handler.store.seq
-        try:
-            return int(db.execute(f"SELECT COALESCE(MAX({seq}), 0) FROM decisions").fetchone()[0])
-        finally:
-            db.close()
-
-    def _read_keys(self, now: float) -> list[tuple[str, bytes]]:
-        """The keys to publish, newest first: (key, facts_pb)."""
-        self.handler.flush()  # decisions handed out so far are in the history
+    def _absorb(self) -> None:
+        """The rows recorded since the last read into ``_facts`` (each key's newest decided_at and
+        facts). ``_keys_epoch`` counts what may change the published keys: a key not held before,
+        or any row while ``max_entries`` keys or more are held (a newer row may move the cut). A
+        row of a held key, as each table-made decision the catch-up records is, changes nothing
+        published, and no build is due for it."""
         db, seq = self._reader(), self.handler.store.seq
         try:
             if int(db.execute(f"SELECT COALESCE(MAX({seq}), 0) FROM decisions").fetchone()[0]) < self._last_rowid:
                 self._last_rowid = 0  # another history file (restored): read it all again
+                self._keys_epoch += 1
             rows = db.execute(f"SELECT {seq}, decided_at, facts_pb FROM decisions WHERE {seq} > ? ORDER BY {seq}",
                               (self._last_rowid,))
             for rowid, at, facts_pb in rows:
@@ -92,13 +89,36 @@ class EntryBuilding:
                 except Exception:  # noqa: BLE001 - a record that does not parse is not published
                     continue
                 seen = self._facts.get(key)
+                if seen is None or len(self._facts) >= self.cfg.admission.max_entries:
+                    self._keys_epoch += 1
                 if seen is None or at >= seen[0]:
                     self._facts[key] = (at, facts_pb)
+                    self._oldest_at = min(self._oldest_at, at)
         finally:
             db.close()
+
+    def _expire(self, now: float) -> None:
+        """The keys decided last before the horizon dropped (``_oldest_at``: no key was decided
+        last before it, so most calls scan nothing)."""
         cutoff = now - self.cfg.admission.horizon_s
-        for key in [k for k, (at, _) in self._facts.items() if at < cutoff]:
+        if cutoff <= self._oldest_at:
+            return
+        gone = [k for k, (at, _) in self._facts.items() if at < cutoff]
+        for key in gone:
             del self._facts[key]
+        self._keys_epoch += bool(gone)
+        self._oldest_at = min((at for at, _ in self._facts.values()), default=float("inf"))
+
+    def _key_set(self, now: float) -> int:
+        """What a build depends on of the history's decisions: ``_keys_epoch`` after the new rows."""
+        self._absorb()
+        self._expire(now)
+        return self._keys_epoch
+
+    def _read_keys(self, now: float) -> list[tuple[str, bytes]]:
+        """The keys to publish, newest first: (key, facts_pb)."""
+        self.handler.flush()  # decisions handed out so far are in the history
+        self._key_set(now)
         newest = sorted(self._facts.items(), key=lambda kv: -kv[1][0])[:self.cfg.admission.max_entries]
         return [(key, facts_pb) for key, (_, facts_pb) in newest]
 
@@ -110,10 +130,10 @@ class EntryBuilding:
             n = self._numbers[key] = len(self._numbers)
         return n
 
-    def _decisions(self, key: str, facts_pb: bytes, i: int, context: tuple, queues: dict) -> Known | None:
-        """A key's entry (number ``i``): the last build's while nothing its decisions read changed,
-        else decided again under each gate state."""
-        generation = self._generation(context)
+    def _decisions(self, key: str, facts_pb: bytes, i: int, generation: int, mode, queues: dict) -> Known | None:
+        """A key's entry (number ``i``): the last build's while nothing its decisions read changed
+        (``generation``: of the build's mode, enforcement and partitions, _generation), else
+        decided again under each gate state in ``mode``."""
         h = self.handler
         held = self._known.get(key)
         known = Known._make(held) if held is not None else None
@@ -139,7 +159,7 @@ class EntryBuilding:
             except Exception as exc:  # one odd record must not keep the others from the table
                 log.warning("admission table: key of %s/%s left out: %s", facts.user, facts.job_name, exc)
                 return None
-            out[state] = dataclasses.replace(apply_mode(d, context[0], self.cfg.policy.admin_comment_max_chars),
+            out[state] = dataclasses.replace(apply_mode(d, mode, self.cfg.policy.admin_comment_max_chars),
                                              decided_at=0.0)
         facts.uid = 0  # not part of the key: catch-up fills in the job's own
         facts.work_dir = ""
@@ -151,7 +171,8 @@ class EntryBuilding:
         return known
 
     def _generation(self, context: tuple) -> int:
-        """A number for ``context``, new whenever it changed."""
+        """A number for ``context``, new whenever it changed (compared once per build: its
+        partitions are dataclasses of Fractions, whose comparison is not cheap)."""
         if context != self._context:
             self._context, self._context_number = context, self._context_number + 1
         return self._context_number

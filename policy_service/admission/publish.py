@@ -2,13 +2,15 @@
 
 A background thread, never on Admit's path:
   * the keys: the facts of the decisions recorded in the last admission.horizon_s (read from the
-    history by rowid, only new rows after the first pass), newest first, at most max_entries;
+    history by rowid, only new rows after the first pass), newest first, at most max_entries,
+    written in entry order;
   * each key is decided through the handler's own path (PolicyHandler._decide) once per gate state
     some queue reaches, with a queue snapshot in that state, then policy.mode is applied as Admit
     applies it; a key whose history keys learned nothing since, under the same mode, enforcement
     and partitions, keeps its decisions;
   * rebuilt at most every refresh_s, when something it depends on changed (observations learned,
-    new decisions, mode, nodes' enforcement, partitions), at once when the mode changed, and
+    a class decided that the table does not hold, mode, nodes' enforcement, partitions; not the
+    decisions of classes it holds, as every table hit's), at once when the mode changed, and
     re-published at least every valid_s / 2 (the same version when nothing it holds changed);
   * an observation about to be folded into history keys first drops every entry of the written
     file whose decisions read one of them (``learning``, the file rewritten without them), and no
@@ -71,6 +73,8 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         self.gate = Path(f"{cfg.table_path}.gate")
         self._facts: dict[str, tuple[float, bytes]] = {}  # key -> (newest decided_at, facts_pb)
         self._last_rowid = 0
+        self._keys_epoch = 0  # changes of the keys to publish (entries.py _absorb)
+        self._oldest_at = float("inf")  # no key in _facts was decided last before this
         self._numbers: dict[str, int] = {}  # key -> entry number, stable while the process runs
         # key -> Known as a plain tuple: the collector stops tracking a tuple of atoms (it never
         # stops tracking a NamedTuple's instance)
@@ -170,7 +174,7 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         enforcement = h.node_enforcement.view(self.clock(), self.cfg.policy.enforcement_max_age_s)
         parts = h.partitions() if h.partitions else None
         return (h.mode, (enforcement.victim_enforced, enforcement.summary), parts, sum(h.learned.values()),
-                self._newest_rowid(), h.interference.view)
+                self._key_set(self.clock()), h.interference.view)
 
     def _why(self, inputs: tuple, now: float) -> str:
         """Why the table is rebuilt now ("" : it is not)."""
@@ -184,7 +188,7 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
             return "valid_s / 2 since the last publication"
         if now - self._built_at < self.cfg.admission.refresh_s:
             return ""
-        names = ("mode", "enforcement", "partitions", "observations learned", "decisions recorded", "interference model")
+        names = ("mode", "enforcement", "partitions", "observations learned", "classes decided", "interference model")
         changed = [n for n, a, b in zip(names, inputs, self._inputs) if a != b]
         return ", ".join(changed) + " changed" if changed else ""
 
@@ -199,20 +203,24 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         inputs = inputs or self._depends()
         now = self.clock()
         mode = inputs[0]
-        context = inputs[:3]
+        generation = self._generation(inputs[:3])
         queues = admission.state_queues(self.cfg)
         keys = self._read_keys(now)
-        content = hashlib.blake2b(repr((mode.value, self.handler.dialect.name)).encode(), digest_size=16)
         built: list[tuple[str, Known]] = []
         for n, (key, facts_pb) in enumerate(keys):
-            known = self._decisions(key, facts_pb, self._number(key), context, queues)
+            known = self._decisions(key, facts_pb, self._number(key), generation, mode, queues)
             if known is not None and known.text:
                 built.append((key, known))
-                content.update(f"{key}\0{known.entry}\0{known.text}".encode())
             if n % 256 == 255:
                 time.sleep(0)  # let Admit's threads in
         for key in set(self._known) - {k for k, _ in keys}:
             del self._known[key]
+        # the file (and what its version names) in entry order, not by recency: a build that
+        # decided what the last one did writes the same bytes under the same version
+        built.sort(key=lambda kv: kv[1].entry)
+        content = hashlib.blake2b(repr((mode.value, self.handler.dialect.name)).encode(), digest_size=16)
+        for key, known in built:
+            content.update(f"{key}\0{known.entry}\0{known.text}".encode())
         digest = content.digest()
         reused = self._published is not None and digest == self._content and self._published.version
         version = reused or os.urandom(8).hex()

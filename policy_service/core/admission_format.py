@@ -152,8 +152,9 @@ def _entry_number(entry: Mapping) -> int:
 def table_pieces(doc: Mapping, entries: Iterable[tuple[str, str, int, Iterable[tuple[str, str]]]] | None,
                  piece_bytes: int = 1 << 20) -> Iterator[bytes]:
     """The file of a table, in pieces of about ``piece_bytes``: ``doc`` gives the header,
-    ``entries`` are (digest, key, entry number, (state, decision text) pairs), newest first; a key
-    whose digest an earlier one has is left out (the RPC path decides it). Each distinct decision
+    ``entries`` are (digest, key, entry number, (state, decision text) pairs) in the order written
+    (the publisher's: entry order); a key whose digest an earlier one has is left out (the RPC
+    path decides it). Each distinct decision
     is written once and each key's line names its decisions by number. No copy of the whole table
     is made, so no single step holds the GIL for long. ``entries`` None: a header that counts
     none, as a broken file."""

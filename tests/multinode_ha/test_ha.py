@@ -201,7 +201,33 @@ def wait_nodes_back(stack: Stack) -> None:
                 and bool(nodes) and not any("SlurmdStartTime=None" in n for n in nodes))
 
     wait_for(back, 180, lambda: "every node registered and responding: " + stack.run("sinfo", "-N", check=False).stdout
-             + stack.run("scontrol", "show", "node", "-o", check=False).stdout[-1500:], 1.0)
+             + stack.run("scontrol", "show", "node", "-o", check=False).stdout[-1500:] + unanswered(stack), 1.0)
+
+
+def unanswered(stack: Stack, lines: int = 12) -> str:
+    """Why Slurm's commands may read nothing: sinfo's exit and error, each controller's slurmctld
+    (pid, role, state and where it waits, from /proc) and its log's last lines. A failure message
+    is what CI keeps of a run: the suite's log tails printed after it may be cut."""
+    r = stack.run("sinfo", "-h", "-N", check=False)
+    out = [f"\n-- sinfo exited {r.returncode}: {r.stderr.strip()[-400:]!r}"]
+    for ctl in ("ctl1", "ctl2"):
+        pid = cluster_cmd(stack, "ctl-pid", ctl, check=False).stdout.strip()
+        try:
+            proc = Path(f"/proc/{pid}")
+            state = (proc / "status").read_text().split("State:", 1)[1].split("\n", 1)[0].strip() if pid else "no slurmctld"
+            if pid:
+                waits = sorted({(t / "wchan").read_text() for t in (proc / "task").iterdir()} - {"0"})
+                state += f", {len(list((proc / 'task').iterdir()))} threads waiting in {waits}"
+        except (OSError, IndexError):
+            state = "gone"
+        log = stack.state / "nodes" / ctl / "run" / "slurmctld.log"
+        try:
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as e:
+            tail = [f"({e})"]
+        out.append(f"-- {ctl}: slurmctld pid {pid or '-'} ({state}), role {role_of(stack, ctl) or '-'}; "
+                   f"{log.name}:\n" + "\n".join(tail))
+    return "\n".join(out)
 
 
 def ctl_running(stack: Stack, ctl: str) -> bool:

@@ -14,7 +14,7 @@ import re
 import time
 import uuid
 
-from tests.multinode_ha.test_ha import in_control, restore_primary
+from tests.multinode_ha.test_ha import in_control, restore_primary, unanswered
 from tests.slurm_stack import Stack, job_field
 from tests.waiting import wait_for
 
@@ -90,7 +90,7 @@ def test_takeovers_and_hand_backs_with_gpu_jobs_running_keep_gpu_nodes_in_servic
             t_ctl = time.monotonic() - t0
             wait_for(lambda: registered(stack, nodes), 90,
                      lambda: f"every node registered with {ctl} after the {what}: {slurmd_start_times(stack)} "
-                             f"{sinfo_nodes(stack)}", 0.5)
+                             f"{sinfo_nodes(stack)}" + unanswered(stack), 0.5)
             t_reg = time.monotonic() - t0
             # a new GPU job on each node, on the controller now in control: it runs where the node is in service
             probes = [submit(stack, n, "--gres=gpu:1", f"ha-gn-{tag}-{what[:4]}-{n}", "true") for n in nodes]

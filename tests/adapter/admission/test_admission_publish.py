@@ -262,3 +262,49 @@ def test_a_group_the_service_cannot_give_is_refused_naming_it():
         assert os.listdir(d) == []
     finally:
         shutil.rmtree(d)
+
+
+def body(table_bytes: bytes) -> bytes:
+    """A table file less its header (the header names its version and times)."""
+    return table_bytes.split(b"\n", 2)[2]
+
+
+def keys_epoch(p) -> int:
+    """What a build depends on of the decisions recorded (the publisher's inputs, as its thread reads them)."""
+    p.handler.flush()
+    with p._lock:
+        return p._depends()[4]
+
+
+def test_a_class_the_table_holds_decided_again_makes_no_build_due_and_moves_nothing(svc, slurm_jobs):
+    """Each table hit's decision comes back as a recorded decision of a class the table holds
+    (catch-up): no build is due for it, and a build then writes the same entries under the same
+    version, though which class was decided last changed."""
+    s, client = svc
+    client.admit(facts(name="a"))
+    client.admit(facts(name="b"))
+    p = s.admission_publisher
+    one = p.publish("test")
+    first = p.table.read_bytes()
+    epoch = keys_epoch(p)
+    client.admit(facts(name="a"))  # a is now the class decided last
+    assert keys_epoch(p) == epoch
+    again = p.publish("test")
+    assert (again.version, again.reused, again.entries) == (one.version, True, one.entries)
+    assert body(p.table.read_bytes()) == body(first)
+    client.admit(facts(name="c"))  # a class the table does not hold
+    assert keys_epoch(p) > epoch
+    assert p.publish("test").entries == one.entries + 1
+
+
+def test_classes_past_the_horizon_leave_the_keys_to_publish(svc, slurm_jobs):
+    s, client = svc
+    client.admit(facts(name="a"))
+    p = s.admission_publisher
+    p.publish("test")
+    epoch = keys_epoch(p)
+    now = p.clock()
+    p.clock = lambda: now + p.cfg.admission.horizon_s + 60
+    assert keys_epoch(p) > epoch
+    assert p.publish("test").entries == 0
+    assert admission.table_key(facts(name="a")) not in table(s)["entries"]
