@@ -9,9 +9,13 @@ from hypothesis import strategies as st
 
 from policy_service.config import AccessClass, EstimatorConfig, GpuConfig
 from policy_service.core import estimator, policy
+from policy_service.core.interference import KneeParams
+from policy_service.core.interference_learn import LearnedModel, Prior, Source
+from policy_service.core.interference_rule import ANY_TYPE, InterferenceView
+from policy_service.core.request import history_keys
 from policy_service.core.types import Action, ClassStats, JobObservation, KeyLevel, QueueState, ReasonCode
 
-from tests.unit.core.test_policy import CFG, GIB, NO_OVERSUB, history
+from tests.unit.core.test_policy import CFG, GIB, NO_OVERSUB, history, make
 from tests.unit.core.test_queue_rule import gated
 
 ALPHA = CFG.estimator.ewma_alpha  # 0.3
@@ -243,7 +247,7 @@ def test_oversubscription_never_goes_below_the_compute_floor(cfg, util, action, 
 
 # ----------------------------------------------------------------------------- overcommit under a long queue
 # LIFT: no interference budget, the long-queue lift as such (with the budget, the default: a class as
-# busy as 0.62 is not lifted under the default prior; test_long_queue_keeps_the_floor_past_the_budget).
+# busy as 0.75 is not lifted under the default prior; test_long_queue_keeps_the_floor_past_the_budget).
 LIFT = cfg_with(max_interference_slowdown=0.0)
 
 @pytest.mark.parametrize("cfg,queue,util,action,shards,expected_codes", [
@@ -340,38 +344,86 @@ def test_decide_with_util_and_queue_is_pure():
         gated(PER_QOS, stats=with_util(0.62), cfg=LIFT, qos="high")
 
 
-# The default prior (Gavel's fit: a 0.58, b 2.9) and budget 2: beside co-runners keeping the GPU
-# busy (1.0) a job of solo utilisation u is predicted 1 + 0.58 + 2.9 * u, within 2 up to u 0.1448.
+# The default prior (Gavel's fit: a 0.58, b 2.9) and budget 2. The prior has no shared runs, so the
+# co-runners of a job sized by memory alone are one of swap_cost.default_solo_util (0.5): a job of solo
+# utilisation u is predicted 1 + 0.58 x 0.5 + 2.9 x max(0, u - 0.5), within 2 up to u 0.7448. (The
+# rule before predicted beside a whole busy GPU, 1 + 0.58 + 2.9 u: within 2 only up to u 0.1448.)
 @pytest.mark.parametrize("util,shards,lifted,slow", [
-    (0.14, 1, True, None),     # 1.986x <= 2: floor ceil(1.12) = 2 lifted to memory's 1
-    (0.15, 2, False, "2.01"),  # 2.015x (2.0149999... in binary) > 2: floor ceil(1.2) = 2 kept
-    (0.62, 5, False, "3.38"),  # 3.378x: floor 5 kept
-], ids=["u14-within", "u15-past", "u62-past"])
+    (0.62, 1, True, "1.64"),   # 1.638x <= 2: floor 5 lifted to memory's 1
+    (0.74, 1, True, "1.99"),   # 1.986x: floor ceil(5.92) = 6 lifted
+    (0.75, 6, False, "2.02"),  # 2.015x > 2: floor 6 kept
+    (0.80, 7, False, "2.16"),  # 2.16x: floor ceil(6.4) = 7 kept
+], ids=["u62-within", "u74-within", "u75-past", "u80-past"])
 def test_long_queue_keeps_the_floor_past_the_budget(util, shards, lifted, slow):
     d = gated(QueueState(8.0, 4), stats=with_util(util), cfg=CFG)
     assert (d.action, d.shards) == (Action.SHARE, shards)
     assert (ReasonCode.COMPUTE_OVERCOMMITTED in codes(d)) is lifted
     assert (ReasonCode.LONG_QUEUE_OVER_BUDGET in codes(d)) is (not lifted)
-    if not lifted:
+    beside = (f"alone on a GPU it kept it {util:.0%} busy (class history), and beside co-runners keeping the GPU 50% "
+              f"busy (one co-runner of swap_cost.default_solo_util: no shared runs learned) the site's model "
+              f"predicts it {slow}x slower")
+    model = "(interference model: prior (gavel): a 0.580, b 2.900)"
+    if lifted:
+        assert reason(d, ReasonCode.COMPUTE_OVERCOMMITTED) == (
+            "pending GPU jobs ask for 200% of the cluster's GPUs (>= policy.overcommit_compute_min_queue 100%): "
+            f"sized by memory alone, co-runners may slow each other down; {beside}, within "
+            f"policy.max_interference_slowdown 2.00x {model}")
+    else:
         assert ReasonCode.COMPUTE_SHARDS in codes(d)
         assert reason(d, ReasonCode.LONG_QUEUE_OVER_BUDGET) == (
-            f"not sized by memory alone for the long queue (policy.overcommit_compute_min_queue 100%): alone on a "
-            f"GPU it kept it {util:.0%} busy (class history), and beside co-runners that keep the GPU busy the "
-            f"site's model predicts it {slow}x slower, more than policy.max_interference_slowdown 2.00x "
-            f"(interference model: prior (gavel): a 0.580, b 2.900)")
+            f"not sized by memory alone for the long queue (policy.overcommit_compute_min_queue 100%): {beside}, "
+            f"more than policy.max_interference_slowdown 2.00x {model}")
         assert "long_queue_over_budget" in policy.parse_admin_comment(d.rewrite.admin_comment)["why"].split(",")
     quiet = gated(None, stats=with_util(util), cfg=CFG)  # no queue: the floor, and no word of the budget
-    assert quiet.shards == 2 if util < 0.5 else quiet.shards == 5
+    assert quiet.shards == math.ceil(util * 8)
     assert ReasonCode.LONG_QUEUE_OVER_BUDGET not in codes(quiet)
 
 
+def test_long_queue_keeps_a_compute_bound_job_whole_past_the_budget():
+    """u 0.97: floor 8 (whole GPU); beside one co-runner 50 % busy 1.29 + 2.9 x 0.47 = 2.65x > 2."""
+    d = gated(QueueState(8.0, 4), stats=with_util(0.97), cfg=CFG)
+    assert d.action is Action.WHOLE_GPU
+    assert {ReasonCode.COMPUTE_BOUND, ReasonCode.LONG_QUEUE_OVER_BUDGET} <= codes(d)
+    assert "predicts it 2.65x slower" in reason(d, ReasonCode.LONG_QUEUE_OVER_BUDGET)
+
+
 def test_a_gentler_model_lets_the_long_queue_lift_a_busy_class():
-    """Lucid's fit (a 0.025, b 0.515): 1 + 0.025 + 0.515 * 0.62 = 1.34x beside busy co-runners."""
+    """u 0.9 beside one co-runner 50 % busy: Lucid's fit (a 0.025, b 0.515) 1 + 0.0125 + 0.515 x 0.4 =
+    1.22x, lifted to memory's 1 shard; Gavel's (the default) 1.29 + 2.9 x 0.4 = 2.45x, floor 8 kept."""
     lucid = replace(CFG, swap_cost=replace(CFG.swap_cost, compute_interference_base=0.025,
                                            compute_interference_knee_slope=0.515))
-    d = gated(QueueState(8.0, 4), stats=with_util(0.62), cfg=lucid)
+    d = gated(QueueState(8.0, 4), stats=with_util(0.9), cfg=lucid)
     assert (d.action, d.shards) == (Action.SHARE, 1)
     assert ReasonCode.COMPUTE_OVERCOMMITTED in codes(d) and ReasonCode.LONG_QUEUE_OVER_BUDGET not in codes(d)
+    assert "predicts it 1.22x slower, within" in reason(d, ReasonCode.COMPUTE_OVERCOMMITTED)
+    gavel = gated(QueueState(8.0, 4), stats=with_util(0.9), cfg=CFG)
+    assert gavel.action is Action.WHOLE_GPU and ReasonCode.LONG_QUEUE_OVER_BUDGET in codes(gavel)
+
+
+def learned(co_util):
+    """A learned model near tally-bench's time-slicing (a 1.6, b 2.5) whose shared runs' co-runners kept
+    a GPU ``co_util`` busy on average (None: not known)."""
+    return InterferenceView(LearnedModel(ANY_TYPE, Source.LEARNED, KneeParams(1.6, 2.5), Prior("gavel", KneeParams(
+        0.58, 2.9)), 300, 12, 250.0, 25.0, 0.1, "learned from 300 shared runs of 12 users on all GPU types: a 1.600, "
+        "b 2.500", co_util))
+
+
+@pytest.mark.parametrize("co_util,shards,slow,whence", [
+    (0.3, 1, "1.48", "as the co-runners of the site's 300 shared runs kept it on average"),  # 1 + 0.48: lifted
+    (0.9, 5, "3.74", "as the co-runners of the site's 300 shared runs kept it on average"),  # 1 + 1.44 + 2.5 x 0.52
+    (None, 5, "2.10", "one co-runner of swap_cost.default_solo_util: no shared runs learned"),  # 1 + 0.8 + 2.5 x 0.12
+], ids=["light-co-runners", "busy-co-runners", "not-known"])
+def test_the_long_queue_predicts_beside_the_co_runners_the_site_observed(co_util, shards, slow, whence):
+    """u 0.62 (floor 5): the same steep model lifts it where the site's shared GPUs carry light co-runners
+    and keeps its floor where they carry busy ones."""
+    r, fields, access = make()
+    d = policy.decide(r, with_util(0.62), CFG, decision_id="q1", now=1.0, job_class=history_keys(r)[KeyLevel.CLASS],
+                      gres_fields=fields, access=access, queue=QueueState(8.0, 4), interference=learned(co_util))
+    assert (d.action, d.shards) == (Action.SHARE, shards)
+    code = ReasonCode.COMPUTE_OVERCOMMITTED if shards == 1 else ReasonCode.LONG_QUEUE_OVER_BUDGET
+    v = 0.5 if co_util is None else co_util
+    assert (f"beside co-runners keeping the GPU {v:.0%} busy ({whence}) the site's model predicts it {slow}x slower"
+            in reason(d, code))
 
 
 # ----------------------------------------------------------------------------- property
