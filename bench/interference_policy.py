@@ -160,6 +160,7 @@ def run_cell(task: tuple[int, float, str, str]) -> dict[str, Any]:
            "failed": sum(1 for r in res.records if r.failed), "shared": sum(1 for r in res.records if r.shared),
            "budget_whole": reasons.get("interference_budget", 0),
            "budget_shards": reasons.get("interference_shards", 0),
+           "budget_lift": reasons.get("long_queue_over_budget", 0),
            "overcommit": reasons.get("compute_overcommitted", 0)}
     if isinstance(pol, LearningSwapAware):
         out.update(folded=pol.folded, within=runs_within(pol.refits, params, _STATE["target"]),
@@ -180,8 +181,8 @@ def _mean(cells: list[dict], key: str) -> float:
 
 HEADER = ("| truth | prior | load | B0 GPU-h held | B0 mean JCT s | GPU-h saved vs B0: prior / learned / warm / oracle | "
           "learned vs oracle saved | warm vs oracle saved | mean JCT / B0: prior / learned / warm / oracle | jobs over "
-          "budget: prior / learned / warm / oracle | budget decisions (whole + more shards): prior / learned / warm / "
-          "oracle | long-queue overcommits (model not read): learned | shared runs learned | runs to err <= target | "
+          "budget: prior / learned / warm / oracle | budget decisions (whole or more shards + long queue not lifted): "
+          "prior / learned / warm / oracle | long-queue lifts: learned | shared runs learned | runs to err <= target | "
           "model error: prior -> learned | warm: runs before (passes), error at start -> end |")
 
 
@@ -204,7 +205,7 @@ def row(truth: str, load: float, b0: list[dict], v: dict[str, list[dict]]) -> st
         " / ".join(f"{saved[x]:,.0f}" for x in VARIANTS), _vs(saved, "learned"), _vs(saved, "warm"),
         _all(v, lambda c: f"{_mean(c, 'jct') / _mean(b0, 'jct'):.3f}"),
         _all(v, lambda c: f"{_mean(c, 'over'):.0f}"),
-        _all(v, lambda c: f"{_mean(c, 'budget_whole') + _mean(c, 'budget_shards'):.0f}"),
+        _all(v, lambda c: f"{_mean(c, 'budget_whole') + _mean(c, 'budget_shards'):.0f} + {_mean(c, 'budget_lift'):.0f}"),
         f"{_mean(lv, 'overcommit'):,.0f}", f"{_mean(lv, 'folded'):,.0f}",
         "never" if None in within else f"{statistics.fmean(within):.0f} ({max(within)})",
         f"{_mean(lv, 'err_prior'):.3f} -> {_mean(lv, 'err_final'):.3f}",

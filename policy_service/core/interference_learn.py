@@ -109,6 +109,9 @@ class LearnedModel:
     prior_weight: float
     fit_mae: float | None  # weighted mean absolute error on the observations; None for the prior
     reason: str
+    # the co-runners' summed solo utilisation in the observations, weighted as the fit (how busy the
+    # site's shared GPUs are kept beside a job); None for the prior
+    co_util: float | None = None
 
 
 def prior_from_config(cfg: SwapCostConfig, name: str = "gavel") -> Prior:
@@ -248,7 +251,9 @@ def learn(ev: Evidence, prior: Prior, cfg: LearnConfig) -> LearnedModel:
               for o, wi in zip(obs, ws)) / w
     reason = (f"learned from {len(obs)} shared runs of {users} users on {where}: a {params.base:.3f}, "
               f"b {params.slope:.3f} (evidence weight {w:.0f}, prior {prior.name} {cfg.prior_weight:.0f})")
-    return replace(base, source=Source.LEARNED, params=params, evidence_weight=w, fit_mae=err, reason=reason)
+    co_util = sum(wi * o.u_others for o, wi in zip(obs, ws)) / w
+    return replace(base, source=Source.LEARNED, params=params, evidence_weight=w, fit_mae=err, reason=reason,
+                   co_util=co_util)
 
 
 def model_error(p: KneeParams, q: KneeParams, points: Sequence[tuple[float, float]] = COMPARE_GRID) -> float:

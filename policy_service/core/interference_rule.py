@@ -15,6 +15,12 @@ default prior, a = 0.58) that is at most 1.58x, within the default budget of 2: 
 changes no decision; a site whose runs teach a steeper model (tally-bench's time-slicing: a =
 1.6) gets fewer, larger shares.
 
+Under a long queue (``queue_rules.compute_overcommit``) co-runners are sized by memory alone, so
+their shards no longer bound their load: a job is lifted to memory's count only where ``s(u, v)``
+is within the budget, ``v`` the load the co-runners of the site's shared runs were observed to
+keep a GPU busy with (or one co-runner of ``swap_cost.default_solo_util`` while the model is the
+prior: ``lift_co_runners``); elsewhere it keeps its floor (``long_queue_lift``).
+
 ``observed_slowdown``: a class whose shared runs took longer than the budget times its solo runs
 keeps a whole GPU whatever the model says (jobs that must not be slowed, issue 35 item 2).
 """
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 from policy_service.config import Config
 from policy_service.core.interference import knee_slowdown
 from policy_service.core.interference_learn import LearnedModel, Source, prior_from_config
-from policy_service.core.types import ClassStats
+from policy_service.core.types import ClassStats, KeyLevel, Reason, ReasonCode
 
 ANY_TYPE = "*"  # the pooled model's GPU type: every type's runs together
 
@@ -95,6 +101,41 @@ def observed_slowdown(s: ClassStats | None, min_runs: int) -> float | None:
     if s is None or s.shared_runs < min_runs or s.solo_runs < min_runs or s.ewma_solo_runtime_s <= 0:
         return None
     return s.ewma_shared_runtime_s / s.ewma_solo_runtime_s
+
+
+def lift_co_runners(model: LearnedModel, cfg: Config) -> tuple[float, str]:
+    """How busy the co-runners of a job sized by memory alone (the long-queue lift) keep its GPU,
+    for the budget, and whence: what the co-runners of the site's shared runs kept a GPU busy
+    with (``LearnedModel.co_util``: the observations' summed co-runner utilisations, weighted as
+    the fit), or, while the model is the prior, one co-runner of swap_cost.default_solo_util (as
+    the priority's predicted contention). Not a whole GPU's: memory-sized co-runners are not
+    charged for their compute, but the ones the site's GPUs carry are not all busy."""
+    if model.co_util is not None:
+        return model.co_util, f"as the co-runners of the site's {model.runs} shared runs kept it on average"
+    return cfg.swap_cost.default_solo_util, "one co-runner of swap_cost.default_solo_util: no shared runs learned"
+
+
+def long_queue_lift(u: float, level: KeyLevel, model: LearnedModel | None, cfg: Config,
+                    long_queue: Reason) -> tuple[bool, Reason]:
+    """Whether a long queue (``long_queue``: ``queue_rules.compute_overcommit``'s reason) sizes a
+    job whose compute floor binds by memory alone, and the reason to say so: only where the model
+    predicts it within policy.max_interference_slowdown beside the co-runners such a GPU carries
+    (``lift_co_runners``); past it, the job keeps its floor (LONG_QUEUE_OVER_BUDGET). No budget
+    or no model: lifted, as the queue rule alone says."""
+    budget = cfg.policy.max_interference_slowdown
+    if model is None or budget <= 0:
+        return True, long_queue
+    v, whence = lift_co_runners(model, cfg)
+    slow = predicted(model, u, v)
+    beside = (f"alone on a GPU it kept it {u:.0%} busy ({level.value} history), and beside co-runners keeping the "
+              f"GPU {v:.0%} busy ({whence}) the site's model predicts it {slow:.2f}x slower")
+    if slow <= budget:
+        return True, Reason(long_queue.code, f"{long_queue.message}; {beside}, within policy.max_interference_slowdown "
+                                             f"{budget:.2f}x ({model_line(model)})")
+    return False, Reason(ReasonCode.LONG_QUEUE_OVER_BUDGET,
+                         f"not sized by memory alone for the long queue (policy.overcommit_compute_min_queue "
+                         f"{cfg.policy.overcommit_compute_min_queue:.0%}): {beside}, more than "
+                         f"policy.max_interference_slowdown {budget:.2f}x ({model_line(model)})")
 
 
 def model_line(model: LearnedModel) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from policy_service.config import AccessClass, Config
 from policy_service.core.enforcement import EnforcementView
 from policy_service.core import queue_rules
-from policy_service.core.interference_rule import InterferenceView, observed_slowdown
+from policy_service.core.interference_rule import InterferenceView, long_queue_lift, observed_slowdown
 from policy_service.core.shard_sizing import _size_shards, shard_counts, shards_refused_reason
 from policy_service.core.types import (Action, ClassStats, DemandEstimate, GresKind, JobRequest, KeyLevel, QueueState,
                                        Reason, ReasonCode)
@@ -101,9 +101,11 @@ def _route(req: JobRequest, est: DemandEstimate, penalty: ClassStats | None, acc
                   else None)
     if long_queue is not None:
         by_memory = _size_shards(est, access, cfg, None, enforcement, counts)
-        if by_memory[:2] != (action, shards):  # the compute floor binds: the long queue lifts it
-            action, shards, slow, off, reasons = by_memory
-            reasons.append(long_queue)
+        if by_memory[:2] != (action, shards):  # the compute floor binds: the long queue lifts it ...
+            lifted, why = long_queue_lift(util[0], util[1], model, cfg, long_queue)  # ... where the budget holds
+            if lifted:
+                action, shards, slow, off, reasons = by_memory
+            reasons.append(why)
     if action is not Action.WHOLE_GPU and cfg.policy.share_min_queue > 0 and not queue_rules.fresh(queue, cfg):
         reasons.append(Reason(ReasonCode.QUEUE_UNKNOWN, "the pending GPU jobs are unknown (no recent snapshot from "
                                                         "Slurm): shared as if GPU work were waiting"))

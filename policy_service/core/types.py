@@ -75,6 +75,7 @@ class ReasonCode(Choice):
     COMPUTE_OVERCOMMITTED = "compute_overcommitted"
     INTERFERENCE_SHARDS = "interference_shards"  # charged more shards: co-runners would slow it past the budget
     INTERFERENCE_BUDGET = "interference_budget"  # whole GPU: any co-runner would slow it past the budget (model)
+    LONG_QUEUE_OVER_BUDGET = "long_queue_over_budget"  # long queue, floor kept: co-runners would slow it past the budget
     INTERFERENCE_OBSERVED = "interference_observed"  # whole GPU: its class's shared runs were slowed past the budget
     REDECIDED = "redecided"
     OOM_REQUEUED = "oom_requeued"  # the shared run ran out of GPU memory: requeued on a whole GPU

@@ -168,6 +168,19 @@ def test_the_prior_dominates_little_evidence_and_much_evidence_outgrows_it():
     assert much.reason.startswith("learned from 2000 shared runs of 40 users on a100: a ")
 
 
+def test_co_runner_load_is_the_evidence_weighted_as_the_fit():
+    """LearnedModel.co_util (what the long-queue lift predicts beside): the observations' co-runner
+    utilisations weighted as the fit. ann's 6 runs beside 0.9 weigh 4/6 each (4 in all, her cap:
+    test_weights_cap_a_user_at_r_times_the_rest_plus_the_prior), bob's and cy's 4 beside 0.3 weigh 1:
+    (4 x 0.9 + 4 x 0.3) / 8 = 0.6, not the plain mean 0.66. The prior has none."""
+    cfg = LearnConfig(max_user_share=0.5, max_class_share=0.5, prior_weight=0.0, min_runs=10, min_users=3)
+    runs = [obs("ann", f"a{i}", v=0.9) for i in range(6)] + [obs("bob", f"b{i}", v=0.3) for i in range(2)] + \
+        [obs("cy", f"c{i}", v=0.3) for i in range(2)]
+    m = learn(Evidence("a100", tuple(runs)), GAVEL, cfg)
+    assert m.source is Source.LEARNED and m.co_util == pytest.approx(0.6)
+    assert learn(Evidence("a100", tuple(runs[:9])), GAVEL, cfg).co_util is None  # 9 < min_runs: the prior
+
+
 def test_prior_from_config_takes_the_service_defaults():
     assert prior_from_config(SwapCostConfig()) == GAVEL
 
