@@ -18,10 +18,12 @@ CTLD_TIMEOUT_S = 5
 
 
 def _tails(state: Path, lines: int = 60) -> str:
-    """The last lines of each controller's and node's Slurm log (the state is purged after the suite:
+    """The last lines of each controller's and node's Slurm log and of each controller's service
+    (the state is purged after the suite:
     a failure in CI keeps these, printed to the suite's output)."""
     out = []
-    for log in sorted(state.glob("nodes/*/run/slurmctld.log")) + sorted(state.glob("nodes/*/slurmd.log")):
+    for log in (sorted(state.glob("nodes/*/run/slurmctld.log")) + sorted(state.glob("nodes/*/slurmd.log"))
+                + sorted(state.glob("log/swapaware-ctl*.log"))):
         text = log.read_text(errors="replace").splitlines()[-lines:]
         out.append(f"==== {log.relative_to(state)} (last {len(text)} lines)\n" + "\n".join(text))
     return "\n".join(out) + "\n"
@@ -33,6 +35,9 @@ def ha_cluster(request) -> Stack:
                     SWAPAWARE_DEV_SUBNET=SUBNET, SWAPAWARE_DEV_BRIDGE="swabr6",
                     SWAPAWARE_DEV_CTLD_TIMEOUT=str(CTLD_TIMEOUT_S), SWAPAWARE_SLURMD_TIMEOUT="20")
     yield s
-    if request.session.testsfailed:  # past pytest's capture: the suite's output is all CI keeps
-        os.write(2, _tails(s.state).encode())
+    if request.session.testsfailed:  # the suite's output is all CI keeps: written past pytest's capture
+        # (a session fixture's teardown runs captured: a plain write to fd 2 was swallowed)
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            os.write(2, _tails(s.state).encode())
     s.stack("down", "--purge")

@@ -184,7 +184,7 @@ def restore_primary(stack: Stack) -> None:
     if not ctl_running(stack, "ctl2"):
         cluster_cmd(stack, "start-ctl", "ctl2")
         wait_for(lambda: role_of(stack, "ctl2") == "backup", 30, "ctl2 standing by", 0.5)
-    wait_for(lambda: "writer lease: ctl1" in ha_status(stack), 30, lambda: f"ctl1 the writer: {ha_status(stack)}", 0.5)
+    wait_writer(stack, "ctl1")
     wait_nodes_back(stack)
 
 
@@ -252,6 +252,37 @@ def ha_status(stack: Stack) -> str:
     return stack.swapaware("ha", "status", check=False).stdout
 
 
+def wait_writer(stack: Stack, ctl: str, timeout_s: float = 30) -> None:
+    """``ctl``'s service holds the writer lease (``swapaware ha status``); when it does not in
+    time, the message says what each service last decided of its role and why."""
+    wait_for(lambda: f"writer lease: {ctl}" in ha_status(stack), timeout_s,
+             lambda: f"{ctl} the writer: {ha_status(stack)}" + writers_report(stack), 0.5)
+
+
+def writers_report(stack: Stack, lines: int = 8) -> str:
+    """Each controller's role file, the shared heartbeat slurmctld writes, and the last lines its
+    service logged of its role (what a lease that did not move is explained by)."""
+    out = []
+    try:
+        hb = (stack.state / "spool" / "ctld" / "heartbeat").read_bytes()
+        out.append(f"\n-- heartbeat: {hb.hex()} (written {time.time() - int.from_bytes(hb[:8], 'big'):.0f} s ago)"
+                   if len(hb) == 16 else f"\n-- heartbeat: {len(hb)} bytes")
+    except OSError as exc:
+        out.append(f"\n-- heartbeat: {exc}")
+    for ctl in ("ctl1", "ctl2"):
+        try:
+            role = (stack.state / "nodes" / ctl / "run" / "role").read_text().strip()
+        except OSError as exc:
+            role = str(exc)
+        try:
+            logged = [ln for ln in (stack.state / "log" / f"swapaware-{ctl}.log").read_text(errors="replace").splitlines()
+                      if "swapaware.ha" in ln or " ERROR " in ln][-lines:]
+        except OSError as exc:
+            logged = [str(exc)]
+        out.append(f"-- {ctl}: role file {role!r}; its service's role, as logged:\n" + "\n".join(logged))
+    return "\n".join(out)
+
+
 def check_failover(res: BurstResult, c: Counts, on_at: float) -> None:
     """Slurm's own part (the switch until the backup runs its PrimaryOnProg) is at most
     SlurmctldTimeout after the primary is gone; decisions pause no longer than that + 5 s. (24.11
@@ -275,7 +306,7 @@ def test_takeover_during_a_burst(ha_cluster: Stack) -> None:
     restore_primary(ha_cluster)
     res = burst(ha_cluster, lambda: ha_cluster.run("scontrol", "takeover"))
     wait_for(lambda: in_control(ha_cluster) == "ctl2", 30, "ctl2 in control")
-    wait_for(lambda: "writer lease: ctl2" in ha_status(ha_cluster), 30, lambda: ha_status(ha_cluster), 0.5)
+    wait_writer(ha_cluster, "ctl2")
     on_at = backup_on_at(ha_cluster)
     c = settle_and_count(ha_cluster, res)
     report("scontrol takeover", res, c, on_at)
@@ -337,7 +368,7 @@ def test_primary_cut_off_during_a_burst(ha_cluster: Stack) -> None:
     try:
         res = burst(ha_cluster, lambda: cluster_cmd(ha_cluster, "cut", "ctl1"))
         wait_for(lambda: in_control(ha_cluster) == "ctl2", 30, "ctl2 in control")
-        wait_for(lambda: "writer lease: ctl2" in ha_status(ha_cluster), 30, lambda: ha_status(ha_cluster), 0.5)
+        wait_writer(ha_cluster, "ctl2")
         on_at = backup_on_at(ha_cluster)
     finally:
         cluster_cmd(ha_cluster, "uncut", "ctl1")
@@ -384,7 +415,7 @@ def test_hand_back_with_the_backup_stopped_first(ha_cluster: Stack) -> None:
             f.seek(offset)
             started = f.read().decode(errors="replace")
         assert "fatal:" not in started and "Running as primary controller" in started, started
-        wait_for(lambda: "writer lease: ctl1" in ha_status(ha_cluster), 30, lambda: ha_status(ha_cluster), 0.5)
+        wait_writer(ha_cluster, "ctl1")
         # a 26.05 backup in control sends nothing to slurmdbd (docs/slurm-releases.md): its jobs
         # reach sacct once the primary is back
         wait_for(lambda: len(sacct_jobs(ha_cluster, jobs)) == len(jobs), 60,

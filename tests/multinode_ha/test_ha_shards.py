@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 
-from tests.multinode_ha.test_ha import ha_status, in_control, restore_primary
+from tests.multinode_ha.test_ha import in_control, restore_primary, wait_writer
 from tests.slurm_stack import Stack, decision_of, job_field
 from tests.waiting import wait_for
 
@@ -72,7 +72,7 @@ def test_no_job_is_refused_for_shards_the_controller_in_control_does_not_take(ha
             if job is not None:
                 jobs.append(job)
         wait_for(lambda: in_control(stack) == "ctl2", 30, "ctl2 in control")
-        wait_for(lambda: "writer lease: ctl2" in ha_status(stack), 30, lambda: ha_status(stack), 0.5)
+        wait_writer(stack, "ctl2")
         for i in range(6, 10):
             job, tres, d = submit_through_switch(stack, f"ha-sh-{tag}-{i}", HINT if i % 2 == 0 else "", lost)
             after.append((job, tres, d))

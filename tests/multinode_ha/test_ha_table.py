@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from policy_service.core.admission_format import read_table
-from tests.multinode_ha.test_ha import Submission, ha_status, in_control, restore_primary, rows_per, submit_one
+from tests.multinode_ha.test_ha import Submission, in_control, restore_primary, rows_per, submit_one, wait_writer
 from tests.slurm_stack import Stack, plugin_table
 from tests.waiting import wait_for
 
@@ -132,7 +132,7 @@ def test_table_decides_on_both_controllers_across_a_takeover(ha_cluster: Stack) 
         while (sum(1 for s in after if (s.decision_id if zero_shards else s.table)) < 8
                and time.time() - switch_at < 90):
             after.append(submit())
-        wait_for(lambda: "writer lease: ctl2" in ha_status(stack), 30, lambda: ha_status(stack), 0.5)
+        wait_writer(stack, "ctl2")
         writer_at, off1w = time.time(), log_size(stack, "ctl1")
         # the new writer republishes; the file then holds a version ctl2 wrote
         wait_for(lambda: file_version(table) in published(stack, "ctl2", off2), 60,
