@@ -24,6 +24,13 @@ class HistoryConfig:
     # "": no password (socket authentication).
     password_file: str = ""
     connect_timeout_s: float = 5.0
+    # A writing session idle this long inside a transaction is ended by the server (MariaDB's
+    # idle_transaction_timeout; its transaction rolled back, its row locks freed). A service cut
+    # off the network between a fenced write's lock of the writer lease and its commit otherwise
+    # holds that lock until the server notices the dead peer (hours): the other controller's
+    # service could not claim the lease, however long expired. The service's own transactions
+    # never wait on their client between statements longer than a moment.
+    idle_transaction_timeout_s: int = 10
 
     def __post_init__(self) -> None:
         if isinstance(self.backend, str):  # HistoryConfig(backend="mariadb") in tests and benches
@@ -42,6 +49,8 @@ def history_errors(h: HistoryConfig) -> list[str]:
     errors = []
     if h.connect_timeout_s <= 0:
         errors.append("history.connect_timeout_s must be > 0")
+    if not 1 <= h.idle_transaction_timeout_s <= 3600:
+        errors.append("history.idle_transaction_timeout_s must be in 1..3600")
     if not 0 < h.port < 65536:
         errors.append("history.port must be in 1..65535")
     if h.backend is HistoryBackend.MARIADB:

@@ -11,6 +11,7 @@ is reopened on its next use; a read outside a transaction is retried once on a n
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from typing import Any
 
 from policy_service.config import read_token
 from policy_service.history.config import HistoryConfig
+
+log = logging.getLogger("swapaware.history")
 
 # MariaDB client/server error codes: the connection is gone (2006 server gone away, 2013 lost
 # during query, 2003 cannot connect, 2002 socket, 2055 lost at handshake, 4031 idle timeout),
@@ -173,6 +176,8 @@ class MyConn:
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
             if self.read_only:
                 cur.execute("SET SESSION TRANSACTION READ ONLY")
+            else:
+                _limit_idle_transactions(cur, self.cfg)
         return raw
 
     def execute(self, sql: str, args=()):
@@ -232,6 +237,26 @@ class MyConn:
 
     def close(self) -> None:
         self._drop()
+
+
+UNKNOWN_VARIABLE = 1193
+_idle_limit_missing_logged = False
+
+
+def _limit_idle_transactions(cur, cfg: HistoryConfig) -> None:
+    """The server ends this writing session should it sit idle inside a transaction for
+    ``history.idle_transaction_timeout_s`` (history/config.py says why). A server without the
+    variable (MySQL; MariaDB before 10.3) is used as it is, said once in the log."""
+    global _idle_limit_missing_logged
+    try:
+        cur.execute(f"SET SESSION idle_transaction_timeout = {int(cfg.idle_transaction_timeout_s)}")
+    except _pymysql().Error as exc:
+        if not (exc.args and exc.args[0] == UNKNOWN_VARIABLE):
+            raise
+        if not _idle_limit_missing_logged:
+            _idle_limit_missing_logged = True
+            log.warning("history %s has no idle_transaction_timeout: a writer cut off inside a transaction keeps "
+                        "the writer lease's row locked until the server drops its connection", cfg.where())
 
 
 def _unavailable(exc: BaseException, what: str) -> HistoryUnavailable:

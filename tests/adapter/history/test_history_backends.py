@@ -235,3 +235,36 @@ def test_an_empty_mariadb_where_this_host_had_a_history_is_refused(mariadb_backe
     store = mariadb_backend.open(db, accept_empty=True)
     store.close()
     mariadb_backend.open(db).close()  # holds the tables now: opened without a word
+
+
+def test_a_writer_cut_off_inside_a_transaction_keeps_no_lease_from_the_other(mariadb_backend, tmp_path):
+    """A writer whose host drops off the network after a fenced write locked the lease row, before
+    its commit, leaves its session idle inside the transaction, and the server does not notice the
+    dead peer for hours: every claim of the other service waited on that lock, however long the
+    lease had expired. history.idle_transaction_timeout_s ends such a session (its transaction
+    rolled back) and the other service takes the lease."""
+    import dataclasses
+    short = dataclasses.replace(mariadb_backend, history=dataclasses.replace(mariadb_backend.history,
+                                                                              idle_transaction_timeout_s=2))
+    db = tmp_path / "history.sqlite3"
+    a, b = short.open(db, fence="a"), mariadb_backend.open(db, fence="b")
+    try:
+        first = a.claim_writer("a", 0.5)
+        assert a._conn.execute("SELECT @@SESSION.idle_transaction_timeout").fetchone()[0] == 2
+        a._conn.begin()  # what a fenced write does first, and then its host is cut off: nothing more
+        a._conn.execute("SELECT holder FROM writer_lease WHERE name=? FOR UPDATE", ("history",))
+        wait_for(lambda: not b.writer().valid, 10, "a's lease to expire on the database's clock")
+        t0 = time.monotonic()
+
+        def claim():
+            try:
+                return b.claim_writer("b", 30.0)
+            except HistoryUnavailable:  # the test server's lock wait (5 s) ran out: a's lock still held
+                return None
+
+        taken = wait_for(claim, 20, "b's claim of the expired lease", 0.2)
+        assert (taken.holder, taken.epoch) == ("b", first.epoch + 1)
+        assert time.monotonic() - t0 < 5.0  # a's session ended after 2 s idle, within b's first lock wait
+    finally:
+        a.close()
+        b.close()
