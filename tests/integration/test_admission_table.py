@@ -43,9 +43,20 @@ def recorded_facts(stack, decision_id: str):
     return pb.JobFacts.FromString(wait_for(row, 30, f"decision {decision_id} in the history", 0.3)[0])
 
 
-def known(stack, decision_id: str) -> bool:
+def asked(stack, decision_id: str) -> bool:
+    """The history holds the decision as one the service made when asked (an Admit). A table-made
+    decision may be there too, learned from Slurm by catch-up after a queue poll that came
+    between the job's submission and this look: its reasons then name the table (table_decided,
+    or table_gone for a version the service never published)."""
+    from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+    from policy_service.core.types import ReasonCode
+
     with stack.history() as db:
-        return db.execute("SELECT 1 FROM decisions WHERE decision_id=?", (decision_id,)).fetchone() is not None
+        row = db.execute("SELECT decision_pb FROM decisions WHERE decision_id=?", (decision_id,)).fetchone()
+    if row is None:
+        return False
+    codes = {r.code for r in pb.Decision.FromString(row[0]).reasons}
+    return not codes & {ReasonCode.TABLE_DECIDED.value, ReasonCode.TABLE_GONE.value}
 
 
 def test_a_job_the_table_holds_is_decided_in_slurmctld_without_the_service(stack):
@@ -80,7 +91,7 @@ def test_a_job_the_table_holds_is_decided_in_slurmctld_without_the_service(stack
         assert re.fullmatch(r"[0-9a-f]{16}", d["id"]) and d["id"] != rpc["id"], comment
         assert comment == template.replace("IDIDIDIDIDIDIDID", d["id"])
         assert shards in job_field(shown, "TresPerNode")
-        assert not known(stack, d["id"])                  # the service was not asked
+        assert not asked(stack, d["id"])                  # the service was not asked
         # another class: the RPC path, as before
         other = decision_of(job_field(stack.held(SCRIPT, "--gres=gpu:1", f"--job-name={name}-x", *WHERE),
                                       "AdminComment"))
