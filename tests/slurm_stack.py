@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 import re
 import shutil
@@ -27,6 +26,31 @@ from policy_service.slurm.slurm import cluster_release
 from policy_service.admin.wiring import plugin_settings
 from policy_service.core.dialect import SlurmDialect
 from tests.waiting import wait_for
+
+
+def tail_of(log: Path, lines: int, keep=None) -> list[str]:
+    """The last ``lines`` lines of ``log`` (those ``keep`` accepts, when given); what could not be
+    read, as one line. For failure reports: never raises."""
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return [f"({exc})"]
+    return [ln for ln in text if keep is None or keep(ln)][-lines:]
+
+
+def proc_state(pid: int | str, threads: bool = False) -> str:
+    """A process's state from /proc ("S (sleeping)"), with its thread count and the kernel wait
+    channels of its threads when asked; "gone" when it is not there. For failure reports: never raises."""
+    try:
+        proc = Path(f"/proc/{pid}")
+        state = (proc / "status").read_text().split("State:", 1)[1].split("\n", 1)[0].strip()
+        if threads:
+            tasks = list((proc / "task").iterdir())
+            waits = sorted({(t / "wchan").read_text() for t in tasks} - {"0"})
+            state += f", {len(tasks)} threads waiting in {waits}"
+        return state
+    except (OSError, IndexError):
+        return "gone"
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = ROOT / "contrib" / "dev-stack.sh"
@@ -119,19 +143,15 @@ class Stack:
             pid = int((self.state / "run" / "slurmctld.pid").read_text().strip() or 0)
         except (OSError, ValueError):
             pid = 0
-        try:
-            status = (Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0].strip()
-                      if pid else "no pid file")
-            if pid:  # whose process the pid is now (pids wrap: another cluster's daemon may hold it)
+        status = proc_state(pid) if pid else "no pid file"
+        if pid and status != "gone":  # whose process the pid is now (pids wrap: another cluster's daemon may hold it)
+            try:
                 conf = [e for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if e.startswith(b"SLURM_CONF=")]
                 status += f", {Path(f'/proc/{pid}/comm').read_text().strip()} with " \
                           f"{conf[0].decode(errors='replace') if conf else 'no SLURM_CONF'}"
-        except (OSError, IndexError):
-            status = "gone"
-        try:
-            tail = (self.state / "log" / "slurmctld.log").read_text(errors="replace").splitlines()[-keep:]
-        except OSError:
-            tail = ["(no slurmctld.log)"]
+            except OSError:
+                status = "gone"
+        tail = tail_of(self.state / "log" / "slurmctld.log", keep)
         return f"\nslurmctld pid {pid}: {status}\nslurmctld.log (last {keep} lines):\n" + "\n".join(tail)
 
     def stack(self, *args: str) -> subprocess.CompletedProcess:

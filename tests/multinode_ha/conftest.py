@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_stack import Stack, start_stack, state_dir
+from tests.slurm_stack import Stack, start_stack, state_dir, tail_of
 
 SUBNET = "10.76.0"
 PORTS = {"SWAPAWARE_CTLD_PORT": "27817", "SWAPAWARE_SLURMD_PORT": "27818", "SWAPAWARE_DBD_PORT": "27819",
@@ -24,7 +24,7 @@ def _tails(state: Path, lines: int = 60) -> str:
     out = []
     for log in (sorted(state.glob("nodes/*/run/slurmctld.log")) + sorted(state.glob("nodes/*/slurmd.log"))
                 + sorted(state.glob("log/swapaware-ctl*.log"))):
-        text = log.read_text(errors="replace").splitlines()[-lines:]
+        text = tail_of(log, lines)
         out.append(f"==== {log.relative_to(state)} (last {len(text)} lines)\n" + "\n".join(text))
     return "\n".join(out) + "\n"
 

@@ -14,7 +14,7 @@ import re
 import time
 import uuid
 
-from tests.multinode_ha.test_ha import in_control, restore_primary, unanswered
+from tests.multinode_ha.controllers import in_control, restore_primary, unanswered
 from tests.slurm_stack import Stack, job_field
 from tests.waiting import wait_for
 

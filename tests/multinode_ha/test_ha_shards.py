@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 
-from tests.multinode_ha.test_ha import in_control, restore_primary, wait_writer
+from tests.multinode_ha.controllers import in_control, restore_primary, wait_writer
 from tests.slurm_stack import Stack, decision_of, job_field
 from tests.waiting import wait_for
 

@@ -17,7 +17,8 @@ import uuid
 from pathlib import Path
 
 from policy_service.core.admission_format import read_table
-from tests.multinode_ha.test_ha import Submission, in_control, restore_primary, rows_per, submit_one, wait_writer
+from tests.multinode_ha.bursts import Submission, rows_per, submit_one
+from tests.multinode_ha.controllers import in_control, restore_primary, wait_writer
 from tests.slurm_stack import Stack, plugin_table
 from tests.waiting import wait_for
 

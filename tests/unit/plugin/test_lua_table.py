@@ -8,7 +8,8 @@ gpu_job, decision, expected...) and the table's lookup: a hit, the gate's view o
 that cannot be used, or that sends every job to the RPC path), and the job_desc fields a job reads.
 Split by subject: test_lua_table_file.py (finding, reading and trusting the file, its format),
 test_lua_table_key.py (the class key and its limits), test_lua_table_rpc_path.py (what the table does
-not decide, missing Lua libraries, errors)."""
+not decide, missing Lua libraries, errors). About 400 lines: the harness is one piece the three others
+import whole."""
 from __future__ import annotations
 
 import json

@@ -1,0 +1,142 @@
+"""The two controllers of the HA suite (contrib/dev-cluster/controllers.sh): which one is in
+control, each one's role as its PrimaryOnProg/OffProg wrote it, the services' writer lease, bringing
+ctl1 back in control with every node answering it, and what a wait that ran out is explained by
+(sinfo's error, a munge round trip, each slurmctld from /proc, the logs' last lines)."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+from tests.slurm_stack import CLUSTER, Stack, proc_state, tail_of
+from tests.waiting import wait_for
+
+
+def cluster_cmd(stack: Stack, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return stack.run("bash", str(CLUSTER), *args, check=check, timeout=120)
+
+
+def in_control(stack: Stack) -> str:
+    return cluster_cmd(stack, "in-control", check=False).stdout.strip()
+
+
+def ctl_running(stack: Stack, ctl: str) -> bool:
+    return bool(cluster_cmd(stack, "ctl-pid", ctl, check=False).stdout.strip())
+
+
+def role_of(stack: Stack, ctl: str) -> str:
+    """What the last PrimaryOnProg/OffProg on ``ctl`` wrote ("primary", "backup"; "" before any)."""
+    try:
+        return (stack.state / "nodes" / ctl / "run" / "role").read_text().split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def ha_status(stack: Stack) -> str:
+    return stack.swapaware("ha", "status", check=False).stdout
+
+
+def backup_on_at(stack: Stack) -> float:
+    """When SlurmctldPrimaryOnProg last ran on ctl2 (its role file: "primary <time>")."""
+    role, at = (stack.state / "nodes" / "ctl2" / "run" / "role").read_text().split()[:2]
+    assert role == "primary", role
+    return float(at)
+
+
+def restore_primary(stack: Stack) -> None:
+    """ctl1 running and in control again (22.05's `scontrol takeover` stops the primary), and every
+    node registered with it and answering (wait_nodes_back)."""
+    if not ctl_running(stack, "ctl1"):
+        cluster_cmd(stack, "start-ctl", "ctl1")
+    wait_for(lambda: in_control(stack) == "ctl1", 60, lambda: f"ctl1 in control (now: {in_control(stack)!r})", 0.5)
+    # A primary back from a cut tells the backup to give up (its PrimaryOffProg): until then both act
+    # as primary, and a job one of them made may be unknown to the other. 22.05's backup was seen to
+    # hang there ("REQUEST_CONTROL reply but backup not completely done relinquishing control") and
+    # exit without its OffProg: then it is started again, as the backup.
+    # (hung: alive 29 s after REQUEST_CONTROL, still primary, answering nothing: killed by its pid)
+    try:
+        wait_for(lambda: role_of(stack, "ctl2") != "primary" or not ctl_running(stack, "ctl2"), 45,
+                 "ctl2's PrimaryOffProg or its exit", 0.5)
+    except AssertionError:
+        pid = cluster_cmd(stack, "ctl-pid", "ctl2", check=False).stdout.strip()
+        print(f"\n[ha] ctl2's slurmctld (pid {pid}) hung giving control back: killed")
+        if pid:
+            stack.run("kill", "-KILL", pid, check=False)
+        wait_for(lambda: not ctl_running(stack, "ctl2"), 15, "ctl2's slurmctld gone", 0.2)
+    if not ctl_running(stack, "ctl2"):
+        cluster_cmd(stack, "start-ctl", "ctl2")
+        wait_for(lambda: role_of(stack, "ctl2") == "backup", 30, "ctl2 standing by", 0.5)
+    wait_writer(stack, "ctl1")
+    wait_nodes_back(stack)
+
+
+def wait_nodes_back(stack: Stack) -> None:
+    """Every node registered with the controller in control (SlurmdStartTime, None until then: a
+    restarted 22.05 slurmctld knows a node's shards only from its registration) and answering it.
+    A primary cut off the network set the nodes DOWN (not responding) and takes them back at its
+    next ping of them: 61 s after the uncut on 24.11 (measured; the next test's own 60 s wait for
+    its nodes once ran out there). Within three SlurmdTimeouts."""
+    def back() -> bool:
+        states = stack.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split()
+        nodes = stack.run("scontrol", "show", "node", "-o", check=False).stdout.splitlines()
+        return (bool(states) and not any(st.endswith("*") or st.startswith(("down", "unk")) for st in states)
+                and bool(nodes) and not any("SlurmdStartTime=None" in n for n in nodes))
+
+    wait_for(back, 180, lambda: "every node registered and responding: " + stack.run("sinfo", "-N", check=False).stdout
+             + stack.run("scontrol", "show", "node", "-o", check=False).stdout[-1500:] + unanswered(stack), 1.0)
+
+
+def unanswered(stack: Stack, lines: int = 12) -> str:
+    """Why Slurm's commands may read nothing: sinfo's exit and error, each controller's slurmctld
+    (pid, role, state and where it waits, from /proc) and its log's last lines. A failure message
+    is what CI keeps of a run: the suite's log tails printed after it may be cut."""
+    try:
+        r = stack.run("sinfo", "-h", "-N", check=False)
+        out = [f"\n-- sinfo exited {r.returncode}: {r.stderr.strip()[-400:]!r}"]
+    except Exception as exc:  # noqa: BLE001 - a report of a failure never fails itself
+        out = [f"\n-- sinfo: {exc!r}"]
+    sock = stack.state / "node" / "munge" / "munge.socket.2"
+    try:  # a credential made and read on this side: what every command and controller RPC needs
+        r = stack.run("sh", "-c", f"munge -S '{sock}' -n | unmunge -S '{sock}'", check=False, timeout=15)
+        out.append(f"-- munge round trip here: exit {r.returncode} {r.stderr.strip()[-200:]!r}")
+    except Exception as exc:  # noqa: BLE001
+        out.append(f"-- munge round trip here: {exc!r}")
+    for log in sorted(stack.state.glob("log/munged*.log")):
+        out.append(f"-- {log.name}: " + " | ".join(tail_of(log, 3)))
+    for ctl in ("ctl1", "ctl2"):
+        try:
+            pid = cluster_cmd(stack, "ctl-pid", ctl, check=False).stdout.strip()
+        except Exception:  # noqa: BLE001
+            pid = ""
+        state = proc_state(pid, threads=True) if pid else "no slurmctld"
+        log = stack.state / "nodes" / ctl / "run" / "slurmctld.log"
+        out.append(f"-- {ctl}: slurmctld pid {pid or '-'} ({state}), role {role_of(stack, ctl) or '-'}; "
+                   f"{log.name}:\n" + "\n".join(tail_of(log, lines)))
+    return "\n".join(out)
+
+
+def wait_writer(stack: Stack, ctl: str, timeout_s: float = 30) -> None:
+    """``ctl``'s service holds the writer lease (``swapaware ha status``); when it does not in
+    time, the message says what each service last decided of its role and why."""
+    wait_for(lambda: f"writer lease: {ctl}" in ha_status(stack), timeout_s,
+             lambda: f"{ctl} the writer: {ha_status(stack)}" + writers_report(stack), 0.5)
+
+
+def writers_report(stack: Stack, lines: int = 8) -> str:
+    """Each controller's role file, the shared heartbeat slurmctld writes, and the last lines its
+    service logged of its role (what a lease that did not move is explained by)."""
+    out = []
+    try:
+        hb = (stack.state / "spool" / "ctld" / "heartbeat").read_bytes()
+        out.append(f"\n-- heartbeat: {hb.hex()} (written {time.time() - int.from_bytes(hb[:8], 'big'):.0f} s ago)"
+                   if len(hb) == 16 else f"\n-- heartbeat: {len(hb)} bytes")
+    except OSError as exc:
+        out.append(f"\n-- heartbeat: {exc}")
+    for ctl in ("ctl1", "ctl2"):
+        try:
+            role = (stack.state / "nodes" / ctl / "run" / "role").read_text().strip()
+        except OSError as exc:
+            role = str(exc)
+        logged = tail_of(stack.state / "log" / f"swapaware-{ctl}.log", lines,
+                         lambda ln: "swapaware.ha" in ln or " ERROR " in ln)
+        out.append(f"-- {ctl}: role file {role!r}; its service's role, as logged:\n" + "\n".join(logged))
+    return "\n".join(out)
