@@ -23,7 +23,11 @@ from policy_service.serving.decision_proto import gres_fields, is_batch
 from policy_service.serving.handler_error import HandlerError
 
 MONITOR = object()  # PolicyHandler._decide: decide with the queue monitor's newest snapshot
-REQUEST_MEMO_MAX = 16384  # PolicyHandler._request: the facts remembered (cleared when full)
+# PolicyHandler._request: the facts remembered (cleared when full). Each entry holds about 25 objects
+# the cyclic collector walks (the request, its template decision, record and reply): at 16,384 a full
+# collection walked 480,000 objects for 320 ms, the Admit waiting meanwhile past the plugin's 200 ms
+# timeout_ms (bench/gc_pause.py). A repeat the admission table holds never reaches the service.
+REQUEST_MEMO_MAX = 4096
 
 
 # The memo of _decide_made for facts decided once: their next job makes the template. Most new
