@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.slurm_stack import GIB, PORTS, STATE, Stack, decision_of, fake_alloc_script, job_field, json, start_stack
+from tests.slurm_stack import GIB, PORTS, STATE, Stack, decision_of, fake_alloc_script, job_field, start_stack
 
 
 @pytest.fixture(scope="session")
@@ -14,4 +14,4 @@ def stack():
     s.stack("down", "--purge")
 
 
-__all__ = ["Stack", "job_field", "fake_alloc_script", "decision_of", "GIB", "json"]
+__all__ = ["Stack", "job_field", "fake_alloc_script", "decision_of", "GIB"]
