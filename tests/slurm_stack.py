@@ -52,6 +52,7 @@ def proc_state(pid: int | str, threads: bool = False) -> str:
     except (OSError, IndexError):
         return "gone"
 
+
 ROOT = Path(__file__).resolve().parents[1]
 STACK = ROOT / "contrib" / "dev-stack.sh"
 CLUSTER = ROOT / "contrib" / "dev-cluster" / "cluster.sh"
