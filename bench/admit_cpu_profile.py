@@ -6,11 +6,10 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
-import shutil
 import time
 from pathlib import Path
 
-from admit_cpu_work import SeedSlurm, write_files
+from admit_cpu_work import in_process_service
 
 # ----------------------------------------------------------------------------- in-process profile
 SAMPLE_S = 0.0005
@@ -60,15 +59,8 @@ def sample(work) -> Samples:
 
 def profile(workdir: Path, history: Path, lines: list[bytes], table: bool, top: int) -> None:
     from policy_service.serving.local_socket import handle_line
-    from policy_service.config import load_config
-    from policy_service.serving.server import start_service
 
-    d = workdir / "profile"
-    d.mkdir()
-    write_files(d, table)
-    shutil.copy(history, d / "history.sqlite3")
-    cfg = load_config(d / "swapaware.toml", env={})
-    svc = start_service(cfg, slurm=SeedSlurm())
+    svc = in_process_service(workdir / "profile", history, table)
     try:
         h = svc.handler
         warm, run = lines[:300], lines[300:]

@@ -176,6 +176,20 @@ def seed_history(workdir: Path, pool: int) -> Path:
     return d / "history.sqlite3"
 
 
+def in_process_service(d: Path, history: Path, table: bool = False):
+    """A service started in this process in ``d`` (made here) on a copy of the seeded ``history``,
+    its Slurm the stand-in: what --profile and bench/gc_pause.py send Admits to through handle_line."""
+    import shutil
+
+    from policy_service.config import load_config
+    from policy_service.serving.server import start_service
+
+    d.mkdir()
+    write_files(d, table)
+    shutil.copy(history, d / "history.sqlite3")
+    return start_service(load_config(d / "swapaware.toml", env={}), slurm=SeedSlurm())
+
+
 def write_files(d: Path, table: bool) -> None:
     (d / "slurm.conf").write_text(SLURM_CONF)
     (d / "gres.conf").write_text(GRES_CONF)

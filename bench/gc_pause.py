@@ -34,19 +34,13 @@ def one(variant: str, admits: int, new: float) -> dict:
 
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(ROOT))
-    from admit_cpu_work import Classes, SeedSlurm, admit_line, seed_history, write_files
-    from policy_service.config import load_config
+    from admit_cpu_work import Classes, admit_line, in_process_service, seed_history
     from policy_service.serving.local_socket import handle_line
-    from policy_service.serving.server import settle_gc, start_service
+    from policy_service.serving.server import settle_gc
 
     workdir = Path(tempfile.mkdtemp(prefix="swapaware-gc-pause-"))
     try:
-        history = seed_history(workdir, 400)
-        d = workdir / "svc"
-        d.mkdir()
-        write_files(d, False)
-        shutil.copy(history, d / "history.sqlite3")
-        svc = start_service(load_config(d / "swapaware.toml", env={}), slurm=SeedSlurm())
+        svc = in_process_service(workdir / "svc", seed_history(workdir, 400))
         try:
             if variant == "settled":
                 settle_gc()
