@@ -97,11 +97,17 @@ def test_the_table_path_decides_as_admit_or_declines(svc, slurm_jobs, tmp_path, 
                              "long")}[queue]
             gate_doc = wait_gate(s, {"views": want[0], "other": want[1]}, queue)
         else:
+            if queue in ("stale", "stopped"):
+                slurm_jobs.pending = None  # squeue fails from now on: the last snapshot ages
+                # The monitor's poll that read the queue before is over, its snapshot kept and its gate
+                # written, once the monitor reads it again (its polls run one after another). Stopping
+                # the publisher first let such a poll keep a snapshot newer than the gate it froze: the
+                # gate past valid_until while the snapshot was 2 polls old (CI, 26.05).
+                reads = slurm_jobs.queue_reads
+                wait_for(lambda: slurm_jobs.queue_reads > reads, 20.0, "the queue monitor's next squeue")
             if queue == "stopped":
                 publisher.stop()  # nothing rewrites the gate file from now on
                 last = json.loads(publisher.gate.read_text())
-            if queue in ("stale", "stopped"):
-                slurm_jobs.pending = None  # squeue fails from now on: the last snapshot ages
             wait_for(lambda: publisher.gate.exists() and time.time() > json.loads(
                 publisher.gate.read_text())["valid_until"] + 0.05, 20.0, "the gate file past valid_until")
             snap = h.queue.snapshot()
