@@ -42,8 +42,9 @@ from policy_service.slurm.slurm_text import (  # noqa: F401  (the parsers are pa
 from policy_service.slurm.slurm_comments import (
     TIME_ENV,
     CommentedJob,
+    QueueRows,
     parse_commented,
-    parse_queue,
+    parse_queue_rows,
     queue_argv,
     sacct_argv,
     squeue_argv,
@@ -128,6 +129,7 @@ class CliSlurm:
         self.timeout_s = timeout_s
         self.env = env
         self.dialect = dialect  # None: the release is unknown; plain `sacct --json` works on all
+        self._queue_rows: QueueRows = {}  # the last queue poll's rows (parse_queue_rows)
 
     @property
     def sacct_json_arg(self) -> str:
@@ -211,7 +213,8 @@ class CliSlurm:
     def queue_with_comments(self) -> tuple[list[PendingJob], list[CommentedJob]]:
         """``pending_jobs()`` and ``live_commented_jobs()`` from one squeue: slurmctld packs every job
         it holds once per poll, not twice."""
-        return parse_queue(self._run(queue_argv(), TIME_ENV))
+        pending, commented, self._queue_rows = parse_queue_rows(self._run(queue_argv(), TIME_ENV), self._queue_rows)
+        return pending, commented
 
     def pending_jobs(self) -> list[PendingJob]:
         return parse_squeue_pending(self._run(["squeue", "-h", "-a", "-t", "PENDING", "-O", SQUEUE_PENDING_FORMAT]))

@@ -1,12 +1,13 @@
 """One squeue per queue poll (slurm_comments.queue_argv / parse_queue): the pending jobs the queue
 monitor counts and every job's AdminComment the admission catch-up reads, from the same rows, the
-same as the two squeues they replace (parse_squeue_pending, parse_commented) read them."""
+same as the two squeues they replace (parse_squeue_pending, parse_commented) read them; a row
+unchanged since the last poll is not parsed again (parse_queue_rows)."""
 from __future__ import annotations
 
 import pytest
 
 from policy_service.slurm.slurm_comments import (QUEUE_FIELDS, SQUEUE_FIELDS, parse_commented, parse_queue,
-                                                 queue_argv, squeue_argv)
+                                                 parse_queue_rows, queue_argv, squeue_argv)
 from policy_service.slurm.slurm_text import SQUEUE_PENDING_FORMAT, SlurmError, parse_squeue_pending
 
 # (the commented columns, the pending job's columns) of each job, as squeue -O prints them
@@ -70,3 +71,23 @@ def test_a_reason_with_a_bar_cuts_the_reason_not_the_admin_comment():
 def test_a_row_it_cannot_read_raises(line):
     with pytest.raises(SlurmError):
         parse_queue(line + "\n")
+
+
+def test_a_poll_reuses_the_rows_it_read_last_and_parses_what_changed():
+    first = rows("queue")
+    pending, commented, last = parse_queue_rows(first, {})
+    assert (pending, commented) == parse_queue(first) and len(last) == len(JOBS)
+    # the next poll: job 42 started (its row changed), 43 left the queue, 46 came
+    started = first.replace("|PENDING|2-00:00:30|gres/gpu:a100:2|N/A|N/A|1|2|high|Resources|",
+                            "|RUNNING|2-00:00:30|gres/gpu:a100:2|N/A|N/A|1|2|high|None|")
+    lines = [ln for ln in started.splitlines() if not ln.startswith("43_")]
+    lines.append("46|1796418929|1005|fay|proj|gpu|PENDING|30:00|gres/gpu:1|N/A|N/A|1|1|normal|Priority|(null)")
+    second = "\n".join(lines) + "\n"
+    pending2, commented2, rows2 = parse_queue_rows(second, last)
+    assert (pending2, commented2) == parse_queue(second)  # the same as a fresh parse
+    assert [j.job_id for j in pending2] == [44, 46] and commented2[1].state == "RUNNING"
+    assert commented2[0] is commented[0] and pending2[0] is pending[2]  # unchanged rows: not parsed again
+    assert commented2[1] is not commented[1]  # a changed row is
+    assert len(rows2) == 5 and not any(ln.startswith("43_") for ln in rows2)  # what left is forgotten
+    with pytest.raises(SlurmError):  # a row it cannot read still raises, whatever it read before
+        parse_queue_rows(second + "garbage\n", rows2)
