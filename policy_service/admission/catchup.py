@@ -33,7 +33,7 @@ import logging
 import re
 import threading
 import time
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.history.decision_log import DecisionLog, DecisionRecord, JournalError
@@ -117,6 +117,20 @@ def from_comment(job: CommentedJob, d_id: str, ref: TableRef, decided_at: float)
                           decision_pb=decision.SerializeToString())
 
 
+class Caught(NamedTuple):
+    """A table-made decision about to be recorded: its job, its record and what its log line and
+    metrics say."""
+
+    job: CommentedJob
+    d_id: str
+    rec: DecisionRecord
+    note: dict
+    archived: bool  # its table version was archived (else: recorded from the AdminComment alone)
+    lag: float  # seconds from the job's submission until the service learned of it
+    reason: str  # its first reason code
+    mode: str
+
+
 def instance_job(inst: JobInstance) -> CommentedJob:
     """A hook event's job as correlation read it (no uid or user: the template's stand)."""
     return CommentedJob(inst.job_id, inst.submit_time, None, "", "", "", inst.state, inst.admin_comment, "event")
@@ -155,20 +169,19 @@ class AdmissionCatchup:
                 candidates.setdefault(made[0], (job, made[1]))
         if not candidates:
             return 0
-        count = 0
         with self._lock:
             in_history = self.store.known_decisions(candidates)
+            todo = []
             for d_id, (job, ref) in candidates.items():
                 if d_id in self._known:
                     continue
-                if d_id not in in_history:
-                    if not self._record(job, d_id, ref):
-                        continue  # not journaled: the next round tries again
-                    count += 1
-                self._remember(d_id)
-        return count
+                if d_id in in_history:
+                    self._remember(d_id)
+                else:
+                    todo.append(self._caught(job, d_id, ref))
+            return self._record_all(todo)
 
-    def _record(self, job: CommentedJob, d_id: str, ref: TableRef) -> bool:
+    def _caught(self, job: CommentedJob, d_id: str, ref: TableRef) -> Caught:
         now = self.clock()
         decided_at = float(job.submit_time) if job.submit_time > 0 else now
         lag = max(0.0, now - decided_at)
@@ -179,22 +192,47 @@ class AdmissionCatchup:
         else:
             rec = from_comment(job, d_id, ref, decided_at)
         decision = pb.Decision.FromString(rec.decision_pb)
-        try:
-            self.decisions.record(rec, note={
-                "decision_id": d_id, "job_id": job.job_id, "caught_up_from": job.source, "table": ref.version,
+        reasons = [r.code for r in decision.reasons]
+        note = {"decision_id": d_id, "job_id": job.job_id, "caught_up_from": job.source, "table": ref.version,
                 "entry": ref.entry, "state": ref.state, "archived": template is not None, "lag_s": round(lag, 3),
-                "user": rec.user, "action": rec.action, "shards": rec.shards, "mode": decision.mode,
-                "reasons": [r.code for r in decision.reasons]})
+                "user": rec.user, "action": rec.action, "shards": rec.shards, "mode": decision.mode, "reasons": reasons}
+        return Caught(job, d_id, rec, note, template is not None, lag, reasons[0] if reasons else "", decision.mode)
+
+    def _record_all(self, todo: list[Caught]) -> int:
+        """Journal ``todo`` in one write and hand it to the history's writer; how many were (those
+        not are offered again by the next round)."""
+        if not todo:
+            return 0
+        try:
+            n = self.decisions.record_many([(c.rec, c.note) for c in todo])
         except JournalError as exc:
-            log.error("table-made decision %s of job %s not recorded yet: %s", d_id, job.job_id, exc)
-            return False
-        self.recorded[job.source] += 1
+            log.error("%d table-made decision(s) not recorded yet (the first %s, of job %s): %s", len(todo),
+                      todo[0].d_id, todo[0].job.job_id, exc)
+            return 0
+        if n < len(todo):
+            log.error("%d table-made decision(s) not recorded yet (the first %s, of job %s): the history's writer "
+                      "is behind", len(todo) - n, todo[n].d_id, todo[n].job.job_id)
+        done = todo[:n]
+        for c in done:
+            self._remember(c.d_id)
+            self.recorded[c.job.source] += 1
         if self.metrics is not None:
-            self.metrics.caught_up.labels(source=job.source, archived=str(template is not None).lower()).inc()
-            self.metrics.catchup_lag.labels(source=job.source).observe(lag)
-            self.metrics.decisions.labels(action=rec.action, reason=decision.reasons[0].code if decision.reasons
-                                          else "", mode=decision.mode).inc()
-        return True
+            self._count(done)
+        return n
+
+    def _count(self, done: list[Caught]) -> None:
+        """The metrics of ``done``: one increment per label set, not one per decision."""
+        m = self.metrics
+        for (source, archived), k in collections.Counter((c.job.source, c.archived) for c in done).items():
+            m.caught_up.labels(source=source, archived=str(archived).lower()).inc(k)
+        lag_of: dict = {}
+        for c in done:
+            child = lag_of.get(c.job.source)
+            if child is None:
+                child = lag_of[c.job.source] = m.catchup_lag.labels(source=c.job.source)
+            child.observe(c.lag)
+        for (action, reason, mode), k in collections.Counter((c.rec.action, c.reason, c.mode) for c in done).items():
+            m.decisions.labels(action=action, reason=reason, mode=mode).inc(k)
 
     def _remember(self, d_id: str) -> None:
         self._known[d_id] = None

@@ -223,29 +223,65 @@ class DecisionLog:
         (formatting and writing a log line cost Admit ~40 us; the writer runs between Admits);
         a str: its JSON, already made (NoteText).
         ``data``: ``rec.encode()``, already made (RecordText)."""
-        if data is None:
-            data = rec.encode()
+        data = data if data is not None else rec.encode()
         with self._lock:
-            if self._fd is not None:
-                written = 0  # (a write that fails wrote nothing)
-                try:
-                    written = os.write(self._fd, data)
-                    if written != len(data):
-                        raise OSError(f"short write ({written} of {len(data)} bytes: the disk is full)")
-                    if self._fsync:
-                        os.fdatasync(self._fd)
-                except OSError as exc:
-                    if written:  # a full disk may have taken part of it, or it is not durable: cut it
-                        _cut_last(self._fd, written)
-                    raise JournalError(f"cannot journal decision {rec.decision_id}: {exc}") from None
-            try:
-                self._queue.put_nowait((rec, note))
-                if self._idle:  # the first decision after a quiet spell wakes the writer; in a burst it polls
-                    self._idle = False
-                    self._wake.set()
-            except queue.Full:
+            self._journal(data, f"decision {rec.decision_id}")
+            if not self._enqueue([(rec, note)]):
+                self._cut(len(data))  # refused: no restart may commit it
                 raise JournalError(f"{self._queue.maxsize} decisions wait for the history ({self.failing or 'slow'}); "
-                                   "refusing more until it catches up") from None
+                                   "refusing more until it catches up")
+
+    def record_many(self, items: list[tuple[DecisionRecord, dict | str | None]]) -> int:
+        """``record`` of several decisions with one journal write (the catch-up records what a
+        queue poll found at once: a write per decision cost it a system call each). Returns how
+        many, from the first, are on their way to the history: fewer than all only when the
+        writer's backlog filled meanwhile (the rest are taken out of the journal again, as
+        ``record`` takes out what it refuses; the caller offers them again). Raises JournalError
+        when none could be journaled."""
+        if not items:
+            return 0
+        encoded = [rec.encode() for rec, _ in items]
+        with self._lock:
+            self._journal(b"".join(encoded), f"{len(items)} decision(s) from {items[0][0].decision_id}")
+            n = self._enqueue(items)
+            if n < len(items):
+                self._cut(sum(len(e) for e in encoded[n:]))  # not taken: out of the journal too
+            return n
+
+    def _journal(self, data: bytes, what: str) -> None:
+        """Append ``data`` to the journal in one write (under _lock); raises JournalError."""
+        if self._fd is None:
+            return
+        written = 0  # (a write that fails wrote nothing)
+        try:
+            written = os.write(self._fd, data)
+            if written != len(data):
+                raise OSError(f"short write ({written} of {len(data)} bytes: the disk is full)")
+            if self._fsync:
+                os.fdatasync(self._fd)
+        except OSError as exc:
+            if written:  # a full disk may have taken part of it, or it is not durable: cut it
+                _cut_last(self._fd, written)
+            raise JournalError(f"cannot journal {what}: {exc}") from None
+
+    def _cut(self, size: int) -> None:
+        """Take the last ``size`` bytes appended (under _lock) off the journal again."""
+        if self._fd is not None and size:
+            _cut_last(self._fd, size)
+
+    def _enqueue(self, items: list[tuple[DecisionRecord, dict | str | None]]) -> int:
+        """Hand ``items`` to the writer (under _lock); how many it took before its backlog was full."""
+        n = 0
+        for item in items:
+            try:
+                self._queue.put_nowait(item)
+            except queue.Full:
+                break
+            n += 1
+        if n and self._idle:  # the first decision after a quiet spell wakes the writer; in a burst it polls
+            self._idle = False
+            self._wake.set()
+        return n
 
     # ------------------------------------------------------------------ the writer
     def _loop(self) -> None:

@@ -135,3 +135,55 @@ def test_the_service_catches_up_while_it_runs_and_once_across_a_restart(service_
             for s in ("squeue", "sacct", "event")) == 0
     finally:
         again.stop(0)
+
+
+def test_a_poll_is_journaled_in_one_write_and_what_the_backlog_refused_comes_next_round(tmp_path, monkeypatch):
+    """The decisions one poll found are journaled with one write (DecisionLog.record_many); when the
+    history's writer is behind and its backlog takes only some, the rest are neither journaled nor
+    remembered, and the next poll records them: each decision once, none lost."""
+    from policy_service.history import decision_log
+
+    db = tmp_path / "history.sqlite3"
+    store = HistoryStore(db, accept_empty=True)
+    archive = TableArchive(archive_path(str(db)))
+    ref = TableRef(VERSION, 4, "*")
+    tpl_facts = pb.JobFacts(user="alice", uid=1000, tres_per_node="gres/gpu:1", job_name="y")
+    tpl = DecisionRecord(decision_id=PLACEHOLDER_ID, decided_at=0, job_class="cls", user="alice", account="",
+                         partition="", job_name="y", action="share", shards=2, model_version="m",
+                         keys={"class": "cls"}, facts_pb=tpl_facts.SerializeToString(), decision_pb=pb.Decision(
+                             decision_id=PLACEHOLDER_ID, action=pb.ACTION_SHARE, shards=2, rewrite=pb.JobRewrite(
+                                 admin_comment=f"swapaware:v1 id={PLACEHOLDER_ID} {ref.token} action=share shards=2"
+                             )).SerializeToString())
+    archive.put(VERSION, {(4, "*"): tpl})
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(records):  # the history's writer, behind
+        entered.set()
+        release.wait()
+        store.record(records)
+
+    log = DecisionLog(Path(f"{db}.journal"), slow, backlog=2)
+    cli = CommentsCli()
+    ids = [lua_id(60 + i) for i in range(5)]
+    cli.live = [job(300 + i, made_comment(tpl, d)) for i, d in enumerate(ids)]
+    catchup = AdmissionCatchup(store, log, archive, cli)
+    writes = []
+    write = decision_log.os.write
+    monkeypatch.setattr(decision_log.os, "write", lambda fd, data: writes.append(len(data)) or write(fd, data))
+    first = catchup.from_live()
+    # the backlog holds 2; the writer may take one batch before it blocks: some, never all, were taken
+    assert 2 <= first <= 4 and len(writes) == 1  # the poll's 5 journaled with one write
+    assert entered.wait(10)
+    release.set()
+    assert log.flush(10)
+    recorded, polls = first, 1
+    while recorded < len(ids) and polls < 4:  # the rest, offered again by the next polls
+        recorded += catchup.from_live()
+        polls += 1
+        assert log.flush(10)
+    assert recorded == len(ids) and len(writes) == polls  # one write per poll that found some
+    assert catchup.from_live() == 0 and [rows(store, d) for d in ids] == [1] * 5
+    assert len(writes) == polls  # a poll that found nothing new writes nothing
+    log.close()
+    archive.close()
+    store.close()
