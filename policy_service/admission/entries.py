@@ -5,7 +5,7 @@ under every gate state, decided through the handler's own path (PolicyHandler._d
 while the history keys they read learned nothing under the same mode, enforcement and partitions.
 
 ``EntryBuilding`` is mixed into AdmissionPublisher, whose __init__ sets what it reads (handler, cfg,
-_facts, _last_rowid, _keys_epoch, _oldest_at, _numbers, _known, _context, _context_number).
+_facts, _last_rowid, _keys_epoch, _oldest_at, _numbers, _known, _context, _context_number, _db, _db_of).
 """
 from __future__ import annotations
 
@@ -67,7 +67,24 @@ class EntryBuilding:
     """AdmissionPublisher's keys and their entries."""
 
     def _reader(self):
-        return self.handler.store.open_reader()  # its own connection: a long scan never holds up Admit
+        """The publisher's own read-only connection to the history (a scan never holds up Admit's
+        reads), kept from tick to tick: opening one cost a tick more than its query (SQLite reads
+        the schema again; MariaDB logs in). Opened again after an error, and once the store has
+        another file open (the history restored while the service ran)."""
+        store = self.handler.store
+        if self._db is not None and self._db_of != store.opened:
+            self._close_reader()
+        if self._db is None:
+            self._db, self._db_of = store.open_reader(), store.opened
+        return self._db
+
+    def _close_reader(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            try:
+                db.close()
+            except Exception:  # noqa: BLE001 - a connection already broken
+                pass
 
     def _absorb(self) -> None:
         """The rows recorded since the last read into ``_facts`` (each key's newest decided_at and
@@ -94,8 +111,9 @@ class EntryBuilding:
                 if seen is None or at >= seen[0]:
                     self._facts[key] = (at, facts_pb)
                     self._oldest_at = min(self._oldest_at, at)
-        finally:
-            db.close()
+        except Exception:
+            self._close_reader()  # the next tick opens another
+            raise
 
     def _expire(self, now: float) -> None:
         """The keys decided last before the horizon dropped (``_oldest_at``: no key was decided

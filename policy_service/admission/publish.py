@@ -73,6 +73,8 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         self.gate = Path(f"{cfg.table_path}.gate")
         self._facts: dict[str, tuple[float, bytes]] = {}  # key -> (newest decided_at, facts_pb)
         self._last_rowid = 0
+        self._db = None  # the history reader kept between ticks (entries.py _reader), and the file it reads
+        self._db_of: tuple | None = None
         self._keys_epoch = 0  # changes of the keys to publish (entries.py _absorb)
         self._oldest_at = float("inf")  # no key in _facts was decided last before this
         self._numbers: dict[str, int] = {}  # key -> entry number, stable while the process runs
@@ -115,6 +117,8 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
             pass
         if self._thread is not None:
             self._thread.join(30)
+        with self._lock:
+            self._close_reader()
 
     def _loop(self) -> None:
         every = min(1.0, self.cfg.policy.queue_poll_s / 4)

@@ -163,11 +163,19 @@ class HistoryStore(SqliteFile, FencedWrites, DecisionRecords, ClassStatsReads, R
         again gets a new number): SQLite's rowid, MariaDB's ``seq``."""
         return "rowid" if self.engine is SQLITE else "seq"
 
+    @property
+    def opened(self) -> tuple[int, int] | None:
+        """(device, inode) of the SQLite file this store has open; another once the file was
+        restored while the service ran (file.py). None: MariaDB, or a history in memory."""
+        return self._ident
+
     def open_reader(self):
         """A read-only connection of its own (for a long scan that must not hold up Admit's reads);
-        the caller closes it. Statements in SQLite's spelling, as everywhere in the store."""
+        the caller closes it, and uses it from one thread at a time (any thread: the admission
+        publisher keeps it between its ticks). Statements in SQLite's spelling, as everywhere in the
+        store."""
         if self.engine is SQLITE:
-            return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
+            return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10, check_same_thread=False)
         return MyConn(self._conn.cfg, read_only=True)
 
 

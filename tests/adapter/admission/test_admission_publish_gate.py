@@ -149,3 +149,37 @@ def test_the_table_is_built_only_once_the_service_serves(env, slurm_jobs, tmp_pa
         wait_for(lambda: s.admission_publisher.table.exists(), 30.0, "the first table")
     finally:
         s.stop(0)
+
+
+def test_the_publisher_keeps_its_history_reader_and_follows_a_restored_file(env, slurm_jobs, tmp_path):
+    """The publisher's reader of the history is opened once, not at every tick (each opening read
+    the schema again, more than the tick's query cost); when the history file was removed while
+    the service ran and the store restored it (history/file.py check_file), the publisher reads
+    the file the store writes, and sees the decisions recorded since."""
+    from tests.adapter.serving.test_service import facts
+    from policy_service.serving.client import PolicyClient
+
+    (tmp_path / "run").mkdir()
+    s = start_service(load_config(env=env), slurm=slurm_jobs)
+    try:
+        pub, store = s.admission_publisher, s.store
+        opened = []
+        open_reader = store.open_reader
+        store.open_reader = lambda: opened.append(1) or open_reader()
+        with PolicyClient(f"127.0.0.1:{s.grpc_port}", 5.0) as client:
+            client.admit(facts(name="before"))
+            s.handler.flush()
+            for _ in range(5):
+                pub.tick()
+            before = len(pub._facts)
+            assert before >= 1 and len(opened) <= 1  # (the first tick may have run before the wrap)
+            Path(store.path).unlink()
+            assert "restored" in store.check_file()
+            client.admit(facts(name="after"))
+            s.handler.flush()
+            pub.tick()
+        assert len(pub._facts) == before + 1  # the decision recorded in the restored file
+        assert len(opened) <= 2
+    finally:
+        s.stop(0)
+    assert pub._db is None  # closed with the publisher
