@@ -18,6 +18,7 @@ from policy_service.admission.archive import stored_entry
 from policy_service.config import Config
 from policy_service.core import admission, admission_format
 from policy_service.core.mode import apply_mode
+from policy_service.history.db import close_quietly
 from policy_service.serving.decision_proto import decision_record
 from policy_service.serving.handler_error import HandlerError
 
@@ -80,11 +81,7 @@ class EntryBuilding:
 
     def _close_reader(self) -> None:
         db, self._db = self._db, None
-        if db is not None:
-            try:
-                db.close()
-            except Exception:  # noqa: BLE001 - a connection already broken
-                pass
+        close_quietly(db)
 
     def _absorb(self) -> None:
         """The rows recorded since the last read into ``_facts`` (each key's newest decided_at and

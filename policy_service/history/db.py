@@ -229,11 +229,7 @@ class MyConn:
 
     def _drop(self) -> None:
         raw, self._raw = self._raw, None
-        if raw is not None:
-            try:
-                raw.close()
-            except Exception:  # noqa: BLE001 - it is gone already
-                pass
+        close_quietly(raw)
 
     def close(self) -> None:
         self._drop()
@@ -269,3 +265,12 @@ def table_exists(conn, engine: Engine, name: str) -> bool:
     else:
         sql = "SELECT 1 FROM information_schema.tables WHERE table_schema=DATABASE() AND table_name=?"
     return conn.execute(sql, (name,)).fetchone() is not None
+
+
+def close_quietly(conn) -> None:
+    """Close a database connection (SQLite's or MariaDB's) that may be broken already; None: none."""
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - it is gone already
+            pass

@@ -41,6 +41,19 @@ def test_recording_one_decision_twice_leaves_one_row(tmp_path):
     store.close()
 
 
+def _template(archive: TableArchive, ref: TableRef, name: str) -> DecisionRecord:
+    """A template sharing one GPU for alice's job ``name``, archived at ``ref``."""
+    tpl_facts = pb.JobFacts(user="alice", uid=1000, tres_per_node="gres/gpu:1", job_name=name)
+    tpl = DecisionRecord(decision_id=PLACEHOLDER_ID, decided_at=0, job_class="cls", user="alice", account="",
+                         partition="", job_name=name, action="share", shards=2, model_version="m",
+                         keys={"class": "cls"}, facts_pb=tpl_facts.SerializeToString(), decision_pb=pb.Decision(
+                             decision_id=PLACEHOLDER_ID, action=pb.ACTION_SHARE, shards=2, rewrite=pb.JobRewrite(
+                                 admin_comment=f"swapaware:v1 id={PLACEHOLDER_ID} {ref.token} action=share shards=2"
+                             )).SerializeToString())
+    archive.put(ref.version, {(ref.entry, ref.state): tpl})
+    return tpl
+
+
 def test_a_restart_between_journal_and_history_leaves_one_row(tmp_path):
     """The service dies after catch-up journaled a decision and before the writer put it into the
     history (SIGKILL); the next start replays the journal, sweeps Slurm again, and the decision
@@ -49,15 +62,7 @@ def test_a_restart_between_journal_and_history_leaves_one_row(tmp_path):
     db = tmp_path / "history.sqlite3"
     store = HistoryStore(db, accept_empty=True)
     archive = TableArchive(archive_path(str(db)))
-    ref = TableRef(VERSION, 3, "*")
-    tpl_facts = pb.JobFacts(user="alice", uid=1000, tres_per_node="gres/gpu:1", job_name="x")
-    tpl = DecisionRecord(decision_id=PLACEHOLDER_ID, decided_at=0, job_class="cls", user="alice", account="",
-                         partition="", job_name="x", action="share", shards=2, model_version="m",
-                         keys={"class": "cls"}, facts_pb=tpl_facts.SerializeToString(), decision_pb=pb.Decision(
-                             decision_id=PLACEHOLDER_ID, action=pb.ACTION_SHARE, shards=2, rewrite=pb.JobRewrite(
-                                 admin_comment=f"swapaware:v1 id={PLACEHOLDER_ID} {ref.token} action=share shards=2"
-                             )).SerializeToString())
-    archive.put(VERSION, {(3, "*"): tpl})
+    tpl = _template(archive, TableRef(VERSION, 3, "*"), "x")
     cli = CommentsCli()
     ids = [lua_id(20 + i) for i in range(3)]
     cli.live = [job(70 + i, made_comment(tpl, d)) for i, d in enumerate(ids)]
@@ -146,15 +151,7 @@ def test_a_poll_is_journaled_in_one_write_and_what_the_backlog_refused_comes_nex
     db = tmp_path / "history.sqlite3"
     store = HistoryStore(db, accept_empty=True)
     archive = TableArchive(archive_path(str(db)))
-    ref = TableRef(VERSION, 4, "*")
-    tpl_facts = pb.JobFacts(user="alice", uid=1000, tres_per_node="gres/gpu:1", job_name="y")
-    tpl = DecisionRecord(decision_id=PLACEHOLDER_ID, decided_at=0, job_class="cls", user="alice", account="",
-                         partition="", job_name="y", action="share", shards=2, model_version="m",
-                         keys={"class": "cls"}, facts_pb=tpl_facts.SerializeToString(), decision_pb=pb.Decision(
-                             decision_id=PLACEHOLDER_ID, action=pb.ACTION_SHARE, shards=2, rewrite=pb.JobRewrite(
-                                 admin_comment=f"swapaware:v1 id={PLACEHOLDER_ID} {ref.token} action=share shards=2"
-                             )).SerializeToString())
-    archive.put(VERSION, {(4, "*"): tpl})
+    tpl = _template(archive, TableRef(VERSION, 4, "*"), "y")
     entered, release = threading.Event(), threading.Event()
 
     def slow(records):  # the history's writer, behind
