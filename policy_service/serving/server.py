@@ -33,6 +33,7 @@ from policy_service.slurm.partitions import SlurmConfWatch, slurm_conf_path
 from policy_service.slurm.queue import QueueMonitor, reads_queue
 from policy_service.slurm.reconcile import Reconciler
 from policy_service.serving.redecide import PendingRedecider
+from policy_service.signal_wait import SignalWait
 from policy_service.slurm.slurm import ClusterRelease, SlurmAccess, cluster_release, open_slurm
 from policy_service.config import Config, read_token
 from policy_service.serving.handler import PolicyHandler
@@ -372,35 +373,26 @@ def serve_forever(cfg: Config, reload: Callable[[], Config] | None = None, use_s
     # (the queue poll parsing squeue, the writer committing decisions): 5 ms by default, while
     # slurmctld waits holding its job lock. bench/gil_switch.py measures it.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    wake, stop, hup = threading.Event(), threading.Event(), threading.Event()
-
-    def _stop(signum, _frame):
-        log.info("signal %d: shutting down", signum)
-        stop.set()
-        wake.set()
-
-    def _hup(_signum, _frame):
-        hup.set()
-        wake.set()
-
-    # SIGHUP's handler comes first: the socket is there (and `systemctl reload` may come) before
+    # Signals are read from a pipe (signal_wait.py), never by a handler taking a lock. SIGHUP's comes first: the socket is there (and `systemctl reload` may come) before
     # the rest has started (the publisher, the monitor), and SIGHUP's default action would kill the
     # service; one that arrives meanwhile is applied once it has started. (SIGTERM meanwhile still
     # ends it at once: nothing it has answered is lost, the journal holds it.)
-    if reload is not None:
-        signal.signal(signal.SIGHUP, _hup)
-    svc = start_service(cfg, use_slurm=use_slurm, accept_empty_history=accept_empty_history)
-    settle_gc()
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    running = cfg
-    while not stop.is_set():
-        wake.wait()
-        wake.clear()
-        if hup.is_set() and not stop.is_set() and reload is not None:
-            hup.clear()
-            running = reload_mode(svc, running, reload)
-    svc.stop()
+    signals = SignalWait((signal.SIGHUP,) if reload is not None else ())
+    try:
+        svc = start_service(cfg, use_slurm=use_slurm, accept_empty_history=accept_empty_history)
+        settle_gc()
+        signals.add((signal.SIGTERM, signal.SIGINT))
+        running = cfg
+        while True:
+            got = signals.wait()
+            if got & {signal.SIGTERM, signal.SIGINT}:
+                log.info("signal %d: shutting down", min(got & {signal.SIGTERM, signal.SIGINT}))
+                break
+            if signal.SIGHUP in got and reload is not None:
+                running = reload_mode(svc, running, reload)
+        svc.stop()
+    finally:
+        signals.close()
     log.info("stopped")
 
 

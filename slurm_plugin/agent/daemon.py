@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from policy_service.config import ConfigError, load_config
+from policy_service.signal_wait import SignalWait
 from slurm_plugin.agent.sampler import Agent
 from slurm_plugin.agent.server import AgentServer
 from slurm_plugin.gpu.nvml import TelemetryError, open_telemetry
@@ -101,18 +102,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(agent: Agent, socket_path: Path, done: threading.Event | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (read from a pipe: a handler that set ``done`` could wait forever
+    for the lock the main thread held inside ``done.wait``; signal_wait.py) or ``done`` is set."""
     done = done or threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: done.set())
-    server = AgentServer(agent, socket_path)
+    signals = SignalWait((signal.SIGTERM, signal.SIGINT))
     try:
-        server.start()
-    except (OSError, RuntimeError) as exc:
-        log.error("cannot listen on %s: %s", socket_path, exc)
-        done.set()  # the spool replayer stops too
-        return 1
-    while not done.wait(1.0):
-        pass
+        server = AgentServer(agent, socket_path)
+        try:
+            server.start()
+        except (OSError, RuntimeError) as exc:
+            log.error("cannot listen on %s: %s", socket_path, exc)
+            done.set()  # the spool replayer stops too
+            return 1
+        while not done.is_set():
+            if signals.wait(1.0):
+                break
+    finally:
+        signals.close()
+    done.set()  # the spool replayer stops
     log.info("stopping (signal)")
     server.stop()
     if agent.replayer is not None and not agent.replayer.join(10.0):

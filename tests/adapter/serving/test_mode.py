@@ -4,10 +4,10 @@ mode live; a broken config on SIGHUP changes nothing."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from policy_service.history.store import HistoryStore
@@ -19,8 +19,9 @@ from tests.waiting import wait_for
 from tests.adapter.conftest import SlurmJobs, socket_call
 
 ROOT = Path(__file__).resolve().parents[3]
-SERVE = ("import sys\n"
+SERVE = ("import faulthandler, signal, sys\n"
          "from pathlib import Path\n"
+         "faulthandler.register(signal.SIGUSR1, all_threads=True)  # (unexplained(): every thread's stack)\n"
          "from policy_service.config import load_config\n"
          "from policy_service.serving.server import serve_forever\n"
          "path = Path(sys.argv[1])\n"
@@ -49,6 +50,21 @@ def service(d: Path, mode: str):
         log.close()
 
 
+def unexplained(p: subprocess.Popen, d: Path, what: str):
+    """wait_for's ``what`` for a wait on the service: on a timeout, what was awaited, then the
+    service's log with the stack of each of its threads (SERVE registers faulthandler on SIGUSR1),
+    so that a wait that timed out says where the service was."""
+    def explain() -> str:
+        log = d / "service.log"
+        if p.poll() is None:
+            p.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 5
+            while "most recent call first" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return f"{what}; the service's log (exit {p.poll()}):\n{log.read_text()[-12000:]}"
+    return explain
+
+
 def admit(d: Path, name: str) -> dict:
     reply = socket_call(d / "policy.sock", {"method": "Admit", "request": {"brief": True, "job": {
         "user": "alice", "uid": 1000, "jobName": name, "tresPerNode": "gres:gpu:1"}}}, timeout_s=10)
@@ -75,7 +91,7 @@ def test_shadow_then_enforce_then_off_switched_live(short_dir):
         conf.write_text(config(d, "enforce"))
         p.send_signal(signal.SIGHUP)
         wait_for(lambda: "policy.mode: shadow -> enforce" in (d / "service.log").read_text(), 15,
-                 lambda: "the service to apply the new mode")
+                 unexplained(p, d, "the service to apply the new mode"))
         enforced = admit(d, "train")
         assert "mode=shadow" not in enforced["rewrite"]["adminComment"]
         assert "tresPerNode" in enforced["rewrite"]  # 22.05 semantics by default: whole GPU held as shards
@@ -83,7 +99,7 @@ def test_shadow_then_enforce_then_off_switched_live(short_dir):
         conf.write_text(config(d, "off"))
         p.send_signal(signal.SIGHUP)
         wait_for(lambda: "policy.mode: enforce -> off" in (d / "service.log").read_text(), 15,
-                 lambda: "the service to apply the new mode")
+                 unexplained(p, d, "the service to apply the new mode"))
         off = admit(d, "train")
         assert off.get("rewrite", {}) == {} and not off.get("decisionId")
         assert off["reasons"][0]["code"] == "mode_off"
@@ -91,7 +107,7 @@ def test_shadow_then_enforce_then_off_switched_live(short_dir):
         conf.write_text("[policy]\nmode = 'sideways'\n")  # does not load: nothing changes
         p.send_signal(signal.SIGHUP)
         wait_for(lambda: "config not reloaded, policy.mode stays off" in (d / "service.log").read_text(), 15,
-                 lambda: "the service to refuse the broken config")
+                 unexplained(p, d, "the service to refuse the broken config"))
         assert admit(d, "train")["reasons"][0]["code"] == "mode_off"
         assert p.poll() is None
     got = recorded(d)
@@ -165,3 +181,24 @@ def test_a_reload_while_the_service_starts_is_applied_not_fatal(short_dir):
         finally:
             p.send_signal(signal.SIGTERM)
             p.wait(15)
+
+
+def test_a_burst_of_reloads_then_sigterm_applies_the_last_and_stops(short_dir):
+    """SIGHUPs in a burst, then SIGTERM: the last config is applied and the service stops, however
+    the signals fall against its main loop. Its handlers used to set an Event the loop waited on: a
+    signal handled while the main thread held that Event's lock (entering wait()) waited for it
+    forever, and no reload or SIGTERM was acted on again (a SIGHUP never applied, seen once under
+    load). Now the signals are read from a pipe (signal_wait.py)."""
+    d = short_dir
+    with service(d, "shadow") as (p, conf):
+        for i in range(300):
+            conf.write_text(config(d, "enforce" if i % 2 == 0 else "shadow"))
+            p.send_signal(signal.SIGHUP)
+        conf.write_text(config(d, "off"))
+        p.send_signal(signal.SIGHUP)
+        wait_for(lambda: "-> off" in (d / "service.log").read_text(), 30,
+                 unexplained(p, d, "the service to apply the last config"))
+        assert admit(d, "train")["reasons"][0]["code"] == "mode_off"
+        p.send_signal(signal.SIGTERM)
+        wait_for(lambda: p.poll() is not None, 30, unexplained(p, d, "the service to stop on SIGTERM"))
+        assert p.returncode == 0
