@@ -152,7 +152,7 @@ def lua_files_check(entry: Entry, conf_dir: str, files: Mapping[str, LuaFile], s
             fail = True
     names = ", ".join([entry.script, *(f for f, _, _ in needed)])
     detail = "; ".join(problems) or f"{names} beside slurm.conf in {conf_dir}, readable by {entry.reader.name}"
-    fix = (f"install -m 644 " + " ".join(f"{src_dir}/{f}" for f in names.split(", ")) + f" {conf_dir}/ on "
+    fix = ("install -m 644 " + " ".join(f"{src_dir}/{f}" for f in names.split(", ")) + f" {conf_dir}/ on "
            + entry.hosts + ("" if entry.reader.uid == 0 else f"; {entry.reader.name} must be able to read them"))
     return Check(entry.check, not fail, detail, fix if problems else "", warn=bool(problems) and not fail)
 
