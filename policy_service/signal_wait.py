@@ -5,9 +5,9 @@ A Python signal handler runs in the main thread between two of its bytecodes, wh
 is. A handler that set a ``threading.Event`` the main loop waits on took the Event's lock, which
 the main thread itself holds for a moment each time it enters ``wait()`` or ``clear()``: a signal
 handled in that moment waited forever for a lock its own thread held, and the main loop never ran
-again (no reload, no stop on SIGTERM: a SIGHUP never applied, seen once in the test suite under load). Here the
-handler does nothing: CPython's own C handler writes each signal's number to a pipe
-(``signal.set_wakeup_fd``), and the main loop reads the pipe.
+again (no reload, no stop on SIGTERM: a SIGHUP never applied, seen once in the test suite under
+load). Here the handler does nothing: CPython's own C handler writes each signal's number to a
+pipe (``signal.set_wakeup_fd``), and the main loop reads the pipe.
 """
 from __future__ import annotations
 

@@ -373,10 +373,11 @@ def serve_forever(cfg: Config, reload: Callable[[], Config] | None = None, use_s
     # (the queue poll parsing squeue, the writer committing decisions): 5 ms by default, while
     # slurmctld waits holding its job lock. bench/gil_switch.py measures it.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    # Signals are read from a pipe (signal_wait.py), never by a handler taking a lock. SIGHUP's comes first: the socket is there (and `systemctl reload` may come) before
-    # the rest has started (the publisher, the monitor), and SIGHUP's default action would kill the
-    # service; one that arrives meanwhile is applied once it has started. (SIGTERM meanwhile still
-    # ends it at once: nothing it has answered is lost, the journal holds it.)
+    # Signals are read from a pipe (signal_wait.py), never by a handler taking a lock. SIGHUP's is
+    # installed first: the socket is there (and `systemctl reload` may come) before the rest has
+    # started (the publisher, the monitor), and SIGHUP's default action would kill the service; one
+    # that arrives meanwhile is applied once it has started. (SIGTERM meanwhile still ends it at
+    # once: nothing it has answered is lost, the journal holds it.)
     signals = SignalWait((signal.SIGHUP,) if reload is not None else ())
     try:
         svc = start_service(cfg, use_slurm=use_slurm, accept_empty_history=accept_empty_history)
@@ -385,8 +386,9 @@ def serve_forever(cfg: Config, reload: Callable[[], Config] | None = None, use_s
         running = cfg
         while True:
             got = signals.wait()
-            if got & {signal.SIGTERM, signal.SIGINT}:
-                log.info("signal %d: shutting down", min(got & {signal.SIGTERM, signal.SIGINT}))
+            stopping = got & {signal.SIGTERM, signal.SIGINT}
+            if stopping:
+                log.info("signal %d: shutting down", min(stopping))
                 break
             if signal.SIGHUP in got and reload is not None:
                 running = reload_mode(svc, running, reload)

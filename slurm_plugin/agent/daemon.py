@@ -103,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(agent: Agent, socket_path: Path, done: threading.Event | None = None) -> int:
     """Serve until SIGTERM/SIGINT (read from a pipe: a handler that set ``done`` could wait forever
-    for the lock the main thread held inside ``done.wait``; signal_wait.py) or ``done`` is set."""
+    for the lock the main thread held inside ``done.wait``; signal_wait.py), then set ``done``: the
+    spool replayer's stop."""
     done = done or threading.Event()
     signals = SignalWait((signal.SIGTERM, signal.SIGINT))
     try:
@@ -114,9 +115,8 @@ def _serve(agent: Agent, socket_path: Path, done: threading.Event | None = None)
             log.error("cannot listen on %s: %s", socket_path, exc)
             done.set()  # the spool replayer stops too
             return 1
-        while not done.is_set():
-            if signals.wait(1.0):
-                break
+        while not signals.wait() & {signal.SIGTERM, signal.SIGINT}:
+            pass
     finally:
         signals.close()
     done.set()  # the spool replayer stops
