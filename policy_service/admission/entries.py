@@ -5,7 +5,8 @@ under every gate state, decided through the handler's own path (PolicyHandler._d
 while the history keys they read learned nothing under the same mode, enforcement and partitions.
 
 ``EntryBuilding`` is mixed into AdmissionPublisher, whose __init__ sets what it reads (handler, cfg,
-_facts, _last_rowid, _keys_epoch, _oldest_at, _numbers, _known, _context, _context_number, _db, _db_of).
+_facts, _last_rowid, _keys_epoch, _oldest_at, _numbers, _known, _context, _context_number, _db, _db_of,
+_left_out).
 """
 from __future__ import annotations
 
@@ -170,9 +171,11 @@ class EntryBuilding:
             try:
                 d, jr, keys = h._decide(facts, queue=queue, decision_id=admission.PLACEHOLDER_ID, stats_of=stats_of)
             except HandlerError:
+                self._left_out += 1
                 return None  # refused as Admit refuses it: the RPC path answers
             except Exception as exc:  # one odd record must not keep the others from the table
                 log.warning("admission table: key of %s/%s left out: %s", facts.user, facts.job_name, exc)
+                self._left_out += 1
                 return None
             out[state] = dataclasses.replace(apply_mode(d, mode, self.cfg.policy.admin_comment_max_chars),
                                              decided_at=0.0)

@@ -5,7 +5,7 @@ are written atomically (temporary file in the same directory, fsync, rename), mo
 SlurmUser's (they name every published class's user, job name and comment).
 
 ``TableFiles`` is mixed into AdmissionPublisher, whose __init__ sets what it reads (handler, cfg,
-clock, table, gate, reader_gid, _file_lock, _written, _gate_lock, _gate_written, _gate_error, _stop).
+clock, table, gate, reader_gid, _file_lock, _written, _body, _gate_lock, _gate_written, _gate_error, _stop).
 """
 from __future__ import annotations
 
@@ -24,15 +24,25 @@ log = logging.getLogger("swapaware.admission")
 TABLE_MODE = 0o640  # the table and gate files: the service's user and slurmctld's group
 
 
-def pieces(doc: dict, built: list) -> Iterator[bytes]:
-    """The class table's file (core/admission_format.table_pieces) of the keys as built."""
-    return admission_format.table_pieces(doc, (
+def body_of(built: list) -> admission_format.Body:
+    """The class table's body (core/admission_format.table_body) of the keys as built."""
+    return admission_format.table_body(
         (known.digest, key, known.entry, (part.partition("\t")[::2] for part in known.text.split("\n")))
-        for key, known in built))
+        for key, known in built)
 
 
 class TableFiles:
     """AdmissionPublisher's writes of the table and gate files outside a build."""
+
+    def _write_table(self, doc: dict, built: list) -> int:
+        """Under _file_lock: the class table file of ``built`` (key, Known) under ``doc``'s header;
+        the bytes written. The body is rendered again for another list than the one last written,
+        and kept: a refresh (publish.py) writes the same list, only the header's times new. What it
+        keeps is the file's size again (about 100 bytes a key)."""
+        body = self._body[1] if self._body is not None and self._body[0] is built else body_of(built)
+        size = write_atomically(self.table, admission_format.table_pieces(doc, body), TABLE_MODE, self.reader_gid)
+        self._written, self._body = (doc, built), (built, body)
+        return size
 
     def on_queue_poll(self, pending, state) -> None:
         """QueueMonitor.on_poll: the gate file follows each new snapshot at once."""
@@ -76,13 +86,12 @@ class TableFiles:
         if len(kept) == len(built):
             return
         try:
-            write_atomically(self.table, pieces(doc, kept), TABLE_MODE, self.reader_gid)
+            self._write_table(doc, kept)
         except OSError as exc:  # the file keeps the entries: remove it rather than answer stale
             log.error("admission table: entries whose class learned could not be dropped (%s): the table is removed "
                       "until the next build", exc)
             self._unlink_table()
             return
-        self._written = (doc, kept)
         log.info("admission table: %d entr%s dropped until the next build (an observation of their class)",
                  len(built) - len(kept), "y" if len(built) - len(kept) == 1 else "ies")
 
@@ -92,7 +101,7 @@ class TableFiles:
             self.table.unlink()
         except FileNotFoundError:
             pass
-        self._written = None
+        self._written = self._body = None
 
     # ------------------------------------------------------------------ the gate
     def write_gate(self) -> bool:

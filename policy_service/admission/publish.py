@@ -11,7 +11,9 @@ A background thread, never on Admit's path:
   * rebuilt at most every refresh_s, when something it depends on changed (observations learned,
     a class decided that the table does not hold, mode, nodes' enforcement, partitions; not the
     decisions of classes it holds, as every table hit's), at once when the mode changed, and
-    re-published at least every valid_s / 2 (the same version when nothing it holds changed);
+    re-published at least every valid_s / 2 (the same version when nothing it holds changed; when
+    nothing it depends on changed either, the last build's file again under a new valid_until, no
+    key decided again: ``_refresh``);
   * an observation about to be folded into history keys first drops every entry of the written
     file whose decisions read one of them (``learning``, the file rewritten without them), and no
     build writes until it is recorded and counted (a build leaves out entries learned since they
@@ -41,8 +43,7 @@ from typing import TYPE_CHECKING, Callable
 
 from policy_service.admission.archive import TableArchive
 from policy_service.admission.entries import EntryBuilding, Known
-from policy_service.admission.files import TABLE_MODE, TableFiles, pieces
-from policy_service.atomic_file import write_atomically
+from policy_service.admission.files import TableFiles
 from policy_service.config import Config, PolicyMode
 from policy_service.core import admission
 
@@ -81,6 +82,7 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         # key -> Known as a plain tuple: the collector stops tracking a tuple of atoms (it never
         # stops tracking a NamedTuple's instance)
         self._known: dict[str, tuple] = {}
+        self._left_out = 0  # keys a build could not decide (a refusal, an error): decided again at the next
         self._context: tuple | None = None  # (mode, enforcement, partitions) of the last build
         self._context_number = 0
         self._published: Publication | None = None
@@ -96,6 +98,8 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         # never waits for a build to decide its keys, only for a write under way)
         self._file_lock = threading.Lock()
         self._written: tuple | None = None  # (doc, [(key, Known)]) of the file as last written
+        self._body: tuple | None = None  # (that list, its rendered body): files.py _write_table
+        self._complete = False  # the last build decided every key it read (none left out for an error)
         # the gate file: written after each queue poll by the monitor's thread, which never waits
         # for a build
         self._gate_lock = threading.Lock()
@@ -169,9 +173,17 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
             # the table of the old mode goes at once: jobs take the round trip (the new mode) until
             # the new table is built
             self._remove(f"policy.mode is now {mode.value}", gate=False)
-        if why:
+        if why and self._holds_the_same(inputs):
+            self._refresh(why)
+        elif why:
             self._publish(why, inputs)
         return True
+
+    def _holds_the_same(self, inputs: tuple) -> bool:
+        """Whether a build now would decide what the last one did: nothing it depends on changed
+        (its keys, observations learned, mode, enforcement, partitions, the interference model),
+        it decided every key, and this service has been the writer since."""
+        return self._published is not None and self._complete and not self._claimed and inputs == self._inputs
 
     def _depends(self) -> tuple:
         h = self.handler
@@ -210,6 +222,7 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         generation = self._generation(inputs[:3])
         queues = admission.state_queues(self.cfg)
         keys = self._read_keys(now)
+        left_out = self._left_out
         built: list[tuple[str, Known]] = []
         for n, (key, facts_pb) in enumerate(keys):
             known = self._decisions(key, facts_pb, self._number(key), generation, mode, queues)
@@ -233,17 +246,37 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         else:
             self.archive.put_stored(version, {known.entry: known.templates for _, known in built})  # before a
             # job can name it
-        doc = admission.table_file(version, now, now + self.cfg.admission.valid_s, self.handler.dialect.name,
-                                   mode.value, self.cfg.policy.queue_per_qos, None)
         with self._file_lock:
             built = self._unlearned(built)  # an observation may have come while the keys were decided
-            size = write_atomically(self.table, pieces(doc, built), TABLE_MODE, self.reader_gid)
-            self._written = (doc, built)
+            size = self._write_table(self._doc(version, mode, now), built)
+        self._complete = self._left_out == left_out
+        self._content, self._inputs, self._claimed = digest, inputs, False
+        return self._published_now(why, version, built, size, started, now, bool(reused))
+
+    def _refresh(self, why: str) -> Publication:
+        """The file last written, published again under a new valid_until (``_holds_the_same``):
+        no key is decided again and its body is written as last rendered. An observation's drop
+        (``learning``, under the same lock) has left its classes out of what was last written."""
+        started, now, version = time.monotonic(), self.clock(), self._published.version
+        self.archive.touch(version)
+        with self._file_lock:
+            written = self._written
+            if written is not None:
+                size = self._write_table(self._doc(version, self._inputs[0], now), written[1])
+        if written is None:  # removed since (an entry's drop could not be written): built anew
+            return self._publish(why, None)
+        return self._published_now(why, version, written[1], size, started, now, True)
+
+    def _doc(self, version: str, mode: PolicyMode, now: float) -> dict:
+        return admission.table_file(version, now, now + self.cfg.admission.valid_s, self.handler.dialect.name,
+                                    mode.value, self.cfg.policy.queue_per_qos, None)
+
+    def _published_now(self, why: str, version: str, built: list, size: int, started: float, now: float,
+                       reused: bool) -> Publication:
         self._prune(now)
         pub = Publication(version, len(built), sum(len(k.templates[0]) for _, k in built), size,
-                          time.monotonic() - started, bool(reused))
-        self._published, self._published_at, self._content = pub, now, digest
-        self._inputs, self._built_at, self.last, self._claimed = inputs, now, pub, False
+                          time.monotonic() - started, reused)
+        self._published, self._published_at, self._built_at, self.last = pub, now, now, pub
         log.info("admission table %s %s (%s): %d entries, %d bytes, %.2f s", version,
                  "re-published" if reused else "published", why, pub.entries, pub.bytes, pub.built_s)
         return pub

@@ -38,7 +38,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from policy_service.core.admission import LETTER_STATE, PLACEHOLDER_ID, STATE_LETTER, TABLE_FORMAT, \
     TOKEN_CHARS, TableRef
@@ -149,15 +149,21 @@ def _entry_number(entry: Mapping) -> int:
     return 0
 
 
-def table_pieces(doc: Mapping, entries: Iterable[tuple[str, str, int, Iterable[tuple[str, str]]]] | None,
-                 piece_bytes: int = 1 << 20) -> Iterator[bytes]:
-    """The file of a table, in pieces of about ``piece_bytes``: ``doc`` gives the header,
-    ``entries`` are (digest, key, entry number, (state, decision text) pairs) in the order written
-    (the publisher's: entry order); a key whose digest an earlier one has is left out (the RPC
-    path decides it). Each distinct decision
-    is written once and each key's line names its decisions by number. No copy of the whole table
-    is made, so no single step holds the GIL for long. ``entries`` None: a header that counts
-    none, as a broken file."""
+class Body(NamedTuple):
+    """A table file less its header: what stays the same when only the header's times change."""
+
+    decisions: int  # the distinct decisions it holds
+    entries: int | None  # its keys (None: a header that counts none, as a broken file)
+    pieces: tuple[bytes, ...]
+
+
+def table_body(entries: Iterable[tuple[str, str, int, Iterable[tuple[str, str]]]] | None,
+               piece_bytes: int = 1 << 20) -> Body:
+    """The body of a table's file in pieces of about ``piece_bytes``: ``entries`` are (digest, key,
+    entry number, (state, decision text) pairs) in the order written (the publisher's: entry
+    order); a key whose digest an earlier one has is left out (the RPC path decides it). Each
+    distinct decision is written once and each key's line names its decisions by number. Built one
+    line at a time, so no single step holds the GIL for long."""
     decisions = Decisions()
     digests: set[str] = set()
     kept = []
@@ -165,17 +171,24 @@ def table_pieces(doc: Mapping, entries: Iterable[tuple[str, str, int, Iterable[t
         if digest not in digests:
             digests.add(digest)
             kept.append((digest, key, number, [(state, decisions.number(text)) for state, text in states]))
-    yield header_lines(doc, len(decisions.numbers), None if entries is None else len(kept)).encode()
     lines = (entry_line(*k) for k in kept)
+    out: list[bytes] = []
     batch: list[str] = []
     size = 0
     for line in itertools.chain(decisions.lines(), lines, (END + "\n",)):
         batch.append(line)
         size += len(line)
         if size >= piece_bytes:
-            yield "".join(batch).encode()
+            out.append("".join(batch).encode())
             batch, size = [], 0
-    yield "".join(batch).encode()
+    out.append("".join(batch).encode())
+    return Body(len(decisions.numbers), None if entries is None else len(kept), tuple(out))
+
+
+def table_pieces(doc: Mapping, body: Body) -> Iterator[bytes]:
+    """The file of a table: ``doc`` gives the header, ``body`` (table_body) the rest."""
+    yield header_lines(doc, body.decisions, body.entries).encode()
+    yield from body.pieces
 
 
 def render_table(doc: Mapping) -> bytes:
@@ -185,7 +198,7 @@ def render_table(doc: Mapping) -> bytes:
         (key_digest(key), key, _entry_number(entry), ((state, decision_text(d)) for state, d in entry.items()
                                                       if state != "i"))
         for key, entry in doc["entries"].items())
-    return b"".join(table_pieces(doc, entries))
+    return b"".join(table_pieces(doc, table_body(entries)))
 
 
 def read_table(data: bytes) -> dict:

@@ -205,14 +205,14 @@ def test_the_file_in_pieces_is_the_same_file_and_a_repeated_digest_is_left_out()
     short, every = admission.LETTER_STATE["s"], admission.LETTER_STATE["a"]
     entries = [("d1", "k1", 7, [(every, "one"), (short, "two")]), ("d2", "k2", 8, [(every, "two")]),
                ("d1", "k1-older", 9, [(every, "three")])]  # the same digest as k1: the newer key is kept
-    whole = b"".join(fmt.table_pieces(doc, entries))
+    whole = b"".join(fmt.table_pieces(doc, fmt.table_body(entries)))
     lines = whole.decode().split("\n")
     assert lines[2:4] == ["one", "two"] and "three" not in lines      # each decision once, the left-out key's none
     assert [line.split("\t")[1] for line in lines[4:6]] == ["k1", "k2"] and lines[6] == fmt.END
     assert '"decisions":2' in lines[1] and '"entries":2' in lines[1]
-    small = list(fmt.table_pieces(doc, entries, piece_bytes=4))
+    small = list(fmt.table_pieces(doc, fmt.table_body(entries, piece_bytes=4)))
     assert len(small) > 3 and b"".join(small) == whole                 # cut anywhere, the same bytes
-    assert '"entries":null' in b"".join(fmt.table_pieces(doc, None)).decode()
+    assert '"entries":null' in b"".join(fmt.table_pieces(doc, fmt.table_body(None))).decode()
 
 
 def test_a_decision_without_a_whole_token_is_written_as_it_is():

@@ -1,0 +1,115 @@
+"""The admission table publisher's refresh: every valid_s / 2 the table is published again under
+a new valid_until. When nothing a build depends on changed, no key is decided again and the file's
+body is written as it was; when something changed, when the last build could not decide a key, or
+when the file was removed since, the refresh is a build.
+
+The fixtures and helpers (env, svc, table...) are test_admission_publish.py's."""
+from policy_service._generated.swapaware.v1 import policy_pb2 as pb
+from policy_service.core import admission
+from policy_service.core.admission_format import read_table
+
+from tests.adapter.serving.test_service import GIB, facts, run_job
+from tests.adapter.admission.test_admission_publish import body, env, svc, table  # noqa: F401 (env, svc: fixtures)
+
+
+def counting(p, monkeypatch) -> list:
+    """The keys the publisher decides from now on (each call of its _decisions)."""
+    decided, decide = [], p._decisions
+
+    def count(key, *args):
+        decided.append(key)
+        return decide(key, *args)
+    monkeypatch.setattr(p, "_decisions", count)
+    return decided
+
+
+def built(p):
+    """A build now, the decisions handed out so far in the history first (as the thread's ticks
+    find them: what the build depends on is read before it)."""
+    p.handler.flush()
+    with p._lock:
+        return p.publish("test")
+
+
+def refresh_due(p) -> None:
+    """One tick of the publisher's thread once valid_s / 2 has passed since its last publication
+    (under its lock: the thread's own ticks wait)."""
+    p.handler.flush()  # the decisions handed out so far are in the history
+    with p._lock:
+        p._published_at -= p.cfg.admission.valid_s
+        p.tick()
+
+
+def test_a_refresh_with_nothing_changed_decides_no_key_and_writes_the_same_body(svc, slurm_jobs, monkeypatch):
+    s, client = svc
+    client.admit(facts(name="a"))
+    client.admit(facts(name="b"))
+    p = s.admission_publisher
+    one = built(p)
+    first = p.table.read_bytes()
+    decided = counting(p, monkeypatch)
+    refresh_due(p)
+    again = p.table.read_bytes()
+    assert decided == [] and (p.last.version, p.last.reused, p.last.entries) == (one.version, True, one.entries)
+    assert body(again) == body(first) and p.last.bytes == len(again)
+    assert read_table(again)["valid_until"] > read_table(first)["valid_until"]
+    client.admit(facts(name="c"))  # a class the table does not hold: the next refresh is a build
+    refresh_due(p)
+    assert decided and p.last.entries == one.entries + 1 and p.last.version != one.version
+
+
+def test_a_refresh_after_a_key_was_left_out_or_the_file_removed_is_a_build(svc, slurm_jobs, monkeypatch):
+    s, client = svc
+    client.admit(facts(name="a"))
+    client.admit(facts(name="odd"))
+    p = s.admission_publisher
+    decide, odd = p.handler._decide, facts(name="odd")
+
+    def failing_once(f, **kw):
+        if f.job_name == "odd" and not failed:
+            failed.append(1)
+            raise RuntimeError("one odd record")
+        return decide(f, **kw)
+    failed: list = []
+    p.handler.flush()
+    with p._lock:  # (the thread's ticks wait)
+        monkeypatch.setattr(p.handler, "_decide", failing_once)
+        p._known.clear()
+        p.publish("test")
+    assert failed and admission.table_key(odd) not in table(s)["entries"]
+    decided = counting(p, monkeypatch)
+    refresh_due(p)  # the key left out is decided again
+    assert admission.table_key(odd) in decided and admission.table_key(odd) in table(s)["entries"]
+    decided.clear()
+    refresh_due(p)
+    assert decided == []
+    with p._lock, p._file_lock:  # as a drop whose write failed leaves it
+        p._unlink_table()
+    refresh_due(p)
+    assert decided and admission.table_key(odd) in table(s)["entries"]
+
+
+def test_a_refresh_leaves_out_a_class_that_learned_while_it_ran(svc, slurm_jobs, monkeypatch):
+    """An observation acknowledged after the refresh found nothing changed, before it wrote: the
+    class's entry is not in the file it writes."""
+    s, client = svc
+    job = facts(name="racing")
+    # bob's job reads no key of alice's (another account and partition): her run leaves it in
+    other = pb.JobFacts(user="bob", account="bobs", partition="gpu2", job_name="bystander",
+                        tres_per_node="gres:gpu:1", script_fingerprint="00000001deadbeef")
+    client.admit(job)
+    client.admit(other)
+    p = s.admission_publisher
+    version = built(p).version
+    touch, learned = p.archive.touch, []
+
+    def touch_then_learn(v):
+        touch(v)
+        if not learned:
+            learned.append(run_job(client, slurm_jobs, 8, job, peak=2 * GIB)[1].applied)
+    monkeypatch.setattr(p.archive, "touch", touch_then_learn)
+    decided = counting(p, monkeypatch)
+    refresh_due(p)
+    entries = table(s)["entries"]
+    assert learned == [True] and decided == [] and p.last.version == version
+    assert admission.table_key(job) not in entries and admission.table_key(other) in entries
