@@ -25,7 +25,9 @@ shards per GPU, every attempt: ``swapaware report``'s gpu_hours_used) and saved 
 policy's; mean JCT over B0's; jobs slowed past the budget by interference (completed, never
 swapped, runtime / solo runtime > policy.max_interference_slowdown); the learned model's error
 against the truth (``model_error``, 10 x 10 grid of [0.1, 1]^2) and the shared runs after which
-it stays <= --target (checked at each refit; "never": not within the run).
+it stays <= --target (checked at each refit; "never": not within the run); the same error over
+the (u_self, u_others) of the shared runs the model folded (``site_points``: where the site's
+decisions read it); and, per seed, the warm variant's GPU-hours saved less the oracle's.
 
     .venv/bin/python bench/interference_policy.py                      # alibaba-v2023, 1 seed
     .venv/bin/python bench/interference_policy.py --jobs 1500 --workers 2
@@ -163,11 +165,22 @@ def run_cell(task: tuple[int, float, str, str]) -> dict[str, Any]:
            "budget_lift": reasons.get("long_queue_over_budget", 0),
            "overcommit": reasons.get("compute_overcommitted", 0)}
     if isinstance(pol, LearningSwapAware):
+        site = site_points(pol.evidence) or None  # (None: no shared run, no error to show)
         out.update(folded=pol.folded, within=runs_within(pol.refits, params, _STATE["target"]),
                    err_final=model_error(pol.model.params, params), err_prior=model_error(pol.prior.params, params),
                    warm_runs=len(ev.obs) if ev is not None else 0, warm_passes=passes,
-                   err_start=model_error(start, params) if ev else None)
+                   err_start=model_error(start, params) if ev else None,
+                   site_final=site and model_error(pol.model.params, params, site),
+                   site_prior=site and model_error(pol.prior.params, params, site),
+                   site_start=site and ev and model_error(start, params, site))
     return out
+
+
+def site_points(ev: Evidence) -> tuple[tuple[float, float], ...]:
+    """The (u_self, u_others) of every shared run the model folded: where this site shares, each
+    as often as it did (``model_error`` over them: the error of the predictions its decisions use,
+    where the 10 x 10 grid also weighs what its runs never reach)."""
+    return tuple((o.u_self, o.u_others) for o in ev.obs)
 
 
 def _init(state: dict[str, Any]) -> None:
@@ -183,7 +196,14 @@ HEADER = ("| truth | prior | load | B0 GPU-h held | B0 mean JCT s | GPU-h saved 
           "learned vs oracle saved | warm vs oracle saved | mean JCT / B0: prior / learned / warm / oracle | jobs over "
           "budget: prior / learned / warm / oracle | budget decisions (whole or more shards + long queue not lifted): "
           "prior / learned / warm / oracle | long-queue lifts: learned | shared runs learned | runs to err <= target | "
-          "model error: prior -> learned | warm: runs before (passes), error at start -> end |")
+          "model error: prior -> learned | warm: runs before (passes), error at start -> end | error over the site's "
+          "shared runs: prior -> learned; warm start -> end | warm - oracle saved, per seed |")
+
+
+def _opt(cells: list[dict], key: str) -> str:
+    """The mean of ``key`` over the cells that have it ("-": none)."""
+    have = [c[key] for c in cells if c[key] is not None]
+    return f"{statistics.fmean(have):.3f}" if have else "-"
 
 
 def _all(v: dict[str, list[dict]], fmt) -> str:
@@ -210,7 +230,9 @@ def row(truth: str, load: float, b0: list[dict], v: dict[str, list[dict]]) -> st
         "never" if None in within else f"{statistics.fmean(within):.0f} ({max(within)})",
         f"{_mean(lv, 'err_prior'):.3f} -> {_mean(lv, 'err_final'):.3f}",
         f"{_mean(wv, 'warm_runs'):,.0f} ({_mean(wv, 'warm_passes'):.1f}), {_mean(wv, 'err_start'):.3f} -> "
-        f"{_mean(wv, 'err_final'):.3f}"]
+        f"{_mean(wv, 'err_final'):.3f}",
+        f"{_opt(lv, 'site_prior')} -> {_opt(lv, 'site_final')}; {_opt(wv, 'site_start')} -> {_opt(wv, 'site_final')}",
+        " / ".join(f"{o['held_h'] - w['held_h']:+,.0f}" for w, o in zip(wv, v["oracle"]))]
     return "| " + " | ".join(cells) + " |"
 
 
