@@ -31,7 +31,24 @@ def test_a_short_run_prints_every_variant_and_the_warm_evidence(capsys):
         cells = [c.strip() for c in ln.strip("|").split("|")]
         assert len(cells) == bench.HEADER.count(" | ") + 1
         assert len(cells[5].split(" / ")) == 4  # prior / learned / warm / oracle
-        runs, passes = cells[-1].split(" (")[0], cells[-1].split("(")[1].split(")")[0]
+        warm, site, per_seed = cells[-3:]
+        runs, passes = warm.split(" (")[0], warm.split("(")[1].split(")")[0]
         # warm-up replays of other seeds until 30 shared runs (or MAX_WARM_PASSES)
         assert int(runs.replace(",", "")) >= 30 or float(passes) == bench.MAX_WARM_PASSES
+        # the error over the site's shared runs: prior -> learned; warm start -> end ("-": none shared)
+        assert all(x == "-" or 0 <= float(x) < 10 for part in site.split("; ") for x in part.split(" -> "))
+        assert len(per_seed.split(" / ")) == 1 and per_seed.lstrip("+-").replace(",", "").isdigit()
     assert "failed jobs over all runs: 0" in out
+
+
+def test_the_site_error_weighs_each_shared_run_where_it_ran():
+    from policy_service.core.interference import KneeParams
+    from policy_service.core.interference_learn import Evidence, InterferenceObs, model_error
+    runs = [InterferenceObs("", "u", "c", 0.2, 0.3, 1.1)] * 3 + [InterferenceObs("", "u", "c", 0.9, 0.8, 2.0)]
+    points = bench.site_points(Evidence("", tuple(runs)))
+    assert points == ((0.2, 0.3),) * 3 + ((0.9, 0.8),)
+    p, q = KneeParams(0.5, 2.0), KneeParams(0.1, 1.0)
+    by_hand = (3 * abs(knee_slowdown(0.2, 0.3, 0.5, 2.0) - knee_slowdown(0.2, 0.3, 0.1, 1.0))
+               + abs(knee_slowdown(0.9, 0.8, 0.5, 2.0) - knee_slowdown(0.9, 0.8, 0.1, 1.0))) / 4
+    assert model_error(p, q, points) == pytest.approx(by_hand)
+    assert bench.site_points(Evidence("", ())) == ()
