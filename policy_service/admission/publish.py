@@ -8,9 +8,10 @@ A background thread, never on Admit's path:
     some queue reaches, with a queue snapshot in that state, then policy.mode is applied as Admit
     applies it; a key whose history keys learned nothing since, under the same mode, enforcement
     and partitions, keeps its decisions;
-  * rebuilt at most every refresh_s, when something it depends on changed (observations learned,
-    a class decided that the table does not hold, mode, nodes' enforcement, partitions; not the
-    decisions of classes it holds, as every table hit's), at once when the mode changed, and
+  * rebuilt at most every refresh_s (longer for a costly table: _build_every), when something it
+    depends on changed (observations learned, a class decided that the table does not hold, mode,
+    nodes' enforcement, partitions; not the decisions of classes it holds, as every table hit's),
+    at once when the mode changed, and
     re-published at least every valid_s / 2 (the same version when nothing it holds changed; when
     nothing it depends on changed either, the last build's file again under a new valid_until, no
     key decided again: ``_refresh``);
@@ -51,6 +52,12 @@ if TYPE_CHECKING:  # an adapter imports nothing of the handler but its type
     from policy_service.serving.handler import PolicyHandler
 
 log = logging.getLogger("swapaware.admission")
+# Builds take at most this share of the publisher's time while changes keep coming (a table of
+# 10,000 keys takes about 0.2 s of CPU a build: one every 10 s, where a small table's is due every
+# refresh_s) ...
+BUILD_SHARE = 0.02
+# ... but a change waits at most this long for its build (or refresh_s, where that is longer).
+BUILD_WAIT_MAX_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +97,7 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         self._content = b""  # digest of what the published version holds
         self._inputs: tuple | None = None  # what the last build depended on
         self._built_at = float("-inf")
+        self._build_cpu = 0.0  # the last build's CPU time (this thread's), which spaces the next (_build_every)
         self._gate_written: tuple | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -202,11 +210,16 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
             return f"policy.mode is {inputs[0].value}"
         if now - self._published_at >= self.cfg.admission.valid_s / 2:
             return "valid_s / 2 since the last publication"
-        if now - self._built_at < self.cfg.admission.refresh_s:
+        if now - self._built_at < self._build_every():
             return ""
         names = ("mode", "enforcement", "partitions", "observations learned", "classes decided", "interference model")
         changed = [n for n, a, b in zip(names, inputs, self._inputs) if a != b]
         return ", ".join(changed) + " changed" if changed else ""
+
+    def _build_every(self) -> float:
+        """The least time between two builds: refresh_s, or longer for a table whose build is
+        costly: its last build's CPU time / BUILD_SHARE, up to BUILD_WAIT_MAX_S."""
+        return max(self.cfg.admission.refresh_s, min(BUILD_WAIT_MAX_S, self._build_cpu / BUILD_SHARE))
 
     # ------------------------------------------------------------------ publishing
     def publish(self, why: str, inputs: tuple | None = None) -> Publication:
@@ -215,7 +228,7 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
             return self._publish(why, inputs)
 
     def _publish(self, why: str, inputs: tuple | None) -> Publication:
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.thread_time()
         inputs = inputs or self._depends()
         now = self.clock()
         mode = inputs[0]
@@ -251,6 +264,7 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
             size = self._write_table(self._doc(version, mode, now), built)
         self._complete = self._left_out == left_out
         self._content, self._inputs, self._claimed = digest, inputs, False
+        self._built_at, self._build_cpu = now, time.thread_time() - cpu
         return self._published_now(why, version, built, size, started, now, bool(reused))
 
     def _refresh(self, why: str) -> Publication:
@@ -276,7 +290,7 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         self._prune(now)
         pub = Publication(version, len(built), sum(len(k.templates[0]) for _, k in built), size,
                           time.monotonic() - started, reused)
-        self._published, self._published_at, self._built_at, self.last = pub, now, now, pub
+        self._published, self._published_at, self.last = pub, now, pub
         log.info("admission table %s %s (%s): %d entries, %d bytes, %.2f s", version,
                  "re-published" if reused else "published", why, pub.entries, pub.bytes, pub.built_s)
         return pub

@@ -77,8 +77,10 @@ class AdmissionConfig:
     # (swapaware_plugin.conf table=auto, beside its socket=). Empty: no table is published and every
     # job takes the Admit round trip. Read it as Config.table_path.
     table_path: str = "auto"
-    # The class table is rebuilt at most this often, when anything it depends on changed.
-    refresh_s: float = 30.0
+    # The class table is rebuilt at most this often, when anything it depends on changed (a table
+    # whose build is costly less often: builds take at most 2 % of a core, a change waiting at most
+    # 30 s or refresh_s; admission/publish.py _build_every).
+    refresh_s: float = 5.0
     # A class table older than this is never used by the plugin (it is re-published sooner).
     valid_s: float = 300.0
     # Keys of the decisions recorded in this last period are published ...

@@ -1,9 +1,12 @@
 """The admission table publisher's refresh: every valid_s / 2 the table is published again under
 a new valid_until. When nothing a build depends on changed, no key is decided again and the file's
 body is written as it was; when something changed, when the last build could not decide a key, or
-when the file was removed since, the refresh is a build.
+when the file was removed since, the refresh is a build. And builds: spaced by refresh_s, or by
+what the last one cost.
 
 The fixtures and helpers (env, svc, table...) are test_admission_publish.py's."""
+import pytest
+
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.core import admission
 from policy_service.core.admission_format import read_table
@@ -113,3 +116,33 @@ def test_a_refresh_leaves_out_a_class_that_learned_while_it_ran(svc, slurm_jobs,
     entries = table(s)["entries"]
     assert learned == [True] and decided == [] and p.last.version == version
     assert admission.table_key(job) not in entries and admission.table_key(other) in entries
+
+
+def test_builds_are_spaced_by_refresh_s_or_by_what_the_last_cost():
+    """A cheap build may follow the last after refresh_s; a costly one waits until builds take
+    BUILD_SHARE of the time, never more than BUILD_WAIT_MAX_S (or refresh_s, where longer)."""
+    import types
+
+    from policy_service.admission.publish import BUILD_SHARE, BUILD_WAIT_MAX_S, AdmissionPublisher
+    from policy_service.config import load_config
+
+    def every(refresh_s, cpu):
+        cfg = load_config(env={"SWAPAWARE_ADMISSION__REFRESH_S": str(refresh_s)})
+        return AdmissionPublisher._build_every(types.SimpleNamespace(cfg=cfg, _build_cpu=cpu))
+    assert load_config(env={}).admission.refresh_s == 5.0
+    assert every(5, 0.01) == 5.0                        # a small table: refresh_s
+    assert every(5, 0.2) == pytest.approx(0.2 / BUILD_SHARE) == pytest.approx(10.0)  # 10,000 keys
+    assert every(5, 2.6) == BUILD_WAIT_MAX_S == 30.0    # 100,000 keys: no longer than before
+    assert every(60, 2.6) == 60.0                       # a site's longer refresh_s stands
+
+
+def test_a_build_records_its_cpu_time(svc, slurm_jobs):
+    s, client = svc
+    client.admit(facts(name="a"))
+    p = s.admission_publisher
+    p._build_cpu = -1.0
+    built(p)
+    assert 0.0 < p._build_cpu < 30.0
+    cpu = p._build_cpu
+    refresh_due(p)  # a refresh is no build: it leaves the figure
+    assert p._build_cpu == cpu
