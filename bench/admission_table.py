@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb  # noqa: E402
 from policy_service.admission.archive import TableArchive, archive_path  # noqa: E402
 from policy_service.admission.publish import AdmissionPublisher  # noqa: E402
-from policy_service.history.decision_log import DecisionRecord  # noqa: E402
+from policy_service.history.journal_records import DecisionRecord  # noqa: E402
 from policy_service.history.store import HistoryStore  # noqa: E402
 from policy_service.history.schema import stats_to_json  # noqa: E402
 from policy_service.config import AdmissionConfig, Config  # noqa: E402

@@ -42,7 +42,11 @@ def worker(jobs: int, workdir: Path) -> dict:
     from policy_service.admission.archive import TableArchive, archive_path
     from policy_service.admission.catchup import AdmissionCatchup
     from policy_service.core.admission import PLACEHOLDER_ID, TableRef
-    from policy_service.history.decision_log import DecisionLog, DecisionRecord
+    from policy_service.history.decision_log import DecisionLog
+    try:
+        from policy_service.history.journal_records import DecisionRecord
+    except ImportError:  # a tree from before the journal's records had a module of their own
+        from policy_service.history.decision_log import DecisionRecord
     from policy_service.history.store import HistoryStore
     from policy_service.serving.metrics import ServiceMetrics
     from policy_service.slurm.slurm_comments import CommentedJob

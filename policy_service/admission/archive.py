@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from policy_service.history.decision_log import DecisionRecord
+from policy_service.history.journal_records import DecisionRecord
 from policy_service.history.db import SQLITE, MyConn, mariadb_engine, table_exists
 from policy_service.history.lease import unfenced_tx
 from policy_service.core.admission import LETTER_STATE, MAX_ENTRY, STATE_LETTER, TOKEN_CHARS, TableRef

@@ -36,7 +36,8 @@ import time
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.history.decision_log import DecisionLog, DecisionRecord, JournalError
+from policy_service.history.decision_log import DecisionLog, JournalError
+from policy_service.history.journal_records import DecisionRecord
 from policy_service.history.store import HistoryStore
 from policy_service.slurm.slurm_comments import CommentedJob
 from policy_service.slurm.slurm_text import JobInstance, SlurmError

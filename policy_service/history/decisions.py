@@ -26,7 +26,7 @@ class DecisionRecords:
             self._conn.execute(_INSERT_DECISION, row)
 
     def record(self, records) -> None:
-        """Decisions from the decision journal (history.decision_log.DecisionRecord), in one
+        """Decisions from the decision journal (history.journal_records.DecisionRecord), in one
         transaction; a decision recorded again (journal replay) is the same row."""
         rows = [(r.decision_id, r.decided_at, r.job_class, r.user, r.account, r.partition, r.job_name, r.action,
                  r.shards, r.model_version, json.dumps(r.keys, sort_keys=True), r.facts_pb, r.decision_pb)

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Callable
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.history.decision_log import DecisionRecord
+from policy_service.history.journal_records import DecisionRecord
 from policy_service.core.types import Action, Decision, EstimateSource, JobRequest, Rewrite
 from policy_service.trust.proto_bounds import i32, u32, u64
 

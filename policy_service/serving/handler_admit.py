@@ -14,7 +14,8 @@ from typing import Callable
 import grpc
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
-from policy_service.history.decision_log import JournalError, NoteText, RecordText
+from policy_service.history.decision_log import JournalError
+from policy_service.history.journal_records import NoteText, RecordText
 from policy_service.trust.authz import Owner
 from policy_service.config import PolicyMode
 from policy_service.core.mode import apply_mode

@@ -11,7 +11,7 @@ import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.admission.archive import CHUNK, TableArchive, archive_path, open_archive
-from policy_service.history.decision_log import DecisionRecord
+from policy_service.history.journal_records import DecisionRecord
 from policy_service.history.db import MyConn
 from policy_service.config import load_config
 from policy_service.core import admission

@@ -19,7 +19,7 @@ import pytest
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.admission.archive import TableArchive, archive_path
 from policy_service.admission.catchup import AdmissionCatchup, chain, table_made
-from policy_service.history.decision_log import DecisionRecord
+from policy_service.history.journal_records import DecisionRecord
 from policy_service.history.store import HistoryStore
 from policy_service.slurm.reconcile import Reconciler
 from policy_service.slurm.slurm import CliSlurm

@@ -13,7 +13,8 @@ from pathlib import Path
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.admission.archive import TableArchive, archive_path
 from policy_service.admission.catchup import AdmissionCatchup
-from policy_service.history.decision_log import DecisionLog, DecisionRecord
+from policy_service.history.decision_log import DecisionLog
+from policy_service.history.journal_records import DecisionRecord
 from policy_service.history.store import HistoryStore
 from policy_service.slurm.slurm_comments import CommentedJob
 from policy_service.config import load_config

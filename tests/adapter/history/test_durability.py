@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from policy_service.history.decision_log import DecisionRecord, backoff, read_journal
+from policy_service.history.decision_log import backoff
+from policy_service.history.journal_records import DecisionRecord, read_journal
 from policy_service.history.store import HistoryStore
 from policy_service.config import load_config
 from policy_service.serving.server import start_service

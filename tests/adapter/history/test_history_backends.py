@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from policy_service.history.decision_log import DecisionLog, DecisionRecord
+from policy_service.history.decision_log import DecisionLog
+from policy_service.history.journal_records import DecisionRecord
 from policy_service.history.store import HistoryStore, HistoryUnavailable, NotWriter
 from policy_service.core.types import ClassStats, KeyLevel
 from tests.waiting import wait_for

@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from policy_service.history import decision_log
-from policy_service.history.decision_log import DecisionLog, DecisionRecord, JournalError, read_journal
+from policy_service.history.decision_log import DecisionLog, JournalError
+from policy_service.history.journal_records import DecisionRecord, read_journal
 
 
 def _rec(i: int) -> DecisionRecord:

@@ -20,7 +20,7 @@ from policy_service.history.schema import checked_stats
 from policy_service.config import load_config
 from policy_service.core import policy
 from policy_service.core.types import ClassStats, KeyLevel, LiveShards, QueueState, UserFigure
-from policy_service.history.decision_log import NoteText, RecordText
+from policy_service.history.journal_records import NoteText, RecordText
 from policy_service.serving.decision_proto import decision_record, decision_to_proto, with_id_bytes
 from policy_service.serving.handler import PolicyHandler
 
