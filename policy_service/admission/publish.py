@@ -11,10 +11,9 @@ A background thread, never on Admit's path:
   * rebuilt at most every refresh_s (longer for a costly table: _build_every), when something it
     depends on changed (observations learned, a class decided that the table does not hold, mode,
     nodes' enforcement, partitions; not the decisions of classes it holds, as every table hit's),
-    at once when the mode changed, and
-    re-published at least every valid_s / 2 (the same version when nothing it holds changed; when
-    nothing it depends on changed either, the last build's file again under a new valid_until, no
-    key decided again: ``_refresh``);
+    at once when the mode changed, and re-published at least every valid_s / 2 (the same version
+    when nothing it holds changed; when nothing it depends on changed either, the last build's
+    file again under a new valid_until, no key decided again: ``_refresh``);
   * an observation about to be folded into history keys first drops every entry of the written
     file whose decisions read one of them (``learning``, the file rewritten without them), and no
     build writes until it is recorded and counted (a build leaves out entries learned since they
