@@ -237,9 +237,10 @@ until_ok 60 observed "$a" || fail "job $a's run was not observed: $("$VENV/bin/s
 
 step "the next job of the class, once the table holds it again"
 table=/run/swapaware/admission.json
-version() { sed -n 's/^{"version":"\([0-9a-f]*\)".*/\1/p' "$table" 2>/dev/null | head -1 || true; }
-v0=$(version)
-republished() { [[ $(version) != "$v0" ]] && grep -q '"entries":[1-9]' "$table"; }
+# The observation took the class out of the table before it was recorded (docs/admission-table.md,
+# "Staleness"), and explain has shown it recorded: a table that holds the class now holds a
+# decision made from that run, whether its build came before this line or comes after.
+republished() { grep -q '"entries":[1-9]' "$table" 2>/dev/null; }
 until_ok 60 republished || fail "the admission table was not published again after the observation ($(head -c 300 "$table"))"
 sleep_ms=$(sed -n 's/^table_check_ms=//p' /etc/slurm/swapaware_plugin.conf)
 # the plugin stats the table every table_check_ms (1000 by default): the same wait a user's next job sees
