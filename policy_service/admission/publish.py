@@ -245,11 +245,15 @@ class AdmissionPublisher(EntryBuilding, TableFiles):
         for key in set(self._known) - {k for k, _ in keys}:
             del self._known[key]
         # the file (and what its version names) in entry order, not by recency: a build that
-        # decided what the last one did writes the same bytes under the same version
+        # decided what the last one did writes the same bytes under the same version. The version
+        # also names the templates catch-up records table-made decisions from: an entry decided
+        # again alike but for its reasons (a class's first observed run while it stays whole:
+        # "1 so far") is another version, else its jobs would be recorded with the old reasons
         built.sort(key=lambda kv: kv[1].entry)
         content = hashlib.blake2b(repr((mode.value, self.handler.dialect.name)).encode(), digest_size=16)
         for key, known in built:
-            content.update(f"{key}\0{known.entry}\0{known.text}".encode())
+            content.update(f"{key}\0{known.entry}\0{known.text}\0".encode())
+            content.update(known.templates[1])  # (the digest of its archived templates: archive.stored_entry)
         digest = content.digest()
         reused = self._published is not None and digest == self._content and self._published.version
         version = reused or os.urandom(8).hex()

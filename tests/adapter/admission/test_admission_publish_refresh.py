@@ -146,3 +146,40 @@ def test_a_build_records_its_cpu_time(svc, slurm_jobs):
     cpu = p._build_cpu
     refresh_due(p)  # a refresh is no build: it leaves the figure
     assert p._build_cpu == cpu
+
+
+@pytest.fixture
+def svc_whole3(env, slurm_jobs, tmp_path):
+    """The service with estimator.min_samples 3 (the default): a class stays whole for its first 3 runs."""
+    from policy_service.config import load_config
+    from policy_service.serving.client import PolicyClient
+    from policy_service.serving.server import start_service
+    (tmp_path / "run").mkdir()
+    s = start_service(load_config(env=dict(env, SWAPAWARE_ESTIMATOR__MIN_SAMPLES="3")), slurm=slurm_jobs)
+    try:
+        with PolicyClient(f"127.0.0.1:{s.grpc_port}", 5.0) as c:
+            yield s, c
+    finally:
+        s.stop(0)
+
+
+def test_an_entry_decided_again_alike_but_for_its_reasons_is_another_version(svc_whole3, slurm_jobs):
+    """A class's first observed run leaves it whole ("1 so far" where it said "0 so far"): the file's
+    decision is the same, its archived template is not. The build publishes another version, and
+    the template a table-made decision is recorded from says what the run taught."""
+    s, client = svc_whole3
+    job = facts(name="stays-whole")
+    client.admit(job)
+    p = s.admission_publisher
+    key = admission.table_key(job)
+    one = built(p)
+    before = table(s)["entries"][key]
+    run_job(client, slurm_jobs, 7, job, peak=2 * GIB)  # observed: the class learned one run
+    two = built(p)
+    after = table(s)["entries"][key]
+    assert two.version != one.version and not two.reused
+    assert repr(after).replace(two.version, "V") == repr(before).replace(one.version, "V")  # the same decision
+    for state in (st for st in after if st != "i"):
+        tpl = s.admission_archive.lookup(two.version, after["i"], state)
+        said = " ".join(r.message for r in pb.Decision.FromString(tpl.decision_pb).reasons)
+        assert "(1 so far)" in said and "(0 so far)" not in said, said
