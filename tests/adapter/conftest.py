@@ -5,6 +5,7 @@ stateful stand-in that holds what slurmctld would have stored (the Lua plugin's 
 the pending jobs). The integration tests use the real Slurm."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import tempfile
@@ -227,6 +228,18 @@ def service_env(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture
 def slurm_jobs() -> SlurmJobs:
     return SlurmJobs()
+
+
+@contextlib.contextmanager
+def served(env: dict[str, str], slurm_jobs: SlurmJobs):
+    """A service of ``env``'s config on ``slurm_jobs`` and a gRPC client of it: (service, client),
+    the service stopped after."""
+    svc = start_service(load_config(env=env), slurm=slurm_jobs)
+    try:
+        with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as c:
+            yield svc, c
+    finally:
+        svc.stop(0)
 
 
 @pytest.fixture

@@ -24,12 +24,11 @@ import pytest
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.admission.archive import archive_path
 from policy_service.slurm.slurm import PendingJob
-from policy_service.serving.client import PolicyClient
-from policy_service.config import PolicyMode, load_config
+from policy_service.config import PolicyMode
 from policy_service.core import admission
 from policy_service.core.admission_format import read_table
 from policy_service.core.policy import parse_admin_comment
-from policy_service.serving.server import start_service
+from tests.adapter.conftest import served
 from tests.waiting import wait_for
 
 from tests.adapter.serving.test_service import GIB, facts, run_job
@@ -51,12 +50,8 @@ def env(service_env, tmp_path):
 @pytest.fixture
 def svc(env, slurm_jobs, tmp_path):
     (tmp_path / "run").mkdir()
-    s = start_service(load_config(env=env), slurm=slurm_jobs)
-    try:
-        with PolicyClient(f"127.0.0.1:{s.grpc_port}", 5.0) as c:
-            yield s, c
-    finally:
-        s.stop(0)
+    with served(env, slurm_jobs) as sc:
+        yield sc
 
 
 def table(s):

@@ -11,6 +11,7 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.core import admission
 from policy_service.core.admission_format import read_table
 
+from tests.adapter.conftest import served
 from tests.adapter.serving.test_service import GIB, facts, run_job
 from tests.adapter.admission.test_admission_publish import body, env, svc, table  # noqa: F401 (env, svc: fixtures)
 
@@ -151,16 +152,9 @@ def test_a_build_records_its_cpu_time(svc, slurm_jobs):
 @pytest.fixture
 def svc_whole3(env, slurm_jobs, tmp_path):
     """The service with estimator.min_samples 3 (the default): a class stays whole for its first 3 runs."""
-    from policy_service.config import load_config
-    from policy_service.serving.client import PolicyClient
-    from policy_service.serving.server import start_service
     (tmp_path / "run").mkdir()
-    s = start_service(load_config(env=dict(env, SWAPAWARE_ESTIMATOR__MIN_SAMPLES="3")), slurm=slurm_jobs)
-    try:
-        with PolicyClient(f"127.0.0.1:{s.grpc_port}", 5.0) as c:
-            yield s, c
-    finally:
-        s.stop(0)
+    with served(dict(env, SWAPAWARE_ESTIMATOR__MIN_SAMPLES="3"), slurm_jobs) as sc:
+        yield sc
 
 
 def test_an_entry_decided_again_alike_but_for_its_reasons_is_another_version(svc_whole3, slurm_jobs):

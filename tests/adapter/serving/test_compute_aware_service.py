@@ -4,13 +4,11 @@ import pytest
 
 from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.slurm.slurm import PendingJob
-from policy_service.serving.client import PolicyClient
-from policy_service.config import load_config
 from policy_service.core.request import history_keys, job_request
 from policy_service.core.types import KeyLevel
 from policy_service.serving.events import gpu_utilisation
-from policy_service.serving.server import start_service
 from slurm_plugin.hooks.run import apply_telemetry
+from tests.adapter.conftest import served
 from tests.waiting import wait_for
 
 from tests.adapter.serving.test_service import GIB, facts
@@ -161,12 +159,8 @@ def queue_service(service_env, slurm_jobs):
     # the default prior: test_long_queue_overcommits_compute_with_the_queue_rule_off[budget])
     env = dict(service_env, SWAPAWARE_POLICY__SHARE_MIN_QUEUE="0.05", SWAPAWARE_POLICY__QUEUE_POLL_S="0.05",
                SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE="1.0", SWAPAWARE_POLICY__MAX_INTERFERENCE_SLOWDOWN="0")
-    svc = start_service(load_config(env=env), slurm=slurm_jobs)
-    try:
-        with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as c:
-            yield svc, c
-    finally:
-        svc.stop(0)
+    with served(env, slurm_jobs) as sc:
+        yield sc
 
 
 def test_long_queue_overcommits_compute_end_to_end(queue_service, slurm_jobs):
@@ -195,20 +189,16 @@ def test_long_queue_overcommits_compute_with_the_queue_rule_off(service_env, slu
     ceil(6.4) = 7 shards; with no budget it lifts it to memory's 1."""
     env = dict(service_env, SWAPAWARE_POLICY__QUEUE_POLL_S="0.05",  # share_min_queue = 0 from service_env
                SWAPAWARE_POLICY__OVERCOMMIT_COMPUTE_MIN_QUEUE="1.0", SWAPAWARE_POLICY__MAX_INTERFERENCE_SLOWDOWN=budget)
-    svc = start_service(load_config(env=env), slurm=slurm_jobs)
-    try:
-        with PolicyClient(f"127.0.0.1:{svc.grpc_port}", 5.0) as client:
-            job = facts(name="busy")
-            run_solo(client, slurm_jobs, 52, job, util_pct=80.0)
-            slurm_jobs.pending = waiting(8)  # 8 GPUs for 4: pressure 2.0
-            assert svc.queue_monitor is not None, "no queue monitor runs"
-            wait_for(lambda: (s := svc.queue_monitor.snapshot()) is not None and s.pending_gpus == 8.0, 5.0,
-                     "8 GPUs waiting")
-            d = client.admit(job).decision
-            assert (d.action, d.shards) == (pb.ACTION_SHARE, shards)
-            assert code in codes(d)
-    finally:
-        svc.stop(0)
+    with served(env, slurm_jobs) as (svc, client):
+        job = facts(name="busy")
+        run_solo(client, slurm_jobs, 52, job, util_pct=80.0)
+        slurm_jobs.pending = waiting(8)  # 8 GPUs for 4: pressure 2.0
+        assert svc.queue_monitor is not None, "no queue monitor runs"
+        wait_for(lambda: (s := svc.queue_monitor.snapshot()) is not None and s.pending_gpus == 8.0, 5.0,
+                 "8 GPUs waiting")
+        d = client.admit(job).decision
+        assert (d.action, d.shards) == (pb.ACTION_SHARE, shards)
+        assert code in codes(d)
 
 
 # ----------------------------------------------------------------------------- gpu_utilisation
