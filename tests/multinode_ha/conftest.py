@@ -5,6 +5,8 @@ an empty state, on ports, subnet and bridge of its own."""
 from __future__ import annotations
 
 import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -40,4 +42,20 @@ def ha_cluster(request) -> Stack:
         capture = request.config.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled():
             os.write(2, _tails(s.state).encode())
+        _keep_logs(s.state)
     s.stack("down", "--purge")
+
+
+def _keep_logs(state: Path) -> None:
+    """SWAPAWARE_KEEP_FAILED=DIR (a stress run's choice; unset in CI): every log of the failed
+    suite's cluster copied to DIR/ha-<time> before the state is purged."""
+    where = os.environ.get("SWAPAWARE_KEEP_FAILED", "")
+    if not where:
+        return
+    dest = Path(where) / f"ha-{time.strftime('%Y%m%d-%H%M%S')}"
+    for log in state.rglob("*.log"):
+        if log.is_file():
+            target = dest / log.relative_to(state)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(log, target)
+    os.write(2, f"\n[ha] the cluster's logs kept in {dest}\n".encode())

@@ -10,6 +10,7 @@ node registered with the controller now in control (SlurmdStartTime, which reads
 and a new GPU job ran on each node, and then requires every node in service."""
 from __future__ import annotations
 
+import os
 import re
 import time
 import uuid
@@ -18,7 +19,7 @@ from tests.multinode_ha.controllers import in_control, restore_primary, unanswer
 from tests.slurm_stack import Stack, job_field
 from tests.waiting import wait_for
 
-ROUNDS = 3
+ROUNDS = int(os.environ.get("SWAPAWARE_HA_ROUNDS", "3"))  # takeovers and hand-backs (more: a stress run of them)
 BAD_REASON = "reported but not configured"
 OUT_OF_SERVICE = ("drain", "inval", "down", "fail")  # sinfo %T words of a node that takes no new job
 
