@@ -1,11 +1,16 @@
 """The two controllers of the HA suite (contrib/dev-cluster/controllers.sh): which one is in
 control, each one's role as its PrimaryOnProg/OffProg wrote it, the services' writer lease, bringing
-ctl1 back in control with every node answering it, and what a wait that ran out is explained by
-(sinfo's error, a munge round trip, each slurmctld from /proc, the logs' last lines)."""
+ctl1 back in control with every node answering it, a controller leaving control (and Slurm's hang
+there), and what a wait that ran out is explained by (sinfo's error, a munge round trip, each
+slurmctld from /proc, the logs' last lines)."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import threading
 import time
+from pathlib import Path
 
 from tests.slurm_stack import CLUSTER, Stack, proc_state, tail_of
 from tests.waiting import wait_for
@@ -42,6 +47,79 @@ def backup_on_at(stack: Stack) -> float:
     return float(at)
 
 
+# A controller leaving control (the primary at `scontrol takeover`, told REQUEST_SHUTDOWN by the
+# backup; the backup when the primary takes control back) ends its term with slurmscriptd_flush().
+# In Slurm 22.05.8 and 24.11.5 (Debian 12's and 13's) that call can wait forever: the main thread
+# writes its request to slurmscriptd, then takes the answer's mutex and waits on its condition with
+# no predicate, so an answer signalled in between is lost (SchedMD ticket 21875; fixed in 24.11.6
+# and 25.05). Reproduced by holding the main thread's writes (docs/slurm-releases.md, "A controller
+# leaving control can hang"). The process stays alive, its heartbeat thread still writing, and on
+# 24.11 its listening socket open: every Slurm command connects to it first, times out after
+# MessageTimeout and never tries the other controller. It is killed here, as an admin would.
+LEAVE_S = 45.0  # a controller leaving control saves its state and exits in seconds (restore_primary: the same)
+
+
+def _started(pid: str) -> str:
+    """The process's start time (/proc/<pid>/stat field 22); "" when there is no such process, or
+    only its exit status is left (a zombie its parent has not reaped)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return "" if fields[0] == "Z" else fields[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _main_thread_waits(pid: str) -> str:
+    """Where ``pid``'s main thread waits in the kernel (/proc/<pid>/task/<pid>/wchan)."""
+    try:
+        return Path(f"/proc/{pid}/task/{pid}/wchan").read_text()
+    except OSError:
+        return "gone"
+
+
+class Leaving(threading.Thread):
+    """Watches ``ctl``'s slurmctld (``pid``), which is to exit now, from when it is made: one still there
+    LEAVE_S later with its main thread waiting on a futex is Slurm's lost wakeup above, killed (and
+    said); one there waiting elsewhere is left for the test to fail on, with ``outcome`` saying so."""
+
+    def __init__(self, pid: str, ctl: str, what: str) -> None:
+        super().__init__(daemon=True, name=f"leaving-{ctl}")
+        self.pid, self.ctl, self.what = pid, ctl, what
+        self.began = _started(self.pid) if self.pid else ""
+        self.outcome = ""
+
+    def run(self) -> None:
+        if not self.pid:
+            self.outcome = "not running"
+            return
+        gone = lambda: _started(self.pid) != self.began  # noqa: E731 (a pid taken again is another process)
+        try:
+            wait_for(gone, LEAVE_S, "", 0.2)
+            self.outcome = "exited"
+            return
+        except AssertionError:
+            pass
+        waits = _main_thread_waits(self.pid)
+        if "futex" not in waits:
+            self.outcome = f"alive {LEAVE_S:.0f} s after {self.what}, its main thread waiting in {waits!r}: left"
+            print(f"\n[ha] {self.ctl}'s slurmctld (pid {self.pid}) {self.outcome}")
+            return
+        os.kill(int(self.pid), signal.SIGKILL)
+        wait_for(gone, 15, f"{self.ctl}'s slurmctld gone", 0.2)
+        self.outcome = (f"alive {LEAVE_S:.0f} s after {self.what}, its main thread waiting on a futex (Slurm's lost "
+                        f"wakeup in slurmscriptd_flush): killed")
+        print(f"\n[ha] {self.ctl}'s slurmctld (pid {self.pid}) {self.outcome}")
+
+
+def takeover(stack: Stack) -> Leaving:
+    """`scontrol takeover`: ctl2 takes control and ctl1's slurmctld shuts down and exits, watched
+    (Leaving) from here on while the caller goes on (join() it to wait for ctl1's end)."""
+    leaving = Leaving(cluster_cmd(stack, "ctl-pid", "ctl1", check=False).stdout.strip(), "ctl1", "scontrol takeover")
+    stack.run("scontrol", "takeover")
+    leaving.start()
+    return leaving
+
+
 def restore_primary(stack: Stack) -> None:
     """ctl1 running and in control again (22.05's `scontrol takeover` stops the primary), and every
     node registered with it and answering (wait_nodes_back)."""
@@ -51,7 +129,8 @@ def restore_primary(stack: Stack) -> None:
     # A primary back from a cut tells the backup to give up (its PrimaryOffProg): until then both act
     # as primary, and a job one of them made may be unknown to the other. 22.05's backup was seen to
     # hang there ("REQUEST_CONTROL reply but backup not completely done relinquishing control") and
-    # exit without its OffProg: then it is started again, as the backup.
+    # exit without its OffProg: then it is started again, as the backup. That is the lost wakeup
+    # above: the backup leaving control runs the same slurmscriptd_flush() before its OffProg.
     # (hung: alive 29 s after REQUEST_CONTROL, still primary, answering nothing: killed by its pid)
     try:
         wait_for(lambda: role_of(stack, "ctl2") != "primary" or not ctl_running(stack, "ctl2"), 45,

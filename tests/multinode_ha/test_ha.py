@@ -11,7 +11,7 @@ import pytest
 from tests.multinode_ha.bursts import (BurstResult, burst, check_failover, report, rows_per, settle_and_count,
                                        submit_one)
 from tests.multinode_ha.controllers import (backup_on_at, cluster_cmd, ctl_running, ha_status, in_control,
-                                            restore_primary, role_of, wait_writer)
+                                            restore_primary, role_of, takeover, wait_writer)
 from tests.slurm_stack import FINAL_STATES, Stack, fake_alloc_script, job_field
 from tests.waiting import wait_for
 
@@ -25,7 +25,7 @@ def test_both_controllers_and_services_come_up(ha_cluster: Stack) -> None:
 
 def test_takeover_during_a_burst(ha_cluster: Stack) -> None:
     restore_primary(ha_cluster)
-    res = burst(ha_cluster, lambda: ha_cluster.run("scontrol", "takeover"))
+    res = burst(ha_cluster, lambda: takeover(ha_cluster))
     wait_for(lambda: in_control(ha_cluster) == "ctl2", 30, "ctl2 in control")
     wait_writer(ha_cluster, "ctl2")
     on_at = backup_on_at(ha_cluster)
@@ -55,7 +55,7 @@ def test_observations_during_a_takeover_arrive_once(ha_cluster: Stack) -> None:
     # check=False: 26.05 answered 'Invalid job id' for a job it had just accepted (seen once)
     wait_for(lambda: all(job_field(ha_cluster.run("scontrol", "show", "job", "-o", str(j), check=False).stdout,
                                    "JobState") == "RUNNING" for j in jobs), 60, "the jobs running", 0.2)
-    ha_cluster.run("scontrol", "takeover")
+    takeover(ha_cluster)
     for j in jobs:
         # MinJobAge (30 s on the dev cluster) keeps a finished job in the controller's answers
         wait_for(lambda: job_field(ha_cluster.run("scontrol", "show", "job", "-o", str(j), check=False).stdout,
@@ -101,10 +101,11 @@ def test_hand_back_with_the_backup_stopped_first(ha_cluster: Stack) -> None:
     known to the primary after it."""
     if ha_cluster.dialect.name != "26.05":
         # Measured on 26.05 only (15 of 15 hand-backs). On 22.05 the backup in control, sent SIGTERM,
-        # had not exited 60 s later in the one run of this test there; not looked into.
+        # had not exited 60 s later in the one run of this test there: Slurm's lost wakeup when a
+        # controller leaves control (controllers.LEAVE_S's comment), fixed in 24.11.6 and 25.05.
         pytest.skip(f"the hand-back order is measured on 26.05; this is {ha_cluster.dialect.name}")
     restore_primary(ha_cluster)
-    ha_cluster.run("scontrol", "takeover")
+    takeover(ha_cluster).join()
     wait_for(lambda: in_control(ha_cluster) == "ctl2" and not ctl_running(ha_cluster, "ctl1"), 30,
              "ctl2 in control, ctl1 stopped", 0.2)
     jobs = [s.job_id for s in (submit_one(ha_cluster, f"ha-hb-{uuid.uuid4().hex[:6]}-{i}") for i in range(4))]

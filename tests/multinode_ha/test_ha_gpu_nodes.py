@@ -15,7 +15,7 @@ import re
 import time
 import uuid
 
-from tests.multinode_ha.controllers import in_control, restore_primary, unanswered
+from tests.multinode_ha.controllers import in_control, restore_primary, takeover, unanswered
 from tests.slurm_stack import Stack, job_field
 from tests.waiting import wait_for
 
@@ -109,7 +109,7 @@ def test_takeovers_and_hand_backs_with_gpu_jobs_running_keep_gpu_nodes_in_servic
                 f"the long jobs after the {what}: {[(j, job_state(stack, j)) for j in long]}"
 
         for n in range(1, ROUNDS + 1):
-            switch(f"takeover {n}", lambda: stack.run("scontrol", "takeover"), "ctl2")
+            switch(f"takeover {n}", lambda: takeover(stack), "ctl2")
             switch(f"hand-back {n}", lambda: restore_primary(stack), "ctl1")
         print("\n[ha] GPU nodes across takeovers with jobs running:\n  " + "\n  ".join(lines))
     finally:

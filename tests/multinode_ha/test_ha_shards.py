@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 
-from tests.multinode_ha.controllers import in_control, restore_primary, wait_writer
+from tests.multinode_ha.controllers import in_control, restore_primary, takeover, wait_writer
 from tests.slurm_stack import Stack, decision_of, job_field
 from tests.waiting import wait_for
 
@@ -64,7 +64,7 @@ def test_no_job_is_refused_for_shards_the_controller_in_control_does_not_take(ha
         restore_primary(stack)  # on the primary a hinted job shares (once the hold after a role change ended)
         wait_for(lambda: shares("before"), 60, "a hinted job shared with ctl1 in control", 1.0)
 
-        stack.run("scontrol", "takeover")
+        takeover(stack)
         after, lost = [], []
         for i in range(6):  # during and after the switch, with and without a memory hint
             job, tres, d = submit_through_switch(stack, f"ha-sh-{tag}-{i}", HINT if i % 2 == 0 else "", lost)

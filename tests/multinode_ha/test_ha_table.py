@@ -18,7 +18,7 @@ from pathlib import Path
 
 from policy_service.core.admission_format import read_table
 from tests.multinode_ha.bursts import Submission, rows_per, submit_one
-from tests.multinode_ha.controllers import in_control, restore_primary, wait_writer
+from tests.multinode_ha.controllers import in_control, restore_primary, takeover, wait_writer
 from tests.slurm_stack import Stack, plugin_table
 from tests.waiting import wait_for
 
@@ -127,7 +127,7 @@ def test_table_decides_on_both_controllers_across_a_takeover(ha_cluster: Stack) 
         off1, off2 = log_size(stack, "ctl1"), log_size(stack, "ctl2")
         ctld2 = (stack.state / "nodes" / "ctl2" / "run" / "slurmctld.log").stat().st_size
         switch_at = time.time()
-        stack.run("scontrol", "takeover")
+        takeover(stack)
         wait_for(lambda: in_control(stack) == "ctl2", 30, "ctl2 in control", 0.2)
         after: list[Submission] = []
         while (sum(1 for s in after if (s.decision_id if zero_shards else s.table)) < 8
