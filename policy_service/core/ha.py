@@ -148,6 +148,10 @@ def unsafe_owner(what: str, st_uid: int, st_mode: int, trusted_uids: tuple[int, 
 
 HEARTBEAT_BYTES = 16
 SLURMCTLD_TIMEOUT_DEFAULT_S = 120.0  # slurm.conf's default SlurmctldTimeout
+# Changes of the heartbeat's writer within two SlurmctldTimeouts that mean two slurmctlds write it
+# (a takeover and a hand-back are one change each): one of them gave up control and hangs, still
+# writing (Slurm 22.05.8 and 24.11.5, docs/ha.md "A controller that hangs leaving control").
+HEARTBEAT_TURNS = 4
 
 
 @dataclass(frozen=True)
@@ -214,3 +218,18 @@ def heartbeat_role(data: bytes, mine: int, controllers: int, now: float, timeout
         return None, f"heartbeat {now - at:.0f} s old (SlurmctldTimeout {timeout_s:.0f} s)"
     role = Role.PRIMARY if index == mine else Role.BACKUP
     return role, f"slurmctld's heartbeat names SlurmctldHost #{index}" + (" (this host)" if role is Role.PRIMARY else "")
+
+
+def heartbeat_turns(turns: tuple[float, ...], last: int | None, data: bytes, now: float,
+                    timeout_s: float) -> tuple[tuple[float, ...], int | None]:
+    """(the times the heartbeat's writer changed within 2 x SlurmctldTimeout of ``now``, the index
+    it names now) after reading ``data``, from the same of the last read (``turns``, ``last``).
+    A file not in the measured format changes nothing. Two slurmctlds writing it when
+    ``len(turns) >= HEARTBEAT_TURNS``."""
+    recent = tuple(t for t in turns if now - t <= 2 * timeout_s)
+    if len(data) != HEARTBEAT_BYTES:
+        return recent, last
+    index = struct.unpack(">QQ", data)[1]
+    if last is not None and index != last:
+        recent += (now,)
+    return recent, index

@@ -19,9 +19,9 @@ from typing import Callable
 
 from policy_service.atomic_file import write_atomically
 from policy_service.config import HaConfig
-from policy_service.core.ha import (ROLE_FILE_MODE, Control, LeaseAction, LeaseView, Role, Signals, control,
-                                    controllers_of, heartbeat_role, lease_step, parse_role, standby_message,
-                                    unsafe_owner, writer_until)
+from policy_service.core.ha import (HEARTBEAT_TURNS, ROLE_FILE_MODE, Control, LeaseAction, LeaseView, Role,
+                                    Signals, control, controllers_of, heartbeat_role, heartbeat_turns, lease_step,
+                                    parse_role, standby_message, unsafe_owner, writer_until)
 
 Probe = Callable[[], "tuple[Role | None, str]"]  # the controller's own answer, and where it came from
 
@@ -73,13 +73,27 @@ def heartbeat_probe(slurm_conf: Path, names: tuple[str, ...],
                  ", ".join(conf.hosts) or "none", "/".join(names), conf.state_dir)
         return None
     path = Path(conf.state_dir) / "heartbeat"
+    seen: dict = {"turns": (), "last": None, "said": False}  # the writer's changes (heartbeat_turns)
 
     def probe() -> tuple[Role | None, str]:
         try:
             data = path.read_bytes()[:64]
         except OSError as exc:
             return None, f"{path}: {exc.strerror or exc}"
-        return heartbeat_role(data, mine, len(conf.hosts), wall(), conf.timeout_s)
+        now = wall()
+        seen["turns"], seen["last"] = heartbeat_turns(seen["turns"], seen["last"], data, now, conf.timeout_s)
+        contested = len(seen["turns"]) >= HEARTBEAT_TURNS
+        if contested != seen["said"]:
+            seen["said"] = contested
+            if contested:
+                log.warning("ha: slurmctld's heartbeat %s changed writer %d times in %.0f s: two slurmctlds "
+                            "write it, and the role it tells follows whichever wrote last. One of them "
+                            "gave up control and hangs (Slurm 22.05.8 and 24.11.5; docs/ha.md, 'A "
+                            "controller that hangs leaving control'): kill -9 the slurmctld whose log "
+                            "ended at its shutdown", path, len(seen["turns"]), 2 * conf.timeout_s)
+            else:
+                log.info("ha: slurmctld's heartbeat %s has one writer again", path)
+        return heartbeat_role(data, mine, len(conf.hosts), now, conf.timeout_s)
 
     log.info("ha: slurmctld's heartbeat %s tells the role (this host is SlurmctldHost #%d of %d)", path, mine,
              len(conf.hosts))

@@ -343,35 +343,3 @@ def test_a_standby_stops_at_once_keeping_its_journaled_decisions(pair, short_dir
     assert not b.handler.decisions._thread.is_alive()  # its writer thread ended, not retrying for ever
     assert a.store.decision(d_b) is None
     assert d_b.encode() in (short_dir / "b" / "history.sqlite3.journal").read_bytes()
-
-
-def test_slurmctlds_heartbeat_tells_the_role_before_the_role_file(short_dir):
-    """The heartbeat as measured on 22.05 (docs/ha.md): 16 bytes, time and SlurmctldHost index."""
-    import struct
-
-    from policy_service.ha.role import RoleKeeper, heartbeat_probe
-
-    state = short_dir / "state"
-    state.mkdir()
-    conf = short_dir / "slurm.conf"
-    conf.write_text(f"SlurmctldHost=ctl1\nSlurmctldHost=ctl2(10.0.0.3)\nStateSaveLocation={state}\n"
-                    "SlurmctldTimeout=5\n")
-
-    def beat(index: int, age_s: float = 0.0) -> None:
-        (state / "heartbeat").write_bytes(struct.pack(">QQ", int(time.time() - age_s), index))
-
-    write_role(short_dir / "run" / "role", Role.BACKUP, time.time())  # stale: the heartbeat is newer evidence
-    store = HistoryStore(short_dir / "history.sqlite3", fence="ctl2")
-    try:
-        probe = heartbeat_probe(conf, ("ctl2",))
-        role = RoleKeeper(store, HaConfig(enabled=True, holder="ctl2", role_file=short_dir / "run" / "role"),
-                          probe=probe)
-        beat(1)
-        assert role.step() and "heartbeat names SlurmctldHost #1 (this host)" in role.status()["why"]
-        beat(0)  # the other controller took control
-        assert not role.step() and store.writer().expires_at <= store.writer().now  # released
-        beat(1, age_s=60)  # nobody writes it any more: the role file tells
-        assert not role.step() and role.status()["why"] == "the role file says backup"
-        assert heartbeat_probe(conf, ("n1",)) is None  # not a controller host: no probe
-    finally:
-        store.close()

@@ -123,3 +123,25 @@ def test_heartbeat_of_another_size_is_not_read():
     from policy_service.core.ha import heartbeat_role
 
     assert heartbeat_role(b"\0" * 12, 0, 2, now=1000.0, timeout_s=10.0)[0] is None
+
+
+def test_heartbeat_turns_count_the_writer_changes_within_two_timeouts():
+    import struct
+
+    from policy_service.core.ha import heartbeat_turns
+
+    def beat(index: int) -> bytes:
+        return struct.pack(">QQ", 1000, index)
+
+    turns, last = heartbeat_turns((), None, beat(0), now=100.0, timeout_s=10.0)
+    assert (turns, last) == ((), 0)  # the first read: no change yet
+    turns, last = heartbeat_turns(turns, last, beat(0), now=101.0, timeout_s=10.0)
+    assert (turns, last) == ((), 0)
+    turns, last = heartbeat_turns(turns, last, beat(1), now=102.0, timeout_s=10.0)
+    assert (turns, last) == ((102.0,), 1)
+    turns, last = heartbeat_turns(turns, last, b"short", now=103.0, timeout_s=10.0)
+    assert (turns, last) == ((102.0,), 1)  # not the measured format: nothing changes
+    turns, last = heartbeat_turns(turns, last, beat(0), now=110.0, timeout_s=10.0)
+    assert (turns, last) == ((102.0, 110.0), 0)
+    turns, last = heartbeat_turns(turns, last, beat(0), now=122.5, timeout_s=10.0)
+    assert (turns, last) == ((110.0,), 0)  # 102 is more than 2 x 10 s before 122.5
