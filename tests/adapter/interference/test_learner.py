@@ -134,7 +134,11 @@ def test_a_restarted_service_reads_the_same_evidence_back(learning, slurm_jobs):
     svc.stop(0)
     again = start_service(load_config(env=env), slurm=slurm_jobs)
     try:
-        wait_for(lambda: again.handler.interference.runs() == 12, 10, "the shared runs read back at start")
+        # the view, not runs(): load() puts the runs read back in place, then refits from them (CI
+        # run 57 read the view in between: still the prior, with runs() already 12)
+        wait_for(lambda: again.handler.interference.view.pooled.runs == 12, 10,
+                 lambda: f"the model refitted from the shared runs read back at start: "
+                         f"{again.handler.interference.view.pooled}")
         assert again.handler.interference.view.pooled.params == pytest.approx(first.view.pooled.params)
         assert again.handler.interference.runs(ANY_TYPE) == 12
     finally:
