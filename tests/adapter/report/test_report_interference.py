@@ -57,7 +57,7 @@ def shared_history(service_env, slurm_jobs):
             t += 1000
         learner = svc.handler.interference
         assert learner.runs() == 14 and learner.runs("a100") == 12 and learner.runs("h100") == 2
-        view = learner.view
+        view = learner.settle()  # the last run's refit is on a timer thread: the view after it
         svc.handler.flush()
     finally:
         client.close()
