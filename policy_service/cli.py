@@ -53,6 +53,12 @@ def serve(config: str | None, accept_empty_history: bool) -> None:
     # per Admit: os.getpid() was a system call each, the thread's and process's names look-ups)
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging.getLogger("swapaware.service").info("starting\n%s", cfg.summary())
+    # `kill -USR1 <pid>`: every thread's stack to stderr (the service's log), written by the
+    # interpreter in C, without stopping the service: where a service that no longer does something waits
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         serve_forever(cfg, reload=lambda: _load(config), accept_empty_history=accept_empty_history)
     except (OSError, ConfigError, HistoryMissing) as exc:

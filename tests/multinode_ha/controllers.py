@@ -215,7 +215,29 @@ def writers_report(stack: Stack, lines: int = 8) -> str:
             role = (stack.state / "nodes" / ctl / "run" / "role").read_text().strip()
         except OSError as exc:
             role = str(exc)
-        logged = tail_of(stack.state / "log" / f"swapaware-{ctl}.log", lines,
-                         lambda ln: "swapaware.ha" in ln or " ERROR " in ln)
+        log = stack.state / "log" / f"swapaware-{ctl}.log"
+        logged = tail_of(log, lines, lambda ln: "swapaware.ha" in ln or " ERROR " in ln)
         out.append(f"-- {ctl}: role file {role!r}; its service's role, as logged:\n" + "\n".join(logged))
+        out.append(service_stacks(stack, ctl, log))
     return "\n".join(out)
+
+
+def service_stacks(stack: Stack, ctl: str, log: Path) -> str:
+    """Where each thread of ``ctl``'s service waits now: SIGUSR1 (`swapaware serve` registers
+    faulthandler on it) writes every thread's stack to its log, read back from there."""
+    try:
+        pid = int((stack.state / "nodes" / ctl / "run" / "swapaware.pid").read_text().strip())
+        before = log.stat().st_size
+
+        def since() -> str:
+            with log.open("rb") as f:
+                f.seek(before)
+                return f.read().decode(errors="replace")
+
+        os.kill(pid, signal.SIGUSR1)
+        wait_for(lambda: '  File "' in since(), 5, "the stacks in its log", 0.1)
+        dump = since().splitlines()
+        stacks = [ln for ln in dump if ln.startswith(("Thread 0x", "Current thread", "  File "))][:120]
+        return f"-- {ctl}'s service (pid {pid}), its threads' stacks:\n" + "\n".join(stacks)
+    except Exception as exc:  # noqa: BLE001 - a report of a failure never fails itself
+        return f"-- {ctl}'s service's stacks: {exc!r}"
