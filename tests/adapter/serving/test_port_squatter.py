@@ -4,6 +4,7 @@ metrics), binds the port once it is free, and stops at once while it waits. Real
 sockets on 127.0.0.1."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Iterator
 
 import pytest
 from grpc_health.v1 import health_pb2
@@ -120,24 +122,31 @@ def catches(pid: int, sig: int) -> bool:
     return bool(int(mask, 16) >> (sig - 1) & 1)
 
 
-def test_swapaware_serve_on_a_held_port_waits_and_stops_on_sigterm(service_env, squatter, tmp_path):
-    port = squatter.getsockname()[1]
-    env = {**os.environ, **service_env, "SWAPAWARE_SERVICE__GRPC_ADDRESS": f"127.0.0.1:{port}"}
-    log_path = tmp_path / "serve.log"
+@contextlib.contextmanager
+def serve_process(env: dict, log_path) -> Iterator[subprocess.Popen]:
+    """`swapaware serve` as a process of its own (stdout and stderr to ``log_path``), killed
+    afterwards where it still runs."""
     with open(log_path, "w") as log:
         p = subprocess.Popen([sys.executable, "-c", "from policy_service.cli import main; main()", "serve"],
-                             env=env, cwd=ROOT, stderr=log, stdout=log)
+                             env={**os.environ, **env}, cwd=ROOT, stderr=log, stdout=log)
     try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_swapaware_serve_on_a_held_port_waits_and_stops_on_sigterm(service_env, squatter, tmp_path):
+    port = squatter.getsockname()[1]
+    log_path = tmp_path / "serve.log"
+    with serve_process({**service_env, "SWAPAWARE_SERVICE__GRPC_ADDRESS": f"127.0.0.1:{port}"}, log_path) as p:
         wait_for(lambda: HELD in log_path.read_text() or p.poll() is not None, 60, "the service to say it waits")
         assert p.poll() is None, log_path.read_text()  # it did not exit
         wait_for(lambda: os.path.exists(service_env["SWAPAWARE_SERVICE__SOCKET_PATH"]), 15, "the local socket")
         wait_for(lambda: catches(p.pid, signal.SIGTERM), 15, "serve's SIGTERM handler")  # set once started
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=10) == 0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     out = log_path.read_text()
     assert out.count(HELD) == 1 and "stopped" in out and "Traceback" not in out
 

@@ -4,13 +4,10 @@ service did not take the writer's role in time (tests/multinode_ha/controllers.s
 run here on a real `swapaware serve` laid out as the HA cluster lays out its services)."""
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from types import SimpleNamespace
 
-from tests.adapter.serving.test_port_squatter import ROOT, catches
+from tests.adapter.serving.test_port_squatter import catches, serve_process
 from tests.multinode_ha.controllers import service_stacks
 from tests.waiting import wait_for
 
@@ -18,10 +15,7 @@ from tests.waiting import wait_for
 def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_service_goes_on(service_env, tmp_path):
     log_path = tmp_path / "log" / "swapaware-ctl1.log"  # where the HA cluster's ctl1 service logs
     log_path.parent.mkdir()
-    with open(log_path, "w") as log:
-        p = subprocess.Popen([sys.executable, "-c", "from policy_service.cli import main; main()", "serve"],
-                             env={**os.environ, **service_env}, cwd=ROOT, stderr=log, stdout=log)
-    try:
+    with serve_process(service_env, log_path) as p:
         wait_for(lambda: catches(p.pid, signal.SIGTERM) or p.poll() is not None, 60, "serve started")
         assert p.poll() is None, log_path.read_text()
         assert catches(p.pid, signal.SIGUSR1)
@@ -36,7 +30,3 @@ def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_service_goes_on(s
         assert p.poll() is None  # it goes on
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=15) == 0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
