@@ -219,7 +219,26 @@ def writers_report(stack: Stack, lines: int = 8) -> str:
         logged = tail_of(log, lines, lambda ln: "swapaware.ha" in ln or " ERROR " in ln)
         out.append(f"-- {ctl}: role file {role!r}; its service's role, as logged:\n" + "\n".join(logged))
         out.append(service_stacks(stack, ctl, log))
+    out.append(history_sessions(stack))
     return "\n".join(out)
+
+
+def history_sessions(stack: Stack) -> str:
+    """The history server's sessions of the swapaware user (SHOW FULL PROCESSLIST: each one's host,
+    command, seconds in it, state and statement): who holds or waits for the lease row."""
+    from tests.multinode_ha.bursts import history_db
+
+    try:
+        conn = history_db(stack)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW FULL PROCESSLIST")
+                rows = [" | ".join(str(v) for v in row[2:8]) for row in cur.fetchall()]
+        finally:
+            conn.close()
+        return "-- the history's sessions (host | db | command | s | state | statement):\n" + "\n".join(rows)
+    except Exception as exc:  # noqa: BLE001 - a report of a failure never fails itself
+        return f"-- the history's sessions: {exc!r}"
 
 
 def service_stacks(stack: Stack, ctl: str, log: Path) -> str:
