@@ -58,31 +58,31 @@ def history_db(stack: Stack):
                            password=password, database="swapaware", connect_timeout=5)
 
 
-def history_rows(stack: Stack, tag: str) -> dict[str, list[tuple[str, float]]]:
-    """job name -> (decision id, decided_at) in the MariaDB history, for the burst's job names."""
+def history_query(stack: Stack, sql: str, args=()) -> tuple:
+    """The rows of one statement on the cluster's swapaware history, on a connection of its own."""
     conn = history_db(stack)
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT job_name, decision_id, decided_at FROM decisions WHERE job_name LIKE %s",
-                        (f"ha-{tag}-%",))
-            rows: dict[str, list[tuple[str, float]]] = {}
-            for name, did, at in cur.fetchall():
-                rows.setdefault(name, []).append((did, float(at)))
-            return rows
+            cur.execute(sql, args)
+            return cur.fetchall()
     finally:
         conn.close()
+
+
+def history_rows(stack: Stack, tag: str) -> dict[str, list[tuple[str, float]]]:
+    """job name -> (decision id, decided_at) in the MariaDB history, for the burst's job names."""
+    rows: dict[str, list[tuple[str, float]]] = {}
+    for name, did, at in history_query(stack, "SELECT job_name, decision_id, decided_at FROM decisions "
+                                              "WHERE job_name LIKE %s", (f"ha-{tag}-%",)):
+        rows.setdefault(name, []).append((did, float(at)))
+    return rows
 
 
 def rows_per(stack: Stack, table: str, column: str, values: list) -> dict:
     """value -> how many rows of the history's ``table`` have it in ``column`` (absent: none)."""
-    conn = history_db(stack)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT {column}, COUNT(*) FROM {table} WHERE {column} IN ("
-                        + ",".join(["%s"] * len(values)) + f") GROUP BY {column}", values)
-            return {v: int(n) for v, n in cur.fetchall()}
-    finally:
-        conn.close()
+    return {v: int(n) for v, n in history_query(
+        stack, f"SELECT {column}, COUNT(*) FROM {table} WHERE {column} IN (" + ",".join(["%s"] * len(values))
+        + f") GROUP BY {column}", values)}
 
 
 def submit_one(stack: Stack, name: str) -> Submission:

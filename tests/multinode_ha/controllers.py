@@ -226,16 +226,10 @@ def writers_report(stack: Stack, lines: int = 8) -> str:
 def history_sessions(stack: Stack) -> str:
     """The history server's sessions of the swapaware user (SHOW FULL PROCESSLIST: each one's host,
     command, seconds in it, state and statement): who holds or waits for the lease row."""
-    from tests.multinode_ha.bursts import history_db
+    from tests.multinode_ha.bursts import history_query
 
     try:
-        conn = history_db(stack)
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SHOW FULL PROCESSLIST")
-                rows = [" | ".join(str(v) for v in row[2:8]) for row in cur.fetchall()]
-        finally:
-            conn.close()
+        rows = [" | ".join(str(v) for v in row[2:8]) for row in history_query(stack, "SHOW FULL PROCESSLIST")]
         return "-- the history's sessions (host | db | command | s | state | statement):\n" + "\n".join(rows)
     except Exception as exc:  # noqa: BLE001 - a report of a failure never fails itself
         return f"-- the history's sessions: {exc!r}"
