@@ -145,13 +145,19 @@ def retryable(exc: BaseException) -> bool:
     return code in LOST_CODES or code in LOCK_CODES
 
 
+# The lease session's wait for the lease row (locked by a data write's fence, history/lease.py),
+# seconds: a write holds it for milliseconds, so a longer wait means a stuck one, which
+# history.idle_transaction_timeout_s ends on the server; the role's next round claims again.
+LEASE_LOCK_WAIT_S = 2
+
+
 class MyConn:
     """A PyMySQL connection that speaks like ``sqlite3.Connection`` (execute, executemany, close)
     and reopens itself after the server went away. Not shared between threads (the store holds a
     lock around each)."""
 
-    def __init__(self, cfg: HistoryConfig, read_only: bool = False):
-        self.cfg, self.read_only = cfg, read_only
+    def __init__(self, cfg: HistoryConfig, read_only: bool = False, lease: bool = False):
+        self.cfg, self.read_only, self.lease = cfg, read_only, lease
         self._pymysql = _pymysql()
         self._raw: Any = None
         self.in_tx = False
@@ -162,9 +168,12 @@ class MyConn:
                  else {"host": self.cfg.host or "127.0.0.1", "port": self.cfg.port})
         try:
             # A server that stops answering (network cut) must not hold a thread forever: a read
-            # gives up after twice the connect timeout (Admit's reads), a write after 120 s (above
-            # InnoDB's lock wait); either is then a lost connection (HistoryUnavailable).
-            timeout = 2 * self.cfg.connect_timeout_s if self.read_only else max(120.0, 2 * self.cfg.connect_timeout_s)
+            # gives up after twice the connect timeout (Admit's reads), a claim or release of the
+            # writer lease after its lock wait and that again, a write after 120 s (above InnoDB's
+            # lock wait); either is then a lost connection (HistoryUnavailable).
+            timeout = (2 * self.cfg.connect_timeout_s if self.read_only
+                       else LEASE_LOCK_WAIT_S + 2 * self.cfg.connect_timeout_s if self.lease
+                       else max(120.0, 2 * self.cfg.connect_timeout_s))
             raw = self._pymysql.connect(user=self.cfg.user, password=password or "", database=self.cfg.database,
                                         connect_timeout=self.cfg.connect_timeout_s, read_timeout=timeout,
                                         write_timeout=timeout, autocommit=True, charset="utf8mb4", **where)
@@ -178,6 +187,8 @@ class MyConn:
                 cur.execute("SET SESSION TRANSACTION READ ONLY")
             else:
                 _limit_idle_transactions(cur, self.cfg)
+            if self.lease:  # a lease row locked by a stuck write: the next round tries again
+                cur.execute(f"SET SESSION innodb_lock_wait_timeout = {LEASE_LOCK_WAIT_S}")
         return raw
 
     def execute(self, sql: str, args=()):

@@ -13,7 +13,11 @@ differ still agree on when it expired).
 
 Each function runs on the connection of a transaction the caller opened (``HistoryStore._tx``).
 ``FencedWrites``: what ``HistoryStore`` does with the lease: its write transactions (fenced where
-the store has a holder name), and the claim, release and read of the lease.
+the store has a holder name), and the claim, release and read of the lease. Claims and releases
+run on the store's lease connection (``_lconn`` under ``_llock``; MariaDB: a session of its own
+with short timeouts, db.py), never behind a data write: a write stuck on a dead connection holds
+``_lock`` up to its 120 s timeout, and the renewal or the claim of a service back on the network
+must not wait for it (SQLite: the write connection and lock, its one writer).
 """
 from __future__ import annotations
 
@@ -101,15 +105,19 @@ def check_fence(c, engine: Engine, holder: str, epoch: int | None) -> None:
 
 class FencedWrites:
     """The writer lease and the write transactions of ``HistoryStore`` (its engine, fence,
-    _fence_epoch, _conn, _lock, _rconn, _rlock)."""
+    _fence_epoch, _conn, _lock, _lconn, _llock, _rconn, _rlock)."""
 
     def _tx(self, fenced: bool = True) -> "_Tx":
         """A write transaction; ``fenced``: checked against the writer lease when ``fence`` is set."""
         return _Tx(self, fenced and self.fence is not None)
 
+    def _lease_tx(self) -> "_Tx":
+        """A transaction on the lease connection (never fenced: it is what moves the lease)."""
+        return _Tx(self, False, lease=True)
+
     def claim_writer(self, holder: str, ttl_s: float) -> WriterLease | None:
         """Take or renew the writer lease for ``ttl_s`` seconds; None while another holds it."""
-        with self._tx(fenced=False) as c:
+        with self._lease_tx() as c:
             got = claim(c, self.engine, holder, ttl_s)
         if got is not None and holder == self.fence:
             self._fence_epoch = got.epoch
@@ -117,7 +125,7 @@ class FencedWrites:
 
     def release_writer(self, holder: str) -> None:
         """Expire the lease now, if ``holder`` holds it."""
-        with self._tx(fenced=False) as c:
+        with self._lease_tx() as c:
             release(c, self.engine, holder)
         if holder == self.fence:
             self._fence_epoch = None
@@ -137,41 +145,43 @@ def unfenced_tx(owner) -> "_Tx":
 
 class _Tx:
     """The store's write lock + a write transaction (SQLite: BEGIN IMMEDIATE), COMMIT, or ROLLBACK
-    on error; ``fenced``: the writer lease checked first, inside it (NotWriter: rolled back)."""
+    on error; ``fenced``: the writer lease checked first, inside it (NotWriter: rolled back);
+    ``lease``: on the lease connection and its lock instead of the write connection's."""
 
-    def __init__(self, store: FencedWrites, fenced: bool):
+    def __init__(self, store: FencedWrites, fenced: bool, lease: bool = False):
         self.store, self.fenced = store, fenced
+        self.conn, self.lock = (store._lconn, store._llock) if lease else (store._conn, store._lock)
 
     def _end(self, commit: bool) -> None:
-        conn = self.store._conn
+        conn = self.conn
         if isinstance(conn, MyConn):
             conn.end(commit)
         else:
             conn.execute("COMMIT" if commit else "ROLLBACK")
 
     def __enter__(self):
-        store = self.store
-        store._lock.acquire()
+        store, conn = self.store, self.conn
+        self.lock.acquire()
         begun = False
         try:
-            if isinstance(store._conn, MyConn):
-                store._conn.begin()
+            if isinstance(conn, MyConn):
+                conn.begin()
             else:
-                store._conn.execute("BEGIN IMMEDIATE")
+                conn.execute("BEGIN IMMEDIATE")
             begun = True
             if self.fenced:
-                check_fence(store._conn, store.engine, store.fence, store._fence_epoch)
+                check_fence(conn, store.engine, store.fence, store._fence_epoch)
         except BaseException:
             try:
                 if begun:
                     self._end(False)
             finally:
-                store._lock.release()
+                self.lock.release()
             raise
-        return store._conn
+        return conn
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             self._end(exc_type is None)
         finally:
-            self.store._lock.release()
+            self.lock.release()

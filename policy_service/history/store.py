@@ -108,6 +108,7 @@ class HistoryStore(SqliteFile, FencedWrites, DecisionRecords, ClassStatsReads, R
         if on_disk:
             note_history(db, created=before is None)
         self._rconn, self._rlock = self._conn, self._lock
+        self._lconn, self._llock = self._conn, self._lock  # (SQLite has one writer: the lease's too)
         self._stats_counted = True  # (SCHEMA's triggers: class_stats.py)
         if self.path != ":memory:":  # (an in-memory database is one connection's own)
             self._rconn = self._reader()
@@ -124,6 +125,7 @@ class HistoryStore(SqliteFile, FencedWrites, DecisionRecords, ClassStatsReads, R
             Path(self.path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._conn, self._lock = MyConn(cfg), threading.Lock()
         self._rconn, self._rlock = MyConn(cfg, read_only=True), threading.Lock()
+        self._lconn, self._llock = MyConn(cfg, lease=True), threading.Lock()  # (lease.py: why apart)
         with self._lock:
             before = stored_version(self._conn, self.engine)
             if before is None and self.path != ":memory:":
@@ -156,6 +158,9 @@ class HistoryStore(SqliteFile, FencedWrites, DecisionRecords, ClassStatsReads, R
         if self._rconn is not self._conn:
             with self._rlock:
                 self._rconn.close()
+        if self._lconn is not self._conn:
+            with self._llock:
+                self._lconn.close()
 
     @property
     def seq(self) -> str:

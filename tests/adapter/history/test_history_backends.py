@@ -225,6 +225,63 @@ def test_decisions_wait_in_the_journal_while_the_database_is_down(tmp_path):
         server.stop()
 
 
+def test_the_lease_is_renewed_while_a_data_write_is_cut_off(mariadb_backend, mariadb_server, short_dir, tmp_path):
+    """A host cut off the network in the middle of a fenced write: the server ends the session idle
+    in its transaction (history.idle_transaction_timeout_s), but the service's thread waits for an
+    answer up to the write's 120 s timeout, holding the store's write lock, and a link that comes
+    back delivers that answer only at TCP's next back-off. The lease has a session of its own:
+    the claim of a service back in control, or a renewal, goes on meanwhile (the HA suite's
+    cut-off primary found its lease held up 30 s and more behind such a write)."""
+    import dataclasses
+    import threading
+    from policy_service.history.db import LEASE_LOCK_WAIT_S
+    from tests.socket_relay import Relay
+    relay = Relay(short_dir / "my.sock", mariadb_backend.history.unix_socket)
+    cfg = dataclasses.replace(mariadb_backend.history, unix_socket=relay.path, idle_transaction_timeout_s=2)
+    store = HistoryStore(tmp_path / "history.sqlite3", fence="a", mariadb=cfg)
+    outcome: list = []
+    try:
+        assert store.claim_writer("a", 30.0).epoch == 1
+        assert store._lconn.execute("SELECT @@SESSION.innodb_lock_wait_timeout").fetchone()[0] == LEASE_LOCK_WAIT_S
+        store.mark_decisions(["x"], "held", 1.0)
+        relay.hold(b"decision_status")  # the next write's statement, after its fence locked the lease row
+
+        def cut_write():
+            try:
+                store.mark_decisions(["x"], "never_held", 2.0)
+                outcome.append("written")
+            except HistoryUnavailable as exc:
+                outcome.append(exc)
+
+        writer = threading.Thread(target=cut_write, daemon=True)
+        writer.start()
+        wait_for(lambda: relay.held and store._lock.locked(), 10, "the write cut off, holding the write lock")
+
+        def renew():
+            try:
+                return store.claim_writer("a", 30.0)
+            except HistoryUnavailable:  # the lease row still locked: the server has not yet ended that session
+                return None
+
+        got: list = []
+        claimer = threading.Thread(target=lambda: got.append(wait_for(renew, 20, "the renewal", 0.2)), daemon=True)
+        claimer.start()
+        claimer.join(30)
+        assert not claimer.is_alive(), "the lease's renewal waited behind the cut-off write"
+        assert writer.is_alive() and store._lock.locked()  # the write was still cut off meanwhile
+        assert (got[0].holder, got[0].epoch) == ("a", 1)
+        assert store.writer().valid
+    finally:
+        relay.release()
+        writer.join(30)
+        relay.close()
+    try:
+        assert len(outcome) == 1 and isinstance(outcome[0], HistoryUnavailable), outcome  # its session had ended
+        assert store.decision_status("x") == "held"  # nothing of it written
+    finally:
+        store.close()
+
+
 def test_an_empty_mariadb_where_this_host_had_a_history_is_refused(mariadb_backend, tmp_path):
     """Switching [history] to an empty MariaDB without migrating: refused (HistoryMissing names
     the migrate command); accepted for one start with accept_empty."""
