@@ -1,5 +1,6 @@
-"""A Unix-socket relay in front of a real server's socket that cuts one connection off the way a
-network cut does, while the others and new ones go on.
+"""A relay in front of a real server's Unix socket, listening on a Unix socket (a path) or on TCP
+(``(host, port)``, port 0: any), that cuts one connection off the way a network cut does, while
+the others and new ones go on.
 
 ``hold(marker)``: the next connection whose client sends bytes containing ``marker`` stops in both
 directions from those bytes on: they are kept, not sent, and nothing the server sends (an answer,
@@ -14,14 +15,17 @@ from pathlib import Path
 
 
 class Relay:
-    def __init__(self, path: Path, target: str):
-        self.path, self.target = str(path), target
+    def __init__(self, listen: "Path | tuple[str, int]", target: str):
+        self.target = target
         self.held: list[_Link] = []
         self._marker: bytes | None = None
         self._mutex = threading.Lock()
         self._links: list[_Link] = []
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
+        tcp = isinstance(listen, tuple)
+        self._listener = socket.socket(socket.AF_INET if tcp else socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(listen if tcp else str(listen))
+        self.path = "" if tcp else str(listen)
+        self.port = self._listener.getsockname()[1] if tcp else 0
         self._listener.listen(16)
         threading.Thread(target=self._accept, name="relay-accept", daemon=True).start()
 

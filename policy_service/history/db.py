@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import socket
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
@@ -145,6 +146,28 @@ def retryable(exc: BaseException) -> bool:
     return code in LOST_CODES or code in LOCK_CODES
 
 
+# A TCP session whose link has gone (a network cut) ends after this many seconds without an
+# acknowledgement from the server's host: of what it sent (TCP_USER_TIMEOUT), or of keepalive
+# probes while it waits for an answer. Its thread then gets HistoryUnavailable, not after its
+# read timeout (120 s for a write), and a link that comes back finds a new session. A server that
+# is slow but reachable acknowledges both: its statements are never cut short.
+DEAD_LINK_S = 10
+KEEPALIVE_S = 2  # idle time before the first probe, and between probes
+
+
+def end_on_dead_link(sock) -> bool:
+    """Set DEAD_LINK_S on a TCP socket (a Unix socket has no link to lose). True where set."""
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    for level, option, value in ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+                                 (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_S),
+                                 (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_S),
+                                 (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, DEAD_LINK_S // KEEPALIVE_S),
+                                 (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_LINK_S * 1000)):
+        sock.setsockopt(level, option, value)
+    return True
+
+
 # The lease session's wait for the lease row (locked by a data write's fence, history/lease.py),
 # seconds: a write holds it for milliseconds, so a longer wait means a stuck one, which
 # history.idle_transaction_timeout_s ends on the server; the role's next round claims again.
@@ -179,6 +202,7 @@ class MyConn:
                                         write_timeout=timeout, autocommit=True, charset="utf8mb4", **where)
         except self._pymysql.Error as exc:
             raise _unavailable(exc, f"cannot connect to {self.cfg.where()}") if retryable(exc) else exc
+        end_on_dead_link(getattr(raw, "_sock", None))  # (PyMySQL's socket: it has no option for these)
         with raw.cursor() as cur:  # '||' concatenates (as in SQLite); strict types; UTC timestamps
             cur.execute("SET SESSION sql_mode='STRICT_ALL_TABLES,PIPES_AS_CONCAT,NO_ENGINE_SUBSTITUTION', "
                         "time_zone='+00:00'")

@@ -282,6 +282,29 @@ def test_the_lease_is_renewed_while_a_data_write_is_cut_off(mariadb_backend, mar
         store.close()
 
 
+def test_a_write_whose_link_went_down_ends_within_dead_link_s(mariadb_backend, tmp_path):
+    """A controller's link goes down while its write waits for the answer (over TCP, in a network
+    namespace of the test's own: dead_link_driver.py). The write ends with HistoryUnavailable
+    within DEAD_LINK_S and the keepalive's probes, not at its 120 s read timeout: the journal's
+    writer tries again on a new session as soon as the link is back."""
+    import json
+    import subprocess
+    import sys
+    from policy_service.history.db import DEAD_LINK_S, KEEPALIVE_S
+    h = mariadb_backend.history
+    args = {"socket": h.unix_socket, "database": h.database, "user": h.user, "password_file": h.password_file,
+            "db_path": str(tmp_path / "history.sqlite3")}
+    run = subprocess.run(["unshare", "-n", sys.executable, "-m", "tests.adapter.history.dead_link_driver",
+                          json.dumps(args)], cwd=Path(__file__).resolve().parents[3], capture_output=True,
+                         text=True, timeout=200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.splitlines()[-1])
+    print(f"\n[dead link] the write ended {got['after_cut_s']} s after its link went down: {got['outcome']} "
+          f"({got['message']})")
+    assert got["outcome"] == "HistoryUnavailable", got
+    assert got["after_cut_s"] <= DEAD_LINK_S + 2 * KEEPALIVE_S + 5, got  # (without: 120 s, the read timeout)
+
+
 def test_an_empty_mariadb_where_this_host_had_a_history_is_refused(mariadb_backend, tmp_path):
     """Switching [history] to an empty MariaDB without migrating: refused (HistoryMissing names
     the migrate command); accepted for one start with accept_empty."""
