@@ -14,13 +14,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 from policy_service.history.config import HistoryConfig
 from policy_service.history.store import HistoryStore
+from tests.adapter.history.held_write import held_write
 from tests.socket_relay import Relay
-from tests.waiting import wait_for
 
 
 def main() -> None:
@@ -32,24 +31,13 @@ def main() -> None:
     store = HistoryStore(args["db_path"], fence="a", mariadb=cfg)
     store.claim_writer("a", 300.0)
     store.mark_decisions(["x"], "held", 1.0)
-    relay.hold(b"decision_status")
-    ended: dict = {}
-
-    def write() -> None:
-        try:
-            store.mark_decisions(["x"], "never_held", 2.0)
-            ended["outcome"] = "written"
-        except Exception as exc:  # noqa: BLE001 - reported
-            ended["outcome"], ended["message"] = type(exc).__name__, str(exc)
-        ended["at"] = time.monotonic()
-
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    wait_for(lambda: relay.held and store._lock.locked(), 10, "the write held by the relay")
+    writer, ended = held_write(store, relay)
     subprocess.run(["ip", "link", "set", "lo", "down"], check=True)
     cut_at = time.monotonic()
     writer.join(float(args.get("wait_s", 150)))
-    print(json.dumps({"outcome": ended.get("outcome", "still waiting"), "message": ended.get("message", ""),
+    outcome = ended.get("outcome", "still waiting")
+    print(json.dumps({"outcome": outcome if isinstance(outcome, str) else type(outcome).__name__,
+                      "message": "" if isinstance(outcome, str) else str(outcome),
                       "after_cut_s": round(ended.get("at", time.monotonic()) - cut_at, 1)}), flush=True)
     os._exit(0)  # (the store's sessions are on a dead link: nothing to close)
 

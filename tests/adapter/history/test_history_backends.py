@@ -225,7 +225,7 @@ def test_decisions_wait_in_the_journal_while_the_database_is_down(tmp_path):
         server.stop()
 
 
-def test_the_lease_is_renewed_while_a_data_write_is_cut_off(mariadb_backend, mariadb_server, short_dir, tmp_path):
+def test_the_lease_is_renewed_while_a_data_write_is_cut_off(mariadb_backend, short_dir, tmp_path):
     """A host cut off the network in the middle of a fenced write: the server ends the session idle
     in its transaction (history.idle_transaction_timeout_s), but the service's thread waits for an
     answer up to the write's 120 s timeout, holding the store's write lock, and a link that comes
@@ -235,27 +235,17 @@ def test_the_lease_is_renewed_while_a_data_write_is_cut_off(mariadb_backend, mar
     import dataclasses
     import threading
     from policy_service.history.db import LEASE_LOCK_WAIT_S
+    from tests.adapter.history.held_write import held_write
     from tests.socket_relay import Relay
     relay = Relay(short_dir / "my.sock", mariadb_backend.history.unix_socket)
     cfg = dataclasses.replace(mariadb_backend.history, unix_socket=relay.path, idle_transaction_timeout_s=2)
     store = HistoryStore(tmp_path / "history.sqlite3", fence="a", mariadb=cfg)
-    outcome: list = []
+    writer = None
     try:
         assert store.claim_writer("a", 30.0).epoch == 1
         assert store._lconn.execute("SELECT @@SESSION.innodb_lock_wait_timeout").fetchone()[0] == LEASE_LOCK_WAIT_S
         store.mark_decisions(["x"], "held", 1.0)
-        relay.hold(b"decision_status")  # the next write's statement, after its fence locked the lease row
-
-        def cut_write():
-            try:
-                store.mark_decisions(["x"], "never_held", 2.0)
-                outcome.append("written")
-            except HistoryUnavailable as exc:
-                outcome.append(exc)
-
-        writer = threading.Thread(target=cut_write, daemon=True)
-        writer.start()
-        wait_for(lambda: relay.held and store._lock.locked(), 10, "the write cut off, holding the write lock")
+        writer, ended = held_write(store, relay)
 
         def renew():
             try:
@@ -273,10 +263,11 @@ def test_the_lease_is_renewed_while_a_data_write_is_cut_off(mariadb_backend, mar
         assert store.writer().valid
     finally:
         relay.release()
-        writer.join(30)
+        if writer is not None:
+            writer.join(30)
         relay.close()
     try:
-        assert len(outcome) == 1 and isinstance(outcome[0], HistoryUnavailable), outcome  # its session had ended
+        assert isinstance(ended.get("outcome"), HistoryUnavailable), ended  # its session had ended
         assert store.decision_status("x") == "held"  # nothing of it written
     finally:
         store.close()
