@@ -65,10 +65,8 @@ class Reconciler:
             log.warning("cannot check %d decision(s) against Slurm's AdminComments: %s", len(ids), exc)
             return Reconciled(0, 0, (), str(exc))
         held, never = split_held(ids, held_ids)
-        self.store.mark_decisions(held, "held", now)
-        self.store.mark_decisions(never, "never_held", now)
+        dropped = self.store.settle_decisions(held, never, now)
         if never:
-            dropped = self.store.drop_decisions(never)
             log.warning("%d decision(s) were never held by Slurm (no job's AdminComment names them: a --test-only "
                         "submission, refused after the plugin ran, or answered after slurmctld stopped waiting); "
                         "%d record(s) deleted: %s", len(never), dropped,

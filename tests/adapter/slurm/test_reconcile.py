@@ -3,6 +3,8 @@ stopped waiting) are found against Slurm's AdminComments and marked, their recor
 says what became of them."""
 from __future__ import annotations
 
+import sqlite3
+
 import grpc
 import pytest
 
@@ -40,6 +42,15 @@ def test_decisions_no_job_holds_are_marked_never_held(service_env, slurm_jobs):
         failed = rec.run_once()
         assert failed.error and svc.store.decision_status(orphan.decision_id) == ""  # nothing marked blind
         slurm_jobs.held_failure = None
+        # marking and deleting are one transaction: a round whose delete fails marks nothing, so
+        # that no never-held status is ever seen beside its record and the next round checks again
+        with sqlite3.connect(service_env["SWAPAWARE_SERVICE__DB_PATH"]) as db:
+            db.execute("CREATE TRIGGER no_delete BEFORE DELETE ON decisions BEGIN SELECT RAISE(ABORT, 'full'); END")
+        with pytest.raises(sqlite3.IntegrityError):
+            rec.run_once()
+        assert [svc.store.decision_status(d.decision_id) for d in [*kept, orphan]] == [""] * 4
+        with sqlite3.connect(service_env["SWAPAWARE_SERVICE__DB_PATH"]) as db:
+            db.execute("DROP TRIGGER no_delete")
         done = rec.run_once()
         assert (done.checked, done.held, done.never_held) == (4, 3, (orphan.decision_id,))
         assert [svc.store.decision_status(d.decision_id) for d in kept] == ["held"] * 3
