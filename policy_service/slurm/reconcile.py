@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from policy_service.history.db import HistoryUnavailable
 from policy_service.history.store import HistoryStore
 from policy_service.slurm.slurm import SlurmError
 
@@ -78,6 +79,8 @@ class Reconciler:
             while not stop.wait(every_s):
                 try:
                     self.run_once()
+                except HistoryUnavailable as exc:  # nothing was marked: the next round checks them again
+                    log.warning("cannot record what Slurm held (the history: %s); the next round checks again", exc)
                 except Exception:
                     log.exception("reconciling decisions with Slurm failed")
 

@@ -3,7 +3,9 @@ stopped waiting) are found against Slurm's AdminComments and marked, their recor
 says what became of them."""
 from __future__ import annotations
 
+import logging
 import sqlite3
+import threading
 
 import grpc
 import pytest
@@ -12,7 +14,9 @@ from policy_service._generated.swapaware.v1 import policy_pb2 as pb
 from policy_service.serving.handler_error import HandlerError
 from policy_service.slurm.reconcile import Reconciler
 from policy_service.slurm.slurm_text import decision_ids_in
+from tests.waiting import wait_for
 from policy_service.config import load_config
+from policy_service.core.types import KeyLevel
 from policy_service.serving.server import start_service
 
 
@@ -65,3 +69,33 @@ def test_decisions_no_job_holds_are_marked_never_held(service_env, slurm_jobs):
             decision_id=kept[0].decision_id)).decision.reasons]
     finally:
         svc.stop(0)
+
+
+def test_a_round_the_history_refuses_is_a_warning_and_the_next_round_checks_again(history_backend, slurm_jobs,
+                                                                                   tmp_path, caplog):
+    """A service that lost the writer lease (or its database) in a round marks nothing and says so in
+    one warning, no traceback; once it writes again the round marks them."""
+    db = tmp_path / "history.sqlite3"
+    a, b = history_backend.open(db, fence="a"), history_backend.open(db, fence="b")
+    try:
+        a.claim_writer("a", 30.0)
+        a.record_decision(decision_id="00000000000000aa", decided_at=100.0, job_class="c", user="alice", account="a",
+                          partition="p", job_name="j", action="share", shards=1, model_version="m",
+                          keys={KeyLevel.CLASS: "c"}, facts_pb=b"", decision_pb=b"")
+        a.release_writer("a")
+        b.claim_writer("b", 30.0)  # the lease moved on: a's writes are refused
+        rec = Reconciler(a, slurm_jobs, window_s=3600, settle_s=60, clock=lambda: 200.0)
+        stop = threading.Event()
+        with caplog.at_level(logging.WARNING, logger="swapaware.decisions"):
+            rec.start(0.05, stop)
+            wait_for(lambda: any("next round checks again" in r.getMessage() for r in caplog.records), 10,
+                     lambda: f"a warning; the last records: {[r.getMessage() for r in caplog.records][-3:]}")
+            stop.set()
+        assert not any(r.exc_info for r in caplog.records) and a.decision_status("00000000000000aa") == ""
+        b.release_writer("b")
+        a.claim_writer("a", 30.0)
+        assert rec.run_once().never_held == ("00000000000000aa",)
+        assert a.decision_status("00000000000000aa") == "never_held" and a.decision("00000000000000aa") is None
+    finally:
+        a.close()
+        b.close()
