@@ -64,10 +64,6 @@ class DecisionRecords:
             "SELECT d.decision_id FROM decisions d LEFT JOIN decision_status s USING (decision_id) "
             "WHERE s.decision_id IS NULL AND d.decided_at BETWEEN ? AND ?", (since, until))]
 
-    def mark_decisions(self, ids: Iterable[str], status: str, at: float) -> None:
-        with self._tx() as c:
-            c.executemany(_MARK_STATUS, [(i, status, at) for i in ids])
-
     def settle_decisions(self, held: Iterable[str], never: Iterable[str], at: float) -> int:
         """Mark ``held`` held and ``never`` never held, and delete the records (facts and decision)
         of the never-held ones that no observation names, in one transaction: a never-held status
@@ -76,7 +72,8 @@ class DecisionRecords:
         many records were deleted."""
         never = list(never)
         with self._tx() as c:
-            c.executemany(_MARK_STATUS, [(i, "held", at) for i in held] + [(i, "never_held", at) for i in never])
+            c.executemany("INSERT OR REPLACE INTO decision_status VALUES (?,?,?)",
+                          [(i, "held", at) for i in held] + [(i, "never_held", at) for i in never])
             return sum(c.execute("DELETE FROM decisions WHERE decision_id=? AND NOT EXISTS (SELECT 1 FROM "
                                  "observations WHERE decision_id=?)", (i, i)).rowcount for i in never)
 
@@ -84,8 +81,6 @@ class DecisionRecords:
         rows = self._read("SELECT status FROM decision_status WHERE decision_id=?", (decision_id,))
         return rows[0][0] if rows else ""
 
-
-_MARK_STATUS = "INSERT OR REPLACE INTO decision_status VALUES (?,?,?)"
 
 # (the columns named: a MariaDB history has one more, ``seq``, that numbers the rows as SQLite's rowid)
 _INSERT_DECISION = ("INSERT OR REPLACE INTO decisions (decision_id, decided_at, job_class, user, account, partition, "

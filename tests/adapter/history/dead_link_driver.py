@@ -30,7 +30,7 @@ def main() -> None:
                         user=args["user"], password_file=args["password_file"], connect_timeout_s=2.0)
     store = HistoryStore(args["db_path"], fence="a", mariadb=cfg)
     store.claim_writer("a", 300.0)
-    store.mark_decisions(["x"], "held", 1.0)
+    store.settle_decisions(["x"], [], 1.0)
     writer, ended = held_write(store, relay)
     subprocess.run(["ip", "link", "set", "lo", "down"], check=True)
     cut_at = time.monotonic()

@@ -10,14 +10,14 @@ from tests.waiting import wait_for
 
 
 def held_write(store, relay) -> tuple[threading.Thread, dict]:
-    """Start the write (decision "x" marked "never_held") and return once the relay holds it: its
+    """Start the write (decision "x" settled as never held) and return once the relay holds it: its
     thread, and what it ended with (``outcome``: "written" or the exception; ``at``: monotonic)."""
     ended: dict = {}
     relay.hold(b"decision_status")  # the write's statement, after its fence locked the lease row
 
     def write() -> None:
         try:
-            store.mark_decisions(["x"], "never_held", 2.0)
+            store.settle_decisions([], ["x"], 2.0)
             ended["outcome"] = "written"
         except Exception as exc:  # noqa: BLE001 - the caller looks at it
             ended["outcome"] = exc

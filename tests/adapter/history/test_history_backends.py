@@ -36,9 +36,9 @@ def test_two_holders_on_one_history_only_the_lease_holder_writes(two):
     a, b = two
     assert a.claim_writer("a", 30.0).epoch == 1
     assert b.claim_writer("b", 30.0) is None  # never takes an unexpired lease of another
-    a.mark_decisions(["x"], "held", 1.0)
+    a.settle_decisions(["x"], [], 1.0)
     with pytest.raises(NotWriter, match="the writer is a"):
-        b.mark_decisions(["y"], "held", 1.0)
+        b.settle_decisions(["y"], [], 1.0)
     with pytest.raises(NotWriter):
         b.record([record(1)])
     assert a.decision_status("x") == "held" and b.decision_status("y") == "" and b.decision("d1") is None
@@ -76,10 +76,10 @@ def test_a_holder_whose_lease_went_round_keeps_out_until_it_claims_again(two):
     b.claim_writer("b", 30.0)
     b.release_writer("b")
     with pytest.raises(NotWriter):
-        a.mark_decisions(["x"], "held", 1.0)
+        a.settle_decisions(["x"], [], 1.0)
     again = a.claim_writer("a", 30.0)
     assert again.epoch == 3
-    a.mark_decisions(["x"], "held", 1.0)
+    a.settle_decisions(["x"], [], 1.0)
     assert b.decision_status("x") == "held"
 
 
@@ -89,9 +89,9 @@ def test_an_unfenced_store_never_looks_at_the_lease(history_backend, tmp_path):
     free = history_backend.open(db)
     try:
         fenced.claim_writer("b", 30.0)
-        free.mark_decisions(["x"], "held", 1.0)  # the single-host default: no lease, no check
+        free.settle_decisions(["x"], [], 1.0)  # the single-host default: no lease, no check
         with pytest.raises(NotWriter, match="the writer is b"):
-            history_backend.open(db, fence="c").mark_decisions(["y"], "held", 1.0)
+            history_backend.open(db, fence="c").settle_decisions(["y"], [], 1.0)
         assert fenced.decision_status("x") == "held" and fenced.decision_status("y") == ""
     finally:
         fenced.close()
@@ -162,14 +162,14 @@ def test_a_killed_mariadb_connection_is_reopened(mariadb_backend, mariadb_server
     history_backend = mariadb_backend
     store = history_backend.open(tmp_path / "history.sqlite3")
     try:
-        store.mark_decisions(["x"], "held", 1.0)
+        store.settle_decisions(["x"], [], 1.0)
         assert store.decision_status("x") == "held"
         for conn in (store._rconn, store._conn):
             mariadb_server.sql(f"KILL {conn._raw.thread_id()}")
         assert store.decision_status("x") == "held"  # a read: retried once on a new connection
         with pytest.raises(HistoryUnavailable, match="lost"):
-            store.mark_decisions(["y"], "held", 1.0)  # a write: refused (retryable), never half done
-        store.mark_decisions(["y"], "held", 1.0)  # ... and the next one works
+            store.settle_decisions(["y"], [], 1.0)  # a write: refused (retryable), never half done
+        store.settle_decisions(["y"], [], 1.0)  # ... and the next one works
         assert store.decision_status("y") == "held"
     finally:
         store.close()
@@ -185,12 +185,12 @@ def test_a_write_blocked_by_another_sessions_lock_is_retryable(mariadb_backend, 
     other = pymysql.connect(unix_socket=h.unix_socket, user=h.user, password=Path(h.password_file).read_text().strip(),
                             database=h.database, autocommit=False)
     try:
-        store.mark_decisions(["x"], "held", 1.0)
+        store.settle_decisions(["x"], [], 1.0)
         with other.cursor() as cur:
             cur.execute("SELECT * FROM decision_status WHERE decision_id='x' FOR UPDATE")
         t0 = time.monotonic()
         with pytest.raises(HistoryUnavailable, match="lock conflict"):
-            store.mark_decisions(["x"], "never_held", 2.0)
+            store.settle_decisions([], ["x"], 2.0)
         assert time.monotonic() - t0 >= 4.0
         other.rollback()
         assert store.decision_status("x") == "held"
@@ -244,7 +244,7 @@ def test_the_lease_is_renewed_while_a_data_write_is_cut_off(mariadb_backend, sho
     try:
         assert store.claim_writer("a", 30.0).epoch == 1
         assert store._lconn.execute("SELECT @@SESSION.innodb_lock_wait_timeout").fetchone()[0] == LEASE_LOCK_WAIT_S
-        store.mark_decisions(["x"], "held", 1.0)
+        store.settle_decisions(["x"], [], 1.0)
         writer, ended = held_write(store, relay)
 
         def renew():

@@ -30,7 +30,7 @@ def fill(store: HistoryStore, n: int) -> None:
         obs = ObservationRow(f"f{i}", i, f"d{i}", "n1", (0,), 2000.0 + i, 2100.0 + i, 100.0, 0, 1 << 30, False, 0,
                              True, "fake-nvml", 2100.0 + i, f"c/{i}/1", 1)
         store.record_finish(obs, {KeyLevel.CLASS: f"c{i % 3}"}, lambda level, s: ClassStats(samples=s.samples + 1))
-    store.mark_decisions(["d0", "d1"], "held", 3000.0)
+    store.settle_decisions(["d0", "d1"], [], 3000.0)
 
 
 def test_migrate_copies_every_table_verifies_counts_and_refuses_a_second_copy(tmp_path, target, monkeypatch):
